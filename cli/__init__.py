@@ -1,0 +1,1 @@
+"""The ``gpuquota`` command line (also ``kubectl gpuquota``): thin click commands over the core."""

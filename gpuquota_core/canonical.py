@@ -1,0 +1,215 @@
+"""Rewrite a pod's GPU requests into the canonical form, recording what the user asked for.
+
+The rewrite works on the raw JSON of the pod so that everything it does not own (other resources,
+their original spelling, unknown fields) passes through byte-for-byte. Running it on its own output
+changes nothing, which is what makes the webhook safe under ``reinvocationPolicy: IfNeeded``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .conversion import DEFAULT_CONFIG, ConversionConfig, Strategy, memory_bytes_to_ratio, pinned_gpu_model
+from .podspec import CONTAINER_KINDS, as_list, as_mapping, parse_resource_list
+from .quantity import Quantity
+from .resources import DEPRECATED_RENAMES, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, ResourceList
+
+ORIGINAL_RESOURCES_ANNOTATION = "gpuquota.koord-gpuquota.io/original-resources"
+RESOURCE_FIELDS: tuple[str, ...] = ("requests", "limits")
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """One resource of one container that was rewritten, for warnings, metrics and audits."""
+
+    container: str  # 'container "trainer"'
+    field: str  # "requests" or "limits"
+    source: str
+    source_quantity: str
+    outputs: Mapping[str, str]
+    kind: str  # "convert", "rename", "memory-to-ratio"
+
+    def describe(self) -> str:
+        outputs = ", ".join(f"{name}: {value}" for name, value in sorted(self.outputs.items()))
+        return f"{self.container} {self.field}: {self.source}: {self.source_quantity} -> {outputs}"
+
+
+@dataclass(slots=True)
+class CanonicalResult:
+    """The rewritten object (a copy) and what changed; ``changed`` is False for canonical input."""
+
+    obj: dict[str, Any]
+    rewrites: list[Rewrite] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # things left alone on purpose, with the reason
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.rewrites)
+
+    def summary(self) -> list[str]:
+        """One line per container and resource (requests and limits change together), for warnings."""
+        lines: list[str] = []
+        for rewrite in self.rewrites:
+            line = rewrite.describe().replace(f" {rewrite.field}:", "", 1)
+            if line not in lines:
+                lines.append(line)
+        return lines
+
+
+def _format_count(amount: int) -> str:
+    return str(Quantity.of(amount))
+
+
+def canonicalize_resource_list(
+    raw: Mapping[str, Any],
+    path: str,
+    config: ConversionConfig,
+    pinned_model: str | None,
+) -> tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]:
+    """Rewrite one ``requests`` or ``limits`` map; returns (new map, [(source, qty, outputs, kind)], notes)."""
+    parsed: ResourceList = parse_resource_list(raw, path)
+    result: dict[str, Any] = dict(raw)
+    values: ResourceList = dict(parsed)
+    changes: list[tuple[str, str, dict[str, str], str]] = []
+    notes: list[str] = []
+
+    if config.rename_deprecated:
+        for old, new in DEPRECATED_RENAMES.items():
+            if old not in values:
+                continue
+            if new in values:
+                notes.append(f"{path}: both {old} and {new} are set; {old} left as is")
+                continue
+            result[new] = result.pop(old)
+            values[new] = values.pop(old)
+            changes.append((old, str(parsed[old]), {new: str(parsed[old])}, "rename"))
+
+    for name in sorted(set(values) & config.input_names):
+        rule = config.rule_for(name)
+        assert rule is not None
+        quantity = values[name]
+        if quantity.amount < 0:
+            notes.append(f"{path}[{name}]: negative value {quantity} left for validation to refuse")
+            continue
+        if rule.whole_units_only and not quantity.is_integer():
+            notes.append(f"{path}[{name}]: {quantity} is not a whole number of cards; left as is")
+            continue
+        outputs: dict[str, str] = {}
+        for output, per_unit in sorted(rule.outputs.items()):
+            # Round up: a conversion must never hand a pod less than it asked for.
+            added = math.ceil(quantity.amount * per_unit)
+            total = values.get(output, Quantity.of(0)).amount + added
+            amount = math.ceil(total)
+            values[output] = Quantity.of(amount)
+            result[output] = _format_count(amount)
+            outputs[output] = _format_count(added)
+        if rule.strategy is Strategy.REPLACE:
+            del values[name]
+            del result[name]
+        changes.append((name, str(quantity), outputs, "convert"))
+
+    card_bytes = config.gpu_memory_by_model.get(pinned_model) if pinned_model else None
+    if GPU_MEMORY in values and GPU_MEMORY_RATIO not in values and card_bytes and values[GPU_MEMORY].amount > 0:
+        memory = values[GPU_MEMORY]
+        shared = values[GPU_SHARED].ceil() if GPU_SHARED in values else 1
+        ratio = memory_bytes_to_ratio(memory.ceil(), card_bytes, shared)
+        del result[GPU_MEMORY]
+        result[GPU_MEMORY_RATIO] = _format_count(ratio)
+        changes.append((GPU_MEMORY, str(memory), {GPU_MEMORY_RATIO: _format_count(ratio)}, "memory-to-ratio"))
+    return result, changes, notes
+
+
+def canonicalize_pod_spec(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG,
+                          path: str = "spec") -> tuple[dict[str, Any], list[Rewrite], list[str],
+                                                       dict[str, dict[str, dict[str, dict[str, Any]]]]]:
+    """Rewrite every container of a pod spec; also returns the original values of what changed."""
+    new_spec = dict(spec)
+    pinned = pinned_gpu_model(spec, config.model_label)
+    rewrites: list[Rewrite] = []
+    notes: list[str] = []
+    originals: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for kind in CONTAINER_KINDS:
+        entries = as_list(spec.get(kind), f"{path}.{kind}")
+        new_entries: list[Any] = []
+        for index, entry in enumerate(entries):
+            where = f"{path}.{kind}[{index}]"
+            container = dict(as_mapping(entry, where))
+            name = container.get("name") if isinstance(container.get("name"), str) else f"#{index}"
+            label = f'{"init container" if kind == "initContainers" else "container"} "{name}"'
+            resources = dict(as_mapping(container.get("resources"), f"{where}.resources"))
+            for field_name in RESOURCE_FIELDS:
+                if field_name not in resources:
+                    continue
+                raw = as_mapping(resources[field_name], f"{where}.resources.{field_name}")
+                rewritten, changes, found = canonicalize_resource_list(
+                    raw, f"{where}.resources.{field_name}", config, pinned)
+                notes.extend(found)
+                if not changes:
+                    continue
+                resources[field_name] = rewritten
+                for source, quantity, outputs, change_kind in changes:
+                    rewrites.append(Rewrite(label, field_name, source, quantity, outputs, change_kind))
+                    originals.setdefault(kind, {}).setdefault(str(name), {}).setdefault(field_name, {})[source] = (
+                        raw[source])
+            container["resources"] = resources
+            new_entries.append(container if resources != as_mapping(entry, where).get("resources", {}) else entry)
+        if kind in spec:
+            new_spec[kind] = new_entries
+    return new_spec, rewrites, notes, originals
+
+
+def canonicalize_pod(pod: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> CanonicalResult:
+    """The pod with canonical GPU requests and the original-request annotation (a deep copy)."""
+    spec = as_mapping(pod.get("spec"), "spec")
+    new_spec, rewrites, notes, originals = canonicalize_pod_spec(spec, config)
+    if not rewrites:
+        return CanonicalResult(copy.deepcopy(dict(pod)), [], notes)
+    new_pod = copy.deepcopy(dict(pod))
+    new_pod["spec"] = copy.deepcopy(new_spec)
+    metadata = dict(as_mapping(new_pod.get("metadata"), "metadata"))
+    annotations = dict(as_mapping(metadata.get("annotations"), "metadata.annotations"))
+    annotations[ORIGINAL_RESOURCES_ANNOTATION] = _merge_originals(
+        annotations.get(ORIGINAL_RESOURCES_ANNOTATION), originals)
+    metadata["annotations"] = annotations
+    new_pod["metadata"] = metadata
+    return CanonicalResult(new_pod, rewrites, notes)
+
+
+def _merge_originals(existing: object, originals: Mapping[str, Any]) -> str:
+    """Keep what an earlier pass recorded: after reinvocation the annotation still shows the user's ask."""
+    merged: dict[str, Any] = {}
+    if isinstance(existing, str):
+        try:
+            loaded = json.loads(existing)
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            merged = loaded
+    for kind, containers in originals.items():
+        for name, fields in containers.items():
+            for field_name, values in fields.items():
+                slot = merged.setdefault(kind, {}).setdefault(name, {}).setdefault(field_name, {})
+                if isinstance(slot, dict):
+                    for resource, value in values.items():
+                        slot.setdefault(resource, value)
+    return json.dumps(merged, sort_keys=True, separators=(",", ":"))
+
+
+def original_resources(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the user asked for before the webhook rewrote the pod, if it did."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    raw = annotations.get(ORIGINAL_RESOURCES_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        loaded = json.loads(raw)
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+

@@ -1,0 +1,211 @@
+"""The conversion table: how each accepted GPU spelling becomes the canonical Koordinator form.
+
+Like Kueue's resource transformations, a rule names an input resource, the output quantities per
+one unit of input, and whether the input is replaced or retained. Unlike Kueue, the result is
+written into the pod itself, so the scheduler and every ElasticQuota see one set of names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from fractions import Fraction
+from typing import Any
+
+from .quantity import QuantityError, parse_quantity
+from .resources import (
+    AMD_GPU,
+    GPU_CORE,
+    GPU_MEMORY_RATIO,
+    HYGON_DCU,
+    KOORD_GPU,
+    NVIDIA_GPU,
+    PERCENT_PER_CARD,
+)
+
+GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
+
+
+class ConfigError(ValueError):
+    """A conversion configuration that cannot be used; the message names the offending entry."""
+
+
+class Strategy(Enum):
+    REPLACE = "Replace"
+    RETAIN = "Retain"
+
+
+@dataclass(frozen=True, slots=True)
+class ConversionRule:
+    input: str
+    outputs: Mapping[str, Fraction]  # output quantity per one unit of input
+    strategy: Strategy = Strategy.REPLACE
+    # Vendor counts are whole cards: a fractional count is left for the API server to refuse rather
+    # than silently turned into a share.
+    whole_units_only: bool = False
+
+
+def _cards(name: str) -> ConversionRule:
+    per_card = Fraction(PERCENT_PER_CARD)
+    return ConversionRule(name, {GPU_CORE: per_card, GPU_MEMORY_RATIO: per_card}, whole_units_only=True)
+
+
+DEFAULT_RULES: tuple[ConversionRule, ...] = (
+    _cards(NVIDIA_GPU),
+    _cards(AMD_GPU),
+    _cards(HYGON_DCU),
+    ConversionRule(KOORD_GPU, {GPU_CORE: Fraction(1), GPU_MEMORY_RATIO: Fraction(1)}),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversionConfig:
+    rules: tuple[ConversionRule, ...] = DEFAULT_RULES
+    # Bytes of memory per card, by GPU model: the only way bytes can become a ratio (koordinator.md §1.3.3).
+    gpu_memory_by_model: Mapping[str, int] = field(default_factory=dict)
+    model_label: str = GPU_MODEL_LABEL
+    rename_deprecated: bool = True
+
+    def rule_for(self, name: str) -> ConversionRule | None:
+        for rule in self.rules:
+            if rule.input == name:
+                return rule
+        return None
+
+    @property
+    def input_names(self) -> frozenset[str]:
+        return frozenset(rule.input for rule in self.rules)
+
+
+DEFAULT_CONFIG = ConversionConfig()
+
+
+def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
+    """Build a config from its YAML form; absent sections keep the defaults.
+
+    ``transformations: [{input, outputs: {name: qty}, strategy: Replace|Retain}]`` replaces the
+    default table; ``gpuMemoryByModel: {model: 80Gi}`` enables bytes → ratio for pinned models.
+    """
+    if document is None:
+        return DEFAULT_CONFIG
+    if not isinstance(document, Mapping):
+        raise ConfigError("the conversion config must be a mapping")
+    rules = DEFAULT_RULES
+    if "transformations" in document:
+        rules = tuple(_load_rule(i, raw) for i, raw in enumerate(_list(document["transformations"],
+                                                                         "transformations")))
+        _check_rules(rules)
+    models: dict[str, int] = {}
+    for model, raw in _mapping(document.get("gpuMemoryByModel"), "gpuMemoryByModel").items():
+        try:
+            size = parse_quantity(raw)
+        except QuantityError as error:
+            raise ConfigError(f"gpuMemoryByModel[{model}]: {error}") from None
+        if size.amount <= 0 or not size.is_integer():
+            raise ConfigError(f"gpuMemoryByModel[{model}]: must be a positive whole number of bytes")
+        models[str(model)] = size.ceil()
+    model_label = document.get("gpuModelLabel", GPU_MODEL_LABEL)
+    if not isinstance(model_label, str) or not model_label:
+        raise ConfigError("gpuModelLabel must be a non-empty string")
+    rename = document.get("renameDeprecated", True)
+    if not isinstance(rename, bool):
+        raise ConfigError("renameDeprecated must be true or false")
+    return ConversionConfig(rules, models, model_label, rename)
+
+
+def _mapping(value: object, where: str) -> Mapping[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a mapping")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} must be a list")
+    return value
+
+
+def _load_rule(index: int, raw: object) -> ConversionRule:
+    where = f"transformations[{index}]"
+    entry = _mapping(raw, where)
+    name = entry.get("input")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}.input must be a resource name")
+    outputs: dict[str, Fraction] = {}
+    for output, quantity in _mapping(entry.get("outputs"), f"{where}.outputs").items():
+        try:
+            per_unit = parse_quantity(quantity)
+        except QuantityError as error:
+            raise ConfigError(f"{where}.outputs[{output}]: {error}") from None
+        if per_unit.amount < 0:
+            raise ConfigError(f"{where}.outputs[{output}] must not be negative")
+        outputs[str(output)] = per_unit.amount
+    try:
+        strategy = Strategy(entry.get("strategy", Strategy.REPLACE.value))
+    except ValueError:
+        raise ConfigError(f"{where}.strategy must be Replace or Retain") from None
+    whole = entry.get("wholeUnitsOnly", name in (NVIDIA_GPU, AMD_GPU, HYGON_DCU))
+    if not isinstance(whole, bool):
+        raise ConfigError(f"{where}.wholeUnitsOnly must be true or false")
+    return ConversionRule(name, outputs, strategy, whole)
+
+
+def _check_rules(rules: tuple[ConversionRule, ...]) -> None:
+    inputs = [rule.input for rule in rules]
+    duplicates = sorted({name for name in inputs if inputs.count(name) > 1})
+    if duplicates:
+        raise ConfigError(f"transformations: input {duplicates[0]} is listed twice")
+    for rule in rules:
+        # A chain (a → b, b → c) or a retained input would make the rewrite depend on how often it
+        # runs; reinvocation must be a no-op, so the table has to reach its canonical form in one pass.
+        chained = sorted(set(rule.outputs) & set(inputs))
+        if chained:
+            raise ConfigError(f"transformations: output {chained[0]} of {rule.input} is itself an input")
+        if rule.strategy is Strategy.RETAIN and not rule.outputs:
+            raise ConfigError(f"transformations: {rule.input} retains its input and adds nothing")
+
+
+def pinned_gpu_model(spec: Mapping[str, Any], label: str = GPU_MODEL_LABEL) -> str | None:
+    """The one GPU model a pod can only land on, from its nodeSelector or required node affinity."""
+    models: set[str] = set()
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping) and isinstance(selector.get(label), str):
+        models.add(selector[label])
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+                if isinstance(node_affinity, Mapping) else None)
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    if isinstance(terms, list) and terms:
+        # Terms are ORed: the model is pinned only if every term pins the same single model.
+        per_term = [_term_model(term, label) for term in terms]
+        if all(model is not None for model in per_term):
+            models.update(model for model in per_term if model is not None)
+    return models.pop() if len(models) == 1 else None
+
+
+def _term_model(term: object, label: str) -> str | None:
+    if not isinstance(term, Mapping) or not isinstance(term.get("matchExpressions"), list):
+        return None
+    for expression in term["matchExpressions"]:
+        if (isinstance(expression, Mapping) and expression.get("key") == label
+                and expression.get("operator") == "In" and isinstance(expression.get("values"), list)
+                and len(expression["values"]) == 1 and isinstance(expression["values"][0], str)):
+            return str(expression["values"][0])
+    return None
+
+
+def memory_bytes_to_ratio(memory_bytes: int, card_bytes: int, shared: int = 1) -> int:
+    """Percent of a card that holds ``memory_bytes``, rounded *up* so the pod never gets less.
+
+    With ``gpu.shared`` the total must split evenly over the devices, so it is rounded up to a
+    multiple of ``shared`` too.
+    """
+    ratio = math.ceil(Fraction(memory_bytes * PERCENT_PER_CARD, card_bytes))
+    devices = max(shared, 1)
+    return math.ceil(Fraction(ratio, devices)) * devices
+

@@ -1,0 +1,423 @@
+"""The ElasticQuota tree in canonical GPU units: pod → quota resolution, limits, usage, decisions.
+
+Koordinator compares resource names literally (koordinator.md §3.1), so a quota written in
+``nvidia.com/gpu`` never sees a pod asking for ``koordinator.sh/gpu-memory-ratio``. Here every
+quota limit and every pod request is first converted with the same table the mutating webhook
+uses, and only then compared.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .canonical import canonicalize_pod_spec
+from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .podspec import PodShapeError, as_mapping, parse_resource_list, pod_requests, read_containers
+from .quantity import ZERO, Quantity
+from .resources import (
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    VENDOR_WHOLE_GPU_NAMES,
+    GpuFamily,
+    ResourceList,
+    add_lists,
+    families_of,
+    format_list,
+    subtract_lists,
+)
+
+PREFIX = "quota.scheduling.koordinator.sh/"
+POD_QUOTA_LABEL = PREFIX + "name"
+PARENT_LABEL = PREFIX + "parent"
+IS_PARENT_LABEL = PREFIX + "is-parent"
+TREE_ID_LABEL = PREFIX + "tree-id"
+NAMESPACES_ANNOTATION = PREFIX + "namespaces"
+ADMISSION_ANNOTATION = PREFIX + "admission"
+
+ROOT_QUOTA = "koordinator-root-quota"
+DEFAULT_QUOTA = "koordinator-default-quota"
+SYSTEM_QUOTA = "koordinator-system-quota"
+# Quotas Koordinator itself never checks at admission (koordinator.md §3.6).
+UNCHECKED_QUOTAS = frozenset({ROOT_QUOTA, SYSTEM_QUOTA})
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class QuotaShapeError(ValueError):
+    """An ElasticQuota whose fields cannot be read; the message names quota and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitNote:
+    """Something about a quota's limit a human should know (e.g. both GPU families named)."""
+
+    quota: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaInfo:
+    name: str
+    namespace: str
+    parent: str
+    is_parent: bool
+    min: ResourceList
+    max: ResourceList
+    admission: ResourceList | None  # the admission annotation overrides max entirely when set
+    bound_namespaces: tuple[str, ...] = ()
+    tree_id: str = ""
+    resource_version: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def raw_limit(self) -> ResourceList:
+        return self.admission if self.admission is not None else self.max
+
+
+def quota_from_object(obj: Mapping[str, Any]) -> QuotaInfo:
+    metadata = _mapping(obj.get("metadata"), "metadata")
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        raise QuotaShapeError("ElasticQuota has no metadata.name")
+    labels = _mapping(metadata.get("labels"), f"{name}: metadata.labels")
+    annotations = _mapping(metadata.get("annotations"), f"{name}: metadata.annotations")
+    spec = _mapping(obj.get("spec"), f"{name}: spec")
+    try:
+        minimum = parse_resource_list(spec.get("min"), "spec.min")
+        maximum = parse_resource_list(spec.get("max"), "spec.max")
+        admission_raw = annotations.get(ADMISSION_ANNOTATION)
+        admission = _json_resource_list(admission_raw, ADMISSION_ANNOTATION) if admission_raw else None
+    except PodShapeError as error:
+        raise QuotaShapeError(f"ElasticQuota {name}: {error}") from None
+    parent = labels.get(PARENT_LABEL) or ROOT_QUOTA
+    return QuotaInfo(
+        name=name,
+        namespace=str(metadata.get("namespace") or ""),
+        parent=str(parent) if name != ROOT_QUOTA else "",
+        is_parent=labels.get(IS_PARENT_LABEL) == "true",
+        min=minimum,
+        max=maximum,
+        admission=admission,
+        bound_namespaces=_bound_namespaces(annotations.get(NAMESPACES_ANNOTATION)),
+        tree_id=str(labels.get(TREE_ID_LABEL) or ""),
+        resource_version=str(metadata.get("resourceVersion") or ""),
+    )
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise QuotaShapeError(f"{where}: expected an object")
+    return value
+
+
+def _json_resource_list(raw: object, where: str) -> ResourceList:
+    if not isinstance(raw, str):
+        raise PodShapeError(where, "expected a JSON string")
+    try:
+        loaded = json.loads(raw)
+    except ValueError:
+        raise PodShapeError(where, "not valid JSON") from None
+    return parse_resource_list(loaded, where)
+
+
+def _bound_namespaces(raw: object) -> tuple[str, ...]:
+    # Koordinator ignores an unparsable namespaces annotation; so do we.
+    if not isinstance(raw, str):
+        return ()
+    try:
+        loaded = json.loads(raw)
+    except ValueError:
+        return ()
+    return tuple(n for n in loaded if isinstance(n, str)) if isinstance(loaded, list) else ()
+
+
+def canonical_resource_list(resources: Mapping[str, Quantity], config: ConversionConfig = DEFAULT_CONFIG,
+                            quota: str = "") -> tuple[ResourceList, list[LimitNote]]:
+    """A quota's list in canonical names; where two spellings give one name, the stricter wins.
+
+    ``nvidia.com/gpu: 4`` limits ``gpu-memory-ratio`` to 400. A quota that also says
+    ``gpu-memory-ratio: 300`` is limited to 300: whichever the writer meant, admitting more than
+    either number would break one of the two promises.
+    """
+    converted: dict[str, list[tuple[Quantity, str]]] = {}
+    for name, quantity in resources.items():
+        rule = config.rule_for(name)
+        if rule is None:
+            converted.setdefault(name, []).append((quantity, name))
+            continue
+        for output, per_unit in rule.outputs.items():
+            converted.setdefault(output, []).append((quantity.scaled(per_unit), name))
+        if rule.strategy.value == "Retain":
+            converted.setdefault(name, []).append((quantity, name))
+    result: ResourceList = {}
+    notes: list[LimitNote] = []
+    for name, candidates in sorted(converted.items()):
+        strictest = min(candidates, key=lambda candidate: candidate[0])
+        result[name] = Quantity(strictest[0].amount)
+        sources = sorted({source for _, source in candidates})
+        if len(candidates) > 1:
+            spelled = ", ".join(f"{source}={quantity}" for quantity, source in sorted(candidates, key=lambda c: c[1]))
+            notes.append(LimitNote(quota, f"{name} is limited by {' and '.join(sources)} ({spelled}); "
+                                          f"the stricter value {result[name]} applies"))
+    return result, notes
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """The few fields of a pod that quota accounting needs (kept small: the cache holds 100k)."""
+
+    namespace: str
+    name: str
+    uid: str
+    quota_label: str
+    requests: ResourceList  # canonical, pod-level, zeros removed
+    unknown_gpu_memory: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def pod_is_counted(pod: Mapping[str, Any]) -> bool:
+    """Non-terminal pods count, pending ones included; terminating pods count until deleted."""
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    return phase not in TERMINAL_PHASES
+
+
+def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> ResourceList:
+    """Pod-level requests after the webhook's rewrite: legacy pods are charged as the webhook would."""
+    canonical_spec, _, _, _ = canonicalize_pod_spec(spec, config)
+    return pod_requests(canonical_spec, read_containers(canonical_spec))
+
+
+def gpu_memory_unknown(requests: Mapping[str, Quantity]) -> bool:
+    """Bytes of GPU memory with no ratio: how much of a ratio-limited quota it takes is unknowable."""
+    return GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests
+
+
+def pod_record(pod: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> PodRecord:
+    metadata = as_mapping(pod.get("metadata"), "metadata")
+    labels = as_mapping(metadata.get("labels"), "metadata.labels")
+    requests = canonical_pod_requests(as_mapping(pod.get("spec"), "spec"), config)
+    return PodRecord(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        quota_label=str(labels.get(POD_QUOTA_LABEL) or ""),
+        requests=requests,
+        unknown_gpu_memory=gpu_memory_unknown(requests),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """Which quota a pod belongs to, and why (the rule that matched)."""
+
+    quota: str | None
+    rule: str  # "label", "namespace-name", "namespaces-annotation", "default", "label-not-found", "none"
+
+
+@dataclass
+class QuotaTree:
+    """All ElasticQuotas of a cluster, by name (quota names are cluster-wide in Koordinator)."""
+
+    quotas: dict[str, QuotaInfo] = field(default_factory=dict)
+    config: ConversionConfig = DEFAULT_CONFIG
+    _limits: dict[str, tuple[ResourceList, list[LimitNote]]] = field(default_factory=dict, repr=False)
+    _by_namespace_annotation: dict[str, str] = field(default_factory=dict, repr=False)
+    _children: dict[str, list[str]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, quotas: Iterable[QuotaInfo], config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+        tree = cls(config=config)
+        for quota in quotas:
+            tree.quotas[quota.name] = quota
+        tree._reindex()
+        return tree
+
+    def _reindex(self) -> None:
+        self._limits.clear()
+        self._by_namespace_annotation.clear()
+        self._children.clear()
+        for quota in sorted(self.quotas.values(), key=lambda q: q.name):
+            for namespace in quota.bound_namespaces:
+                self._by_namespace_annotation.setdefault(namespace, quota.name)
+            if quota.parent:
+                self._children.setdefault(quota.parent, []).append(quota.name)
+
+    def upsert(self, quota: QuotaInfo) -> None:
+        self.quotas[quota.name] = quota
+        self._reindex()
+
+    def remove(self, name: str) -> None:
+        if self.quotas.pop(name, None) is not None:
+            self._reindex()
+
+    def get(self, name: str) -> QuotaInfo | None:
+        return self.quotas.get(name)
+
+    def children(self, name: str) -> list[str]:
+        return list(self._children.get(name, ()))
+
+    def resolve(self, namespace: str, quota_label: str) -> Resolution:
+        """koordinator.md §2.4, with admission's strictness: a label naming no quota is an error."""
+        if quota_label:
+            if quota_label in self.quotas:
+                return Resolution(quota_label, "label")
+            return Resolution(quota_label, "label-not-found")
+        same_name = self.quotas.get(namespace)
+        if same_name is not None and same_name.namespace == namespace:
+            return Resolution(namespace, "namespace-name")
+        bound = self._by_namespace_annotation.get(namespace)
+        if bound is not None:
+            return Resolution(bound, "namespaces-annotation")
+        if DEFAULT_QUOTA in self.quotas:
+            return Resolution(DEFAULT_QUOTA, "default")
+        return Resolution(None, "none")
+
+    def chain(self, name: str) -> list[QuotaInfo]:
+        """The quota and its ancestors up to (not including) the root, leaf first; stops on cycles."""
+        chain: list[QuotaInfo] = []
+        seen: set[str] = set()
+        current = self.quotas.get(name)
+        while current is not None and current.name not in seen and current.name != ROOT_QUOTA:
+            chain.append(current)
+            seen.add(current.name)
+            current = self.quotas.get(current.parent) if current.parent else None
+        return chain
+
+    def limit(self, name: str) -> tuple[ResourceList, list[LimitNote]]:
+        """The canonical limit of a quota (admission annotation, else max) and notes about it."""
+        cached = self._limits.get(name)
+        if cached is None:
+            quota = self.quotas[name]
+            cached = canonical_resource_list(quota.raw_limit, self.config, quota.name)
+            self._limits[name] = cached
+        return cached
+
+    def __iter__(self) -> Iterator[QuotaInfo]:
+        return iter(self.quotas.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Exceeded:
+    """One quota on the chain that the pod would push past its limit."""
+
+    quota: QuotaInfo
+    leaf: str
+    requested: ResourceList
+    used: ResourceList
+    limited: ResourceList
+
+    @property
+    def message(self) -> str:
+        names = sorted(self.limited)
+        used = {name: self.used[name] for name in names if not self.used.get(name, ZERO).is_zero()}
+        text = (f"exceeded quota: {self.quota.ref}, requested: {format_list(_pick(self.requested, names))}, "
+                f"used: {format_list(used)}, limited: {format_list(_pick(self.limited, names))}")
+        if self.quota.name != self.leaf:
+            text += f" (ancestor of quota {self.leaf})"
+        return text
+
+
+def _pick(resources: Mapping[str, Quantity], names: list[str]) -> ResourceList:
+    return {name: resources.get(name, ZERO) for name in names}
+
+
+def check_chain(tree: QuotaTree, leaf: str, request: Mapping[str, Quantity],
+                used_of: Mapping[str, ResourceList]) -> list[Exceeded]:
+    """Every quota from ``leaf`` up to the root whose limit ``used + request`` would exceed.
+
+    Only names present in a quota's limit are enforced there (names absent from max are
+    unlimited, as in Koordinator).
+    """
+    exceeded: list[Exceeded] = []
+    for quota in tree.chain(leaf):
+        if quota.name in UNCHECKED_QUOTAS:
+            continue
+        limit, _ = tree.limit(quota.name)
+        used = used_of.get(quota.name, {})
+        over: ResourceList = {}
+        for name, asked in request.items():
+            if name in limit and not asked.is_zero() and used.get(name, ZERO) + asked > limit[name]:
+                over[name] = limit[name]
+        if over:
+            exceeded.append(Exceeded(quota, leaf, dict(request), dict(used), over))
+    return exceeded
+
+
+class UsageIndex:
+    """Canonical usage per quota, kept incrementally as pods and quotas come and go.
+
+    Each pod is charged to its resolved quota and every ancestor, so an admission decision reads
+    its numbers in O(depth) instead of summing all pods.
+    """
+
+    def __init__(self, tree: QuotaTree) -> None:
+        self.tree = tree
+        self._pods: dict[str, PodRecord] = {}
+        self._charged: dict[str, tuple[str, ...]] = {}  # pod key -> quotas it is charged to
+        self._used: dict[str, ResourceList] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def used(self, quota: str) -> ResourceList:
+        return dict(self._used.get(quota, {}))
+
+    def used_map(self) -> Mapping[str, ResourceList]:
+        return self._used
+
+    def pods(self) -> Iterable[PodRecord]:
+        return self._pods.values()
+
+    def get(self, key: str) -> PodRecord | None:
+        return self._pods.get(key)
+
+    def charged_to(self, key: str) -> tuple[str, ...]:
+        return self._charged.get(key, ())
+
+    def upsert(self, record: PodRecord) -> None:
+        self.discard(record.key)
+        self._pods[record.key] = record
+        self._charge(record)
+
+    def discard(self, key: str) -> PodRecord | None:
+        record = self._pods.pop(key, None)
+        for quota in self._charged.pop(key, ()):
+            self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests if record else {})
+        return record
+
+    def _charge(self, record: PodRecord) -> None:
+        resolution = self.tree.resolve(record.namespace, record.quota_label)
+        if resolution.quota is None or resolution.rule == "label-not-found":
+            self._charged[record.key] = ()
+            return
+        quotas = tuple(q.name for q in self.tree.chain(resolution.quota))
+        self._charged[record.key] = quotas
+        for quota in quotas:
+            self._used[quota] = add_lists(self._used.get(quota, {}), record.requests)
+
+    def rebuild(self) -> None:
+        """Re-resolve every pod after the quota tree changed (labels, parents, namespaces)."""
+        self._used.clear()
+        self._charged.clear()
+        for record in self._pods.values():
+            self._charge(record)
+
+
+def legacy_gpu_names(resources: Iterable[str]) -> list[str]:
+    return sorted(set(resources) & VENDOR_WHOLE_GPU_NAMES)
+
+
+def names_both_families(resources: Iterable[str]) -> bool:
+    return families_of(resources) == {GpuFamily.VENDOR, GpuFamily.KOORDINATOR}

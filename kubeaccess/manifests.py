@@ -1,0 +1,91 @@
+"""Kubernetes objects from manifest files, the way ``kubectl apply -f`` finds them.
+
+Used by ``gpuquota serve --state``, ``gpuquota audit -f`` and ``gpuquota migrate -f``, so the
+offline webhook and the offline CLI read exactly the same snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read; the message names the file (and document) at fault."""
+
+
+def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Every object in the given files or directories (``-`` is standard input), lists flattened."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    objects: list[dict[str, Any]] = []
+    for path in paths:
+        for source, text in _read_sources(str(path)):
+            objects.extend(parse_documents(text, source))
+    return objects
+
+
+def _read_sources(path: str) -> Iterator[tuple[str, str]]:
+    if path == "-":
+        yield "<stdin>", sys.stdin.read()
+        return
+    target = Path(path)
+    if target.is_dir():
+        files = sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
+        if not files:
+            raise ManifestError(f"{path}: no .yaml, .yml or .json files in this directory")
+    elif target.is_file():
+        files = [target]
+    else:
+        raise ManifestError(f"{path}: no such file or directory")
+    for file in files:
+        try:
+            yield str(file), file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ManifestError(f"{file}: cannot read: {error}") from None
+
+
+def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
+    """Objects in one file's text: JSON, or YAML with ``---`` separated documents."""
+    try:
+        if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
+            loaded = json.loads(text)
+            documents: list[Any] = loaded if isinstance(loaded, list) else [loaded]
+        else:
+            documents = list(yaml.safe_load_all(text))
+    except (ValueError, yaml.YAMLError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ManifestError(f"{source}: not valid YAML or JSON: {first_line}") from None
+    objects: list[dict[str, Any]] = []
+    for index, document in enumerate(documents):
+        if document is None:
+            continue
+        objects.extend(_flatten(document, f"{source} (document {index + 1})"))
+    return objects
+
+
+def _flatten(document: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(document, dict):
+        raise ManifestError(f"{where}: expected a Kubernetes object, got {type(document).__name__}")
+    kind = document.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise ManifestError(f"{where}: object has no kind")
+    if kind == "List" or (kind.endswith("List") and isinstance(document.get("items"), list)):
+        items = document.get("items")
+        if not isinstance(items, list):
+            raise ManifestError(f"{where}: {kind} has no items list")
+        item_kind = kind[: -len("List")] if kind != "List" else None
+        flattened: list[dict[str, Any]] = []
+        for position, item in enumerate(items):
+            if isinstance(item, dict) and item_kind and "kind" not in item:
+                item = {**item, "kind": item_kind}
+            flattened.extend(_flatten(item, f"{where} item {position + 1}"))
+        return flattened
+    return [document]

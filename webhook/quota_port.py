@@ -1,0 +1,68 @@
+"""The seam between the HTTP handlers and whatever decides quota.
+
+The handlers (any gunicorn worker, any thread) only ever see this interface. The implementation
+that holds the cluster state and the reservation ledger lives in one place per server instance, so
+that every worker gets the same answer for the same quota.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class PodAdmission:
+    """What the quota decision needs to know about one pod admission request."""
+
+    uid: str  # the AdmissionReview request uid (unique per call)
+    operation: str  # CREATE or UPDATE
+    namespace: str
+    name: str
+    pod_uid: str  # metadata.uid of the pod when the API server has set it, else ""
+    labels: dict[str, str]
+    canonical_requests: dict[str, str]  # pod-level canonical request, name -> quantity string
+    old_labels: dict[str, str] | None = None  # UPDATE only
+    old_canonical_requests: dict[str, str] | None = None  # UPDATE only
+    dry_run: bool = False
+    unknown_gpu_memory: bool = False  # gpu-memory bytes with no model mapping: footprint unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    allowed: bool
+    message: str = ""
+    code: int = 200  # HTTP-style status code for a denial (403 quota, 422 invalid)
+    reason: str = ""  # machine-readable reason, e.g. "QuotaExceeded", "QuotaNotFound"
+    warnings: tuple[str, ...] = ()
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+ALLOW = Verdict(True)
+
+
+class QuotaDecider(Protocol):
+    def ready(self) -> tuple[bool, str]:
+        """Whether decisions can be made yet (first full sync done), with a reason when not."""
+        ...
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        ...
+
+    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
+                            dry_run: bool) -> Verdict:
+        ...
+
+
+class NoQuota:
+    """A decider that allows everything: GPU validation without quota enforcement."""
+
+    def ready(self) -> tuple[bool, str]:
+        return True, "quota enforcement disabled"
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        return ALLOW
+
+    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
+                            dry_run: bool) -> Verdict:
+        return ALLOW
