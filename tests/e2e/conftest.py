@@ -1,0 +1,151 @@
+"""Fixtures for tests against a real kube-apiserver + etcd (see tests/controlplane.py).
+
+One control plane serves the whole session; tests isolate themselves with the function-scoped
+``namespace`` fixture and unique cluster-scoped names (``gpu_node`` deletes its Nodes again).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+# tests/ is not a package, so make its helper modules importable from here and from test modules.
+_TESTS_DIR = Path(__file__).resolve().parents[1]
+if str(_TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(_TESTS_DIR))
+
+from controlplane import (  # noqa: E402
+    ELASTICQUOTA_CRD,
+    Api,
+    Binaries,
+    BuildUnavailableError,
+    ControlPlane,
+    GpuNodeFactory,
+    create_gpu_node,
+    locate_binaries,
+    make_api,
+    wait_for_crd_established,
+)
+
+E2E_DIR = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: the marker must be on the items before `-m` deselection looks at them.
+    for item in items:
+        if item.path.is_relative_to(E2E_DIR):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def control_plane_binaries() -> Binaries:
+    try:
+        return locate_binaries()
+    except BuildUnavailableError as exc:
+        if os.environ.get("CI"):
+            raise
+        reason = str(exc).splitlines()[-1]
+        pytest.skip(f"no kube-apiserver/etcd and no Go to build them: {reason}")
+
+
+@pytest.fixture(scope="session")
+def control_plane_apiserver_args() -> list[str]:
+    """Extra kube-apiserver flags for the session's control plane (e.g. --admission-control-config-file).
+
+    Change them here rather than overriding this fixture in a deeper conftest: the control plane is
+    session-scoped, so whichever directory asked first would decide the flags for every test.
+    """
+    return []
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    control_plane_binaries: Binaries,
+    control_plane_apiserver_args: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ControlPlane]:
+    plane = ControlPlane(
+        control_plane_binaries,
+        extra_apiserver_args=control_plane_apiserver_args,
+        base_dir=tmp_path_factory.mktemp("control-plane"),
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig_path(control_plane: ControlPlane) -> Path:
+    return control_plane.kubeconfig_path
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig_path: Path) -> Iterator[Api]:
+    handle = make_api(kubeconfig_path)
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+@pytest.fixture(scope="session")
+def elasticquota_crd(api: Api) -> k8s.V1CustomResourceDefinition:
+    manifest: dict[str, Any] = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
+    name = manifest["metadata"]["name"]
+    try:
+        api.apiextensions.create_custom_resource_definition(manifest)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    wait_for_crd_established(api.apiextensions, name)
+    return api.apiextensions.read_custom_resource_definition(name)
+
+
+@pytest.fixture
+def namespace(api: Api, request: pytest.FixtureRequest) -> str:
+    # Namespaces are never deleted: with no namespace controller they would only sit in Terminating.
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"{stem or 't'}-{uuid.uuid4().hex[:6]}"
+    api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    return name
+
+
+@pytest.fixture
+def gpu_node(api: Api) -> Iterator[GpuNodeFactory]:
+    """``gpu_node(name, allocatable, capacity=None, labels=None) -> V1Node``; deleted after the test.
+
+    Nodes are cluster-scoped and the control plane lives for the whole session, so leftovers would
+    show up in every later test that lists Nodes.
+    """
+    created: list[str] = []
+
+    def make(
+        name: str,
+        allocatable: Mapping[str, str | int],
+        capacity: Mapping[str, str | int] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> k8s.V1Node:
+        # Recorded first: a create that succeeds before the status patch fails must still be cleaned up.
+        created.append(name)
+        return create_gpu_node(api.core, name, allocatable, capacity=capacity, labels=labels)
+
+    yield make
+    for name in created:
+        try:
+            api.core.delete_node(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
