@@ -1,0 +1,41 @@
+"""``gpuquota serve``: run the admission webhook under gunicorn over TLS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from webhook.server import ServeError
+from webhook.server import serve as run_server
+from webhook.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT
+
+from .errors import CommandError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@click.command()
+@click.option("--state", "state_path", type=click.Path(exists=True, path_type=Path),
+              help="Manifests (file or directory) that stand in for the cluster: offline mode.")
+@click.option("--cert-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CERT_DIR,
+              show_default=True, help="Directory holding tls.crt and tls.key (reloaded when they change).")
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML conversion table; the built-in defaults without it.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="gunicorn worker processes.")
+@click.option("--threads", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Threads per worker (gthread).")
+@click.option("--keepalive", type=click.IntRange(min=1), default=120, show_default=True,
+              help="Seconds an idle keep-alive connection stays open; keep it above the API server's 90.")
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+def serve(state_path: Path | None, cert_dir: Path, host: str, port: int, config_path: Path | None,
+          workers: int, threads: int, keepalive: int, log_level: str) -> None:
+    """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
+    try:
+        run_server(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
+                   workers=workers, threads=threads, keepalive=keepalive, log_level=log_level)
+    except ServeError as error:
+        raise CommandError(str(error)) from None

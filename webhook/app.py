@@ -1,0 +1,332 @@
+"""The Flask application: thin routes around the core, the codec and the quota decider.
+
+Each admission route reads the body (capped), decodes it with :mod:`webhook.admission`, hands the
+typed request to one method of :class:`AdmissionHandlers` and encodes what comes back. All
+protocol rules are in the codec, all GPU rules in :mod:`gpuquota_core`, all quota rules behind
+:class:`~webhook.quota_port.QuotaDecider`; what is left here is mapping between them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from flask import Flask, Response, request
+
+from gpuquota_core.canonical import canonicalize_pod
+from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.podspec import PodShapeError, as_mapping, pod_requests, read_containers
+from gpuquota_core.quota import QuotaShapeError
+from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
+from gpuquota_core.validation import GpuRequestProblem, validate_pod_gpu
+
+from . import metrics
+from .admission import (
+    AdmissionRequest,
+    AdmissionResponse,
+    BadRequest,
+    allowed,
+    decode_review,
+    denied,
+    encode_review,
+    patched,
+    status_body,
+)
+from .quota_port import PodAdmission, QuotaDecider, Verdict
+from .settings import MAX_BODY_BYTES
+
+LOGGER_NAME = "gpuquota.webhook"
+ELASTICQUOTA_GROUP = "scheduling.sigs.k8s.io"
+JSON = "application/json"
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A response plus the one-line reason the decision log records (why allowed, why denied)."""
+
+    response: AdmissionResponse
+    note: str
+
+
+def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
+    raw = metadata.get("labels")
+    if not isinstance(raw, Mapping):
+        return {}
+    # Label values are strings in any stored object; anything else cannot select a quota anyway.
+    return {key: value for key, value in raw.items() if isinstance(key, str) and isinstance(value, str)}
+
+
+def _problem_text(problem: GpuRequestProblem) -> str:
+    return f"{problem.message} [rule: {problem.rule}]"
+
+
+class AdmissionHandlers:
+    """The decisions, one method per endpoint, free of HTTP so tests can call them directly."""
+
+    def __init__(self, config: ConversionConfig, quota: QuotaDecider) -> None:
+        self.config = config
+        self.quota = quota
+
+    # -- /mutate-pods ------------------------------------------------------------------------
+
+    def mutate_pod(self, req: AdmissionRequest) -> Outcome:
+        if not (req.is_core("Pod") and req.operation == "CREATE"):
+            return Outcome(allowed(req), "not a pod CREATE")
+        if req.object is None:
+            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+        try:
+            result = canonicalize_pod(req.object, self.config)
+        except PodShapeError as error:
+            return self._unreadable(req, error)
+        notes = [f"gpuquota: {note}" for note in result.notes]
+        if not result.changed:
+            return Outcome(allowed(req, warnings=notes), "already canonical")
+        # Requests and limits of one container change together; count the resource once per container.
+        for _container, resource in dict.fromkeys((r.container, r.source) for r in result.rewrites):
+            metrics.REWRITES.labels(resource).inc()
+        warnings = [f"gpuquota rewrote {line}" for line in result.summary()] + notes
+        response = patched(req, req.object, result.obj, warnings=warnings)
+        return Outcome(response, f"rewrote {len(result.summary())} container resource(s)")
+
+    # -- /validate-pods ----------------------------------------------------------------------
+
+    def validate_pod(self, req: AdmissionRequest) -> Outcome:
+        if not (req.is_core("Pod") and req.operation in ("CREATE", "UPDATE")):
+            return Outcome(allowed(req), "not a pod CREATE or UPDATE")
+        pod = req.object
+        if pod is None:
+            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+        try:
+            problems = self._gpu_problems(pod)
+            warnings: list[str] = []
+            if problems:
+                if not self._grandfathered(req, problems):
+                    message = "; ".join(_problem_text(p) for p in problems)
+                    return Outcome(denied(req, message, code=422, reason="Invalid"),
+                                   ",".join(sorted({p.rule for p in problems})))
+                # The pod was already stored with this request (created before the webhook, or by
+                # a path that skipped it). Refusing every later update would also refuse the
+                # finalizer and status changes needed to delete it, so only warn.
+                warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
+                            for p in problems]
+            admission = self._pod_admission(req, pod)
+        except PodShapeError as error:
+            return self._unreadable(req, error)
+        verdict = self.quota.admit_pod(admission)
+        return self._from_verdict(req, verdict, warnings)
+
+    def _gpu_problems(self, pod: Mapping[str, Any]) -> list[GpuRequestProblem]:
+        spec = as_mapping(pod.get("spec"), "spec")
+        containers = read_containers(spec)
+        return validate_pod_gpu(containers, pod_requests(spec, containers))
+
+    def _grandfathered(self, req: AdmissionRequest, problems: list[GpuRequestProblem]) -> bool:
+        if req.operation != "UPDATE" or req.old_object is None:
+            return False
+        try:
+            old_problems = self._gpu_problems(req.old_object)
+        except PodShapeError:
+            return False
+        return {p.message for p in problems} <= {p.message for p in old_problems}
+
+    def _canonical_requests(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        canonical = canonicalize_pod(pod, self.config).obj
+        requests = pod_requests(as_mapping(canonical.get("spec"), "spec"))
+        return {name: str(requests[name]) for name in sorted(requests)}
+
+    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any]) -> PodAdmission:
+        metadata = as_mapping(pod.get("metadata"), "metadata")
+        requests = self._canonical_requests(pod)
+        old_labels: dict[str, str] | None = None
+        old_requests: dict[str, str] | None = None
+        if req.operation == "UPDATE" and req.old_object is not None:
+            old_labels = _labels(as_mapping(req.old_object.get("metadata"), "oldObject.metadata"))
+            try:
+                old_requests = self._canonical_requests(req.old_object)
+            except PodShapeError:
+                # The stored object is the API server's own; if even it cannot be read, say
+                # "unknown" rather than refusing an update of something we cannot interpret.
+                old_requests = None
+        pod_uid = metadata.get("uid")
+        return PodAdmission(
+            uid=req.uid,
+            operation=req.operation,
+            namespace=req.namespace or _text(metadata.get("namespace")),
+            name=req.name or _text(metadata.get("name")) or _text(metadata.get("generateName")),
+            pod_uid=pod_uid if isinstance(pod_uid, str) else "",
+            labels=_labels(metadata),
+            canonical_requests=requests,
+            old_labels=old_labels,
+            old_canonical_requests=old_requests,
+            dry_run=req.dry_run,
+            # Bytes cannot be turned into a share of a card without knowing the card.
+            unknown_gpu_memory=GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests,
+        )
+
+    # -- /validate-elasticquotas -------------------------------------------------------------
+
+    def validate_elasticquota(self, req: AdmissionRequest) -> Outcome:
+        if not req.is_kind(ELASTICQUOTA_GROUP, "ElasticQuota"):
+            return Outcome(allowed(req), "not an ElasticQuota")
+        if req.operation in ("CREATE", "UPDATE"):
+            if req.object is None:
+                return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"),
+                               "no object")
+            subject, old = req.object, req.old_object
+        elif req.operation == "DELETE":
+            # On DELETE the API server sends only the object being deleted, as oldObject.
+            subject, old = req.old_object or {}, req.old_object
+        else:
+            return Outcome(allowed(req), f"{req.operation} not reviewed")
+        try:
+            verdict = self.quota.review_elasticquota(req.operation, subject, old, req.dry_run)
+        except (QuotaShapeError, PodShapeError) as error:
+            return Outcome(denied(req, f"cannot read the ElasticQuota: {error}", code=422, reason="Invalid"),
+                           "unreadable quota")
+        return self._from_verdict(req, verdict, [])
+
+    # -- shared ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _unreadable(req: AdmissionRequest, error: PodShapeError) -> Outcome:
+        response = denied(req, f"cannot read the pod: {error}", code=400, reason="BadRequest")
+        return Outcome(response, f"pod shape: {error.path}")
+
+    @staticmethod
+    def _from_verdict(req: AdmissionRequest, verdict: Verdict, warnings: list[str]) -> Outcome:
+        all_warnings = warnings + [w for w in verdict.warnings if w not in warnings]
+        if verdict.allowed:
+            return Outcome(allowed(req, warnings=all_warnings), verdict.reason or "allowed")
+        response = denied(req, verdict.message, code=verdict.code, reason=verdict.reason or "Forbidden",
+                          warnings=all_warnings)
+        return Outcome(response, verdict.reason or "denied")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def read_body(limit: int) -> bytes:
+    """The request body, refusing anything over ``limit`` before it is all in memory."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise BodyTooLarge(limit)
+    # Without Content-Length (chunked) only the read itself can enforce the cap.
+    stream = request.stream
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = stream.read(min(64 * 1024, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(limit)
+    return b"".join(chunks)
+
+
+def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
+               logger: logging.Logger | None = None) -> Flask:
+    """A WSGI app serving the admission endpoints, health, readiness and metrics."""
+    app = Flask("gpuquota-webhook")
+    handlers = AdmissionHandlers(config, quota)
+    log = logger or logging.getLogger(LOGGER_NAME)
+    app.extensions["gpuquota.handlers"] = handlers
+
+    def admission_route(endpoint: str, handle: Callable[[AdmissionRequest], Outcome]) -> Callable[[], Response]:
+        def view() -> Response:
+            started = time.perf_counter()
+            operation, uid, namespace, name = "", "", "", ""
+            try:
+                body = read_body(max_body_bytes)
+                req = decode_review(body)
+            except BodyTooLarge as error:
+                return _refuse(endpoint, 413, "RequestEntityTooLarge", str(error), started, log)
+            except BadRequest as error:
+                return _refuse(endpoint, 400, "BadRequest", error.reason, started, log)
+            operation, uid, namespace, name = req.operation, req.uid, req.namespace, req.name
+            try:
+                outcome = handle(req)
+            except Exception:
+                # Reaches the API server as a webhook failure (its failurePolicy decides); the
+                # traceback goes to our log, not to the user.
+                log.exception("admission handler failed: endpoint=%s uid=%s", endpoint, uid)
+                metrics.observe(endpoint, operation, "error", time.perf_counter() - started)
+                return Response(status_body(500, "InternalError", "internal error in the gpuquota webhook"),
+                                status=500, mimetype=JSON)
+            payload = encode_review(outcome.response)
+            elapsed = time.perf_counter() - started
+            response = outcome.response
+            metrics.observe(endpoint, operation, response.decision, elapsed)
+            if not response.allowed:
+                metrics.DENIALS.labels(endpoint, response.reason).inc()
+            _log_decision(log, endpoint=endpoint, uid=uid, namespace=namespace, name=name or _object_name(req),
+                          operation=operation, decision=response.decision, reason=outcome.note,
+                          code=response.code, dry_run=req.dry_run, elapsed=elapsed)
+            return Response(payload, status=200, mimetype=JSON)
+
+        view.__name__ = endpoint.strip("/").replace("-", "_")
+        return view
+
+    app.add_url_rule("/mutate-pods", view_func=admission_route("/mutate-pods", handlers.mutate_pod),
+                     methods=["POST"])
+    app.add_url_rule("/validate-pods", view_func=admission_route("/validate-pods", handlers.validate_pod),
+                     methods=["POST"])
+    app.add_url_rule("/validate-elasticquotas",
+                     view_func=admission_route("/validate-elasticquotas", handlers.validate_elasticquota),
+                     methods=["POST"])
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        # Liveness: the worker answers. Deliberately independent of the quota state, so a slow
+        # first sync makes the pod unready, not restarted.
+        return Response(b'{"status":"ok"}', status=200, mimetype=JSON)
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ready, reason = quota.ready()
+        body = orjson.dumps({"status": "ok" if ready else "unavailable", "reason": reason})
+        return Response(body, status=200 if ready else 503, mimetype=JSON)
+
+    @app.get("/metrics")
+    def metrics_view() -> Response:
+        text, content_type = metrics.render()
+        return Response(text, status=200, content_type=content_type)
+
+    return app
+
+
+def _object_name(req: AdmissionRequest) -> str:
+    obj = req.object if req.object is not None else req.old_object
+    metadata = obj.get("metadata") if obj is not None else None
+    if not isinstance(metadata, Mapping):
+        return ""
+    return _text(metadata.get("name")) or _text(metadata.get("generateName"))
+
+
+def _refuse(endpoint: str, code: int, reason: str, message: str, started: float, log: logging.Logger) -> Response:
+    elapsed = time.perf_counter() - started
+    metrics.observe(endpoint, "", "bad_request" if code == 400 else "too_large", elapsed)
+    _log_decision(log, endpoint=endpoint, uid="", namespace="", name="", operation="", decision="rejected",
+                  reason=message, code=code, dry_run=False, elapsed=elapsed)
+    return Response(status_body(code, reason, message), status=code, mimetype=JSON)
+
+
+def _log_decision(log: logging.Logger, *, endpoint: str, uid: str, namespace: str, name: str, operation: str,
+                  decision: str, reason: str, code: int, dry_run: bool, elapsed: float) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    record = {"event": "admission", "endpoint": endpoint, "uid": uid, "namespace": namespace, "name": name,
+              "operation": operation, "decision": decision, "code": code, "reason": reason,
+              "dry_run": dry_run, "latency_ms": round(elapsed * 1000, 3)}
+    log.info("%s", orjson.dumps(record).decode())

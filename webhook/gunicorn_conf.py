@@ -1,0 +1,145 @@
+"""gunicorn settings and server hooks for the webhook (used by :mod:`webhook.server`).
+
+Every value here has a measured or operational reason; see ``/work/shared/reference/perf-baseline.md``:
+
+- ``gthread`` workers, not ``sync``: the sync worker closes the connection after every response,
+  so each admission call would pay a full TLS handshake (~2 ms of CPU) and top out near 400 req/s.
+- ``reuse_port``: a SO_REUSEPORT socket per worker lets the kernel spread the API server's few
+  long-lived connections over the workers; without it they often all land on one worker.
+- ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.settings.Settings`).
+- HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
+  request at a time, and connections beyond the thread count starve.
+- No control socket: it lives in one fixed per-user path, so two servers (tests, ``make run``)
+  would fight over it, and nothing here uses ``gunicornc``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import ssl
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .settings import Settings
+
+log = logging.getLogger("gpuquota.server")
+
+FileKey = tuple[int, int, int, int] | None
+
+
+def _file_key(path: str) -> FileKey:
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return None
+    # A Secret volume swaps a symlink on rotation (new inode); an in-place rewrite changes mtime/size.
+    return stat.st_ino, stat.st_dev, stat.st_mtime_ns, stat.st_size
+
+
+class TlsContextCache:
+    """gunicorn's ``ssl_context`` hook: TLS 1.2+, rebuilt only when the cert or key file changes.
+
+    gunicorn 27 asks for a new SSLContext for every accepted connection and rereads the key and
+    certificate each time (0.6-0.7 ms of CPU per connection). That is what makes a rotated
+    certificate take effect without a restart, and it is kept: the files are ``stat``-ed on every
+    connection and the context rebuilt when either changed. Between changes one context serves
+    all connections. If a rebuild fails (the cert and key are being replaced one after the other),
+    the previous context keeps serving and the next connection tries again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[FileKey, FileKey] | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def __call__(self, conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        key = (_file_key(conf.certfile), _file_key(conf.keyfile))
+        with self._lock:
+            if self._context is not None and key == self._key:
+                return self._context
+            try:
+                context = default_ssl_context_factory()
+            except (OSError, ssl.SSLError) as error:
+                if self._context is None:
+                    raise
+                log.warning("could not load the rotated TLS certificate, still serving the previous one: %s", error)
+                return self._context
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            self._key, self._context = key, context
+            return context
+
+
+class MetricsDirectory:
+    """prometheus_client's multiprocess directory for one server run.
+
+    It is emptied when the master starts: files left by an earlier run would be added to this
+    run's counters. It is removed at exit when this run created it.
+    """
+
+    def __init__(self, path: Path, *, owned: bool) -> None:
+        self.path = path
+        self.owned = owned
+
+    def reset(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        for stale in self.path.glob("*.db"):
+            stale.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        if self.owned:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _worker_tmp_dir() -> str | None:
+    # The worker heartbeat file is touched constantly; in containers /tmp may be disk-backed.
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
+                     on_master_start: Callable[[Settings], None]) -> dict[str, Any]:
+    """The gunicorn configuration as ``{setting: value}`` for ``BaseApplication.load_config``."""
+
+    def on_starting(_arbiter: Any) -> None:
+        metrics_dir.reset()
+        on_master_start(settings)
+
+    def child_exit(_arbiter: Any, worker: Any) -> None:
+        # Runs in the master: drop the dead worker's live-gauge files so they are not reported
+        # (counters and histograms keep its samples, as Prometheus expects of a counter).
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid, str(metrics_dir.path))  # type: ignore[no-untyped-call]
+
+    def on_exit(_arbiter: Any) -> None:
+        metrics_dir.remove()
+
+    return {
+        "bind": [settings.bind],
+        "worker_class": "gthread",
+        "workers": settings.workers,
+        "threads": settings.threads,
+        "keepalive": settings.keepalive,
+        "timeout": settings.timeout,
+        "graceful_timeout": settings.graceful_timeout,
+        "reuse_port": True,
+        "certfile": str(settings.certfile),
+        "keyfile": str(settings.keyfile),
+        "ssl_context": TlsContextCache(),
+        "http_protocols": "h1",
+        "control_socket_disable": True,
+        "worker_tmp_dir": _worker_tmp_dir(),
+        "loglevel": settings.log_level,
+        # Access log stays off: the app writes one structured line per admission decision.
+        "accesslog": None,
+        "errorlog": "-",
+        "preload_app": False,
+        "proc_name": "gpuquota-webhook",
+        "on_starting": on_starting,
+        "child_exit": child_exit,
+        "on_exit": on_exit,
+    }

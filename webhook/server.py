@@ -1,0 +1,168 @@
+"""Run the webhook under gunicorn, programmatically (``gpuquota serve`` calls :func:`serve`).
+
+Process model: one gunicorn master forks ``workers`` processes, each with ``threads`` threads.
+The app, and with it the quota decider, is built inside each worker after the fork
+(:meth:`WebhookApplication.load`), never at import time, so nothing that holds sockets, threads or
+file handles is shared by accident across a fork.
+
+Extension points for the quota half (see ``webhook/quota_port.py``):
+
+- :func:`start_shared_services` runs once in the master (gunicorn ``on_starting``), before any
+  worker exists: the place to start the one process that holds the cluster state and the
+  reservation ledger for all workers.
+- :func:`build_quota_decider` runs in every worker while the app loads and returns the
+  :class:`~webhook.quota_port.QuotaDecider` its handlers call (e.g. a client of that process).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from gunicorn.app.base import BaseApplication
+
+from gpuquota_core.conversion import DEFAULT_CONFIG, ConfigError, ConversionConfig, load_config
+
+from .gunicorn_conf import MetricsDirectory, gunicorn_options
+from .quota_port import NoQuota, QuotaDecider
+from .settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class ServeError(Exception):
+    """A reason the server cannot start (missing certificate, bad config); the CLI prints it."""
+
+
+def start_shared_services(settings: Settings) -> None:
+    """Start process-wide services in the gunicorn master, once, before workers are forked.
+
+    Nothing to start yet: quota enforcement is off (:class:`~webhook.quota_port.NoQuota`).
+    """
+
+
+def build_quota_decider(settings: Settings) -> QuotaDecider:
+    """The quota decider of one worker process; called while the worker loads the app.
+
+    ``settings.state_path`` names the manifests that stand in for the cluster; quota enforcement
+    is not wired in yet, so every pod is allowed as far as quota goes.
+    """
+    return NoQuota()
+
+
+def load_conversion_config(path: Path | None) -> ConversionConfig:
+    """The conversion table from a YAML file, or the built-in defaults without one."""
+    if path is None:
+        return DEFAULT_CONFIG
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ServeError(f"{path}: cannot read the conversion config: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise ServeError(f"{path}: not valid YAML: {error}") from None
+    try:
+        return load_config(document)
+    except ConfigError as error:
+        raise ServeError(f"{path}: {error}") from None
+
+
+def configure_logging(level: str) -> None:
+    """One line per record on stderr for our loggers; the decision log is already JSON."""
+    logger = logging.getLogger("gpuquota")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.propagate = False
+
+
+class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
+    def __init__(self, settings: Settings, config: ConversionConfig, options: dict[str, Any]) -> None:
+        self.settings = settings
+        self.config = config
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Flask:
+        configure_logging(self.settings.log_level)
+        quota = build_quota_decider(self.settings)
+        # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.metrics).
+        from .app import create_app
+
+        return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes)
+
+
+def _check_tls_files(settings: Settings) -> None:
+    for path in (settings.certfile, settings.keyfile):
+        if not path.is_file():
+            raise ServeError(f"{path} not found: create certificates with "
+                             f"'gpuquota certs generate --out {settings.cert_dir}'")
+    # Fail once here with a readable message instead of on every connection in every worker.
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(settings.certfile, settings.keyfile)
+    except (OSError, ssl.SSLError) as error:
+        raise ServeError(f"cannot load {settings.certfile} with {settings.keyfile}: {error}") from None
+
+
+def _metrics_directory(settings: Settings) -> MetricsDirectory:
+    if settings.metrics_dir is not None:
+        return MetricsDirectory(settings.metrics_dir, owned=False)
+    inherited = os.environ.get(MULTIPROC_ENV)
+    if inherited:
+        return MetricsDirectory(Path(inherited), owned=False)
+    return MetricsDirectory(Path(tempfile.mkdtemp(prefix="gpuquota-metrics-")), owned=True)
+
+
+def _enable_multiprocess_metrics(directory: MetricsDirectory) -> None:
+    os.environ[MULTIPROC_ENV] = str(directory.path)
+    if "webhook.metrics" in sys.modules:
+        raise ServeError("internal error: webhook.metrics was imported before the metrics directory was set")
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        # Imported by someone else already: it chose in-process storage at import; switch it.
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+
+
+def run(settings: Settings) -> None:
+    """Start gunicorn in this process and return when it stops."""
+    if settings.workers < 1 or settings.threads < 1:
+        raise ServeError("--workers and --threads must be at least 1")
+    config = load_conversion_config(settings.config_path)
+    _check_tls_files(settings)
+    directory = _metrics_directory(settings)
+    _enable_multiprocess_metrics(directory)
+    configure_logging(settings.log_level)
+    options = gunicorn_options(settings, directory, start_shared_services)
+    WebhookApplication(settings, config, options).run()
+
+
+def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, cert_dir: Path | str = DEFAULT_CERT_DIR,
+          state_path: Path | str | None = None, config_path: Path | str | None = None, workers: int = 2,
+          threads: int = 4, *, keepalive: int = 120, graceful_timeout: int = 30, log_level: str = "info") -> None:
+    """Serve the webhook over TLS on ``host:port`` with the certificates in ``cert_dir``."""
+    run(Settings(
+        host=host,
+        port=port,
+        cert_dir=Path(cert_dir),
+        state_path=Path(state_path) if state_path is not None else None,
+        config_path=Path(config_path) if config_path is not None else None,
+        workers=workers,
+        threads=threads,
+        keepalive=keepalive,
+        graceful_timeout=graceful_timeout,
+        log_level=log_level,
+    ))

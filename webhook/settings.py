@@ -1,0 +1,64 @@
+"""Everything a webhook server instance is configured with, in one immutable value.
+
+The CLI builds it from flags, the gunicorn application hands it to every hook and to the app
+factory, and the quota decider factory receives it too: one object travels through the master and
+(by fork) into every worker, so nothing has to be smuggled through environment variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8443
+DEFAULT_CERT_DIR = Path("certs")
+# File names inside the cert dir; the same names a kubernetes.io/tls Secret mounts (plus the CA).
+CERT_FILE = "tls.crt"
+KEY_FILE = "tls.key"
+CA_FILE = "ca.crt"
+
+# The API server sends at most object + oldObject of a 1.5 MiB etcd object plus the envelope;
+# 3 MiB leaves room for that and refuses anything that can only be an attack or a mistake.
+MAX_BODY_BYTES = 3 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    cert_dir: Path = DEFAULT_CERT_DIR
+    # A file or directory of manifests standing in for the cluster (offline mode); None = no state.
+    state_path: Path | None = None
+    # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
+    config_path: Path | None = None
+    # 2 x 4 matches 2 cores (perf-baseline.md): each extra worker costs ~29 MiB for little gain.
+    workers: int = 2
+    threads: int = 4
+    # Above the API server's 90 s idle-connection timeout, so it is always the client that closes
+    # an idle connection; if the server closed first, a request racing the close would fail.
+    keepalive: int = 120
+    graceful_timeout: int = 30
+    timeout: int = 30
+    log_level: str = "info"
+    max_body_bytes: int = MAX_BODY_BYTES
+    # Where prometheus_client's multiprocess files live; None = a fresh temporary directory.
+    metrics_dir: Path | None = None
+
+    @property
+    def certfile(self) -> Path:
+        return self.cert_dir / CERT_FILE
+
+    @property
+    def keyfile(self) -> Path:
+        return self.cert_dir / KEY_FILE
+
+    @property
+    def ca_file(self) -> Path:
+        return self.cert_dir / CA_FILE
+
+    @property
+    def bind(self) -> str:
+        # IPv6 literals need brackets in a gunicorn bind string.
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"
