@@ -18,6 +18,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @click.command()
 @click.option("--state", "state_path", type=click.Path(exists=True, path_type=Path),
               help="Manifests (file or directory) that stand in for the cluster: offline mode.")
+@click.option("--kubeconfig", "kubeconfig_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Live mode: watch the cluster of this kubeconfig (default: in-cluster config).")
+@click.option("--context", help="Kubeconfig context to use.")
 @click.option("--cert-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_CERT_DIR,
               show_default=True, help="Directory holding tls.crt and tls.key (reloaded when they change).")
 @click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
@@ -31,11 +34,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @click.option("--keepalive", type=click.IntRange(min=1), default=120, show_default=True,
               help="Seconds an idle keep-alive connection stays open; keep it above the API server's 90.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
-def serve(state_path: Path | None, cert_dir: Path, host: str, port: int, config_path: Path | None,
-          workers: int, threads: int, keepalive: int, log_level: str) -> None:
+def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,
+          host: str, port: int, config_path: Path | None, workers: int, threads: int, keepalive: int,
+          log_level: str) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     try:
         run_server(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
+                   kubeconfig_path=kubeconfig_path, context=context,
                    workers=workers, threads=threads, keepalive=keepalive, log_level=log_level)
     except ServeError as error:
         raise CommandError(str(error)) from None

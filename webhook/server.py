@@ -151,7 +151,8 @@ def run(settings: Settings) -> None:
 
 
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, cert_dir: Path | str = DEFAULT_CERT_DIR,
-          state_path: Path | str | None = None, config_path: Path | str | None = None, workers: int = 2,
+          state_path: Path | str | None = None, config_path: Path | str | None = None,
+          kubeconfig_path: Path | str | None = None, context: str | None = None, workers: int = 2,
           threads: int = 4, *, keepalive: int = 120, graceful_timeout: int = 30, log_level: str = "info") -> None:
     """Serve the webhook over TLS on ``host:port`` with the certificates in ``cert_dir``."""
     run(Settings(
@@ -160,6 +161,8 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, cert_dir: Path | s
         cert_dir=Path(cert_dir),
         state_path=Path(state_path) if state_path is not None else None,
         config_path=Path(config_path) if config_path is not None else None,
+        kubeconfig_path=Path(kubeconfig_path) if kubeconfig_path is not None else None,
+        context=context,
         workers=workers,
         threads=threads,
         keepalive=keepalive,

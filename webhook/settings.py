@@ -30,6 +30,10 @@ class Settings:
     cert_dir: Path = DEFAULT_CERT_DIR
     # A file or directory of manifests standing in for the cluster (offline mode); None = no state.
     state_path: Path | None = None
+    # Live mode: the kubeconfig (and context) to watch the cluster with; None with no state_path
+    # means in-cluster config when running in a pod.
+    kubeconfig_path: Path | None = None
+    context: str | None = None
     # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
     config_path: Path | None = None
     # 2 x 4 matches 2 cores (perf-baseline.md): each extra worker costs ~29 MiB for little gain.
