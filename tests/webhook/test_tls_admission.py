@@ -1,0 +1,239 @@
+"""The admission endpoints through a real ``gpuquota serve``: gunicorn, TLS, CA verification.
+
+Every request here crosses the same layers the API server's does: TCP, a verified TLS handshake
+against the CA that ``gpuquota certs generate`` printed, HTTP/1.1 keep-alive, gunicorn gthread
+workers, the Flask app.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from reviews import body, pod, review
+from webhookproc import LOOPBACK, WebhookProcess, generate_certs
+
+from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
+from gpuquota_core.jsonpatch import apply
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+MAX_BODY_BYTES = 3 * 1024 * 1024
+
+
+@pytest.fixture
+def session(offline_webhook: WebhookProcess) -> requests.Session:
+    return verified_session(offline_webhook.ca_file)
+
+
+def verified_session(ca_file: Path) -> requests.Session:
+    http = requests.Session()
+    # Otherwise REQUESTS_CA_BUNDLE from the environment silently replaces session.verify, and
+    # proxies from the environment would sit between the test and the server.
+    http.trust_env = False
+    http.verify = str(ca_file)
+    return http
+
+
+def post(session: requests.Session, server: WebhookProcess, path: str, document: Any) -> requests.Response:
+    return session.post(server.url + path, data=body(document), headers=JSON_HEADERS, timeout=10)
+
+
+def decoded_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
+    assert response["patchType"] == "JSONPatch"
+    patch: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
+    return patch
+
+
+def test_mutate_rewrites_whole_cards_to_canonical_units(offline_webhook: WebhookProcess,
+                                                        session: requests.Session) -> None:
+    request = review(pod(resources={"cpu": "8", "nvidia.com/gpu": "2"}), uid="uid-mutate-1")
+
+    answer = post(session, offline_webhook, "/mutate-pods", request)
+
+    assert answer.status_code == 200
+    reply = answer.json()
+    assert reply["apiVersion"] == "admission.k8s.io/v1"
+    assert reply["kind"] == "AdmissionReview"
+    response = reply["response"]
+    assert response["uid"] == "uid-mutate-1"
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        'gpuquota rewrote container "main" nvidia.com/gpu: 2 -> '
+        "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200"]
+    patched = apply(request["request"]["object"], decoded_patch(response))
+    resources = patched["spec"]["containers"][0]["resources"]
+    canonical = {"cpu": "8", "koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
+    assert resources == {"requests": canonical, "limits": canonical}
+    assert json.loads(patched["metadata"]["annotations"][ORIGINAL_RESOURCES_ANNOTATION]) == {
+        "containers": {"main": {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}}}
+
+
+def test_patch_paths_escape_slashes_in_resource_names(offline_webhook: WebhookProcess,
+                                                      session: requests.Session) -> None:
+    request = review(pod(resources={"nvidia.com/gpu": "1"}))
+
+    response = post(session, offline_webhook, "/mutate-pods", request).json()["response"]
+
+    paths = {op["path"] for op in decoded_patch(response)}
+    assert "/spec/containers/0/resources/requests/nvidia.com~1gpu" in paths
+    assert "/spec/containers/0/resources/limits/koordinator.sh~1gpu-core" in paths
+
+
+def test_second_pass_over_own_output_yields_no_patch(offline_webhook: WebhookProcess,
+                                                     session: requests.Session) -> None:
+    first = review(pod(resources={"nvidia.com/gpu": "3"}))
+    once = apply(first["request"]["object"], decoded_patch(post(session, offline_webhook, "/mutate-pods",
+                                                                first).json()["response"]))
+
+    again = post(session, offline_webhook, "/mutate-pods", review(once)).json()["response"]
+
+    assert again["allowed"] is True
+    assert "patch" not in again
+
+
+def test_init_containers_are_rewritten_too(offline_webhook: WebhookProcess, session: requests.Session) -> None:
+    gpu = {"requests": {"amd.com/gpu": "1"}, "limits": {"amd.com/gpu": "1"}}
+    obj = pod(resources={"nvidia.com/gpu": "1"})
+    obj["spec"]["initContainers"] = [{"name": "warmup", "image": "x", "resources": gpu}]
+
+    response = post(session, offline_webhook, "/mutate-pods", review(obj)).json()["response"]
+
+    patched = apply(obj, decoded_patch(response))
+    assert patched["spec"]["initContainers"][0]["resources"]["limits"] == {
+        "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
+
+
+@pytest.mark.parametrize(("resources", "expected"), [
+    pytest.param({"koordinator.sh/gpu-core": "50"},
+                 'invalid resource device requests: [koordinator.sh/gpu-core]: add a memory request: '
+                 'koordinator.sh/gpu-memory-ratio (percent of a card) or koordinator.sh/gpu-memory (bytes) '
+                 '(asked for by container "main") [rule: combination]', id="core-without-memory"),
+    pytest.param({"koordinator.sh/gpu-core": "150", "koordinator.sh/gpu-memory-ratio": "150"},
+                 "invalid resource unit koordinator.sh/gpu-core: 150", id="one-and-a-half-cards"),
+])
+def test_validate_refuses_unschedulable_gpu_requests(offline_webhook: WebhookProcess, session: requests.Session,
+                                                     resources: dict[str, str], expected: str) -> None:
+    response = post(session, offline_webhook, "/validate-pods", review(pod(resources=resources))).json()["response"]
+
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert response["status"]["reason"] == "Invalid"
+    assert response["status"]["message"].startswith(expected)
+
+
+def test_validate_allows_a_canonical_share(offline_webhook: WebhookProcess, session: requests.Session) -> None:
+    share = {"koordinator.sh/gpu-core": "50", "koordinator.sh/gpu-memory-ratio": "50"}
+    obj = pod(namespace="scratch-no-quota", resources=share)
+
+    response = post(session, offline_webhook, "/validate-pods", review(obj)).json()["response"]
+
+    assert response["allowed"] is True
+
+
+@pytest.mark.parametrize(("request_body", "reason"), [
+    pytest.param(b"not json", "request body is not valid JSON", id="not-json"),
+    pytest.param(b"[]", "expected an AdmissionReview object, got a JSON array", id="array"),
+    pytest.param(b"{}", "expected kind AdmissionReview, got None", id="empty-object"),
+    pytest.param(b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}',
+                 "AdmissionReview has no request object", id="no-request"),
+    pytest.param(b'{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}',
+                 "expected apiVersion admission.k8s.io/v1, got 'admission.k8s.io/v1beta1'", id="old-version"),
+])
+@pytest.mark.parametrize("path", ["/mutate-pods", "/validate-pods", "/validate-elasticquotas"])
+def test_malformed_reviews_get_400_with_the_reason(offline_webhook: WebhookProcess, session: requests.Session,
+                                                   path: str, request_body: bytes, reason: str) -> None:
+    answer = session.post(offline_webhook.url + path, data=request_body, headers=JSON_HEADERS, timeout=10)
+
+    assert answer.status_code == 400
+    status = answer.json()
+    assert status["kind"] == "Status"
+    assert status["reason"] == "BadRequest"
+    assert status["message"].startswith(reason)
+
+
+def test_oversized_body_is_refused_before_it_is_read(offline_webhook: WebhookProcess,
+                                                     session: requests.Session) -> None:
+    # Only the headers are sent: a server that waited for the 4 MiB body (or parsed it) would
+    # never answer, so an answer proves the cut-off happens on Content-Length alone.
+    with socket.create_connection((LOOPBACK, offline_webhook.port), timeout=10) as raw, \
+            offline_webhook.ssl_context().wrap_socket(raw, server_hostname=LOOPBACK) as tls:
+        tls.sendall(b"POST /mutate-pods HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1))
+        reply = http.client.HTTPResponse(tls)
+        reply.begin()
+        status = json.loads(reply.read())
+
+    assert reply.status == 413
+    assert status["reason"] == "RequestEntityTooLarge"
+    assert session.get(offline_webhook.url + "/healthz", timeout=10).status_code == 200
+
+
+def test_objects_other_than_pod_creates_are_allowed_unchanged(offline_webhook: WebhookProcess,
+                                                               session: requests.Session) -> None:
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}}
+    update = review(pod(resources={"nvidia.com/gpu": "1"}), operation="UPDATE",
+                    old=pod(resources={"nvidia.com/gpu": "1"}))
+
+    for request in (review(config_map, kind="ConfigMap", resource="configmaps"), update):
+        response = post(session, offline_webhook, "/mutate-pods", request).json()["response"]
+        assert response == {"uid": request["request"]["uid"], "allowed": True}
+
+
+def test_health_readiness_and_metrics(offline_webhook: WebhookProcess, session: requests.Session) -> None:
+    post(session, offline_webhook, "/mutate-pods", review(pod(resources={"nvidia.com/gpu": "1"})))
+
+    assert session.get(offline_webhook.url + "/healthz", timeout=10).json() == {"status": "ok"}
+    assert session.get(offline_webhook.url + "/readyz", timeout=10).status_code == 200
+    metrics = session.get(offline_webhook.url + "/metrics", timeout=10).text
+    assert 'gpuquota_admission_requests_total{endpoint="/mutate-pods",operation="CREATE",result="patched"}' \
+        in metrics
+    assert 'gpuquota_rewrites_total{resource="nvidia.com/gpu"}' in metrics
+
+
+def test_connection_is_kept_alive_across_requests(offline_webhook: WebhookProcess) -> None:
+    connection = http.client.HTTPSConnection(LOOPBACK, offline_webhook.port, timeout=10,
+                                             context=offline_webhook.ssl_context())
+    try:
+        payload = body(review(pod(resources={"nvidia.com/gpu": "1"})))
+        connection.request("POST", "/mutate-pods", body=payload, headers=JSON_HEADERS)
+        first = connection.getresponse()
+        first.read()
+        socket_before = connection.sock
+        connection.request("POST", "/mutate-pods", body=payload, headers=JSON_HEADERS)
+        second = connection.getresponse()
+        second.read()
+        assert (first.status, second.status) == (200, 200)
+        assert first.getheader("Connection", "").lower() != "close"
+        assert connection.sock is socket_before
+    finally:
+        connection.close()
+
+
+def test_a_client_that_does_not_trust_the_ca_is_refused(offline_webhook: WebhookProcess, tmp_path: Path) -> None:
+    generate_certs(tmp_path / "other")
+    stranger = verified_session(tmp_path / "other" / "ca.crt")
+
+    with pytest.raises(requests.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
+        stranger.get(offline_webhook.url + "/healthz", timeout=10)
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")
+def test_tls_below_1_2_is_refused(offline_webhook: WebhookProcess) -> None:
+    context = ssl.create_default_context(cafile=str(offline_webhook.ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1
+    context.maximum_version = ssl.TLSVersion.TLSv1_1
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")
+    connection = http.client.HTTPSConnection(LOOPBACK, offline_webhook.port, timeout=10, context=context)
+    try:
+        # The server's alert, not a client that could not even offer TLS 1.1 (NO_PROTOCOLS_AVAILABLE).
+        with pytest.raises(ssl.SSLError, match="PROTOCOL_VERSION"):
+            connection.request("GET", "/healthz")
+    finally:
+        connection.close()
