@@ -1,0 +1,89 @@
+"""The admission decision for one pod against the quota tree: pure, no I/O, no clock.
+
+Used = watched pods (``UsageIndex``) + reservations not yet seen (``ReservationLedger``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .ledger import ReservationLedger
+from .quantity import ZERO, Quantity
+from .quota import QuotaTree, UsageIndex, check_chain
+from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists
+
+QUOTA_EXCEEDED = "QuotaExceeded"
+QUOTA_NOT_FOUND = "QuotaNotFound"
+PARENT_QUOTA = "ParentQuota"
+UNKNOWN_GPU_MEMORY = "UnknownGpuMemory"
+
+
+@dataclass(frozen=True, slots=True)
+class PodQuotaRequest:
+    namespace: str
+    name: str
+    quota_label: str
+    requests: ResourceList  # canonical, pod-level
+    unknown_gpu_memory: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    quotas: tuple[str, ...] = ()  # chain to charge when allowed (leaf first)
+    message: str = ""
+    reason: str = ""
+    code: int = 200
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def needs_check(new: PodQuotaRequest, old: PodQuotaRequest | None, tree: QuotaTree) -> bool:
+    """UPDATE is judged again only when the quota changes or a request grows."""
+    if old is None:
+        return True
+    if tree.resolve(new.namespace, new.quota_label) != tree.resolve(old.namespace, old.quota_label):
+        return True
+    return any(asked > old.requests.get(name, ZERO) for name, asked in new.requests.items())
+
+
+def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
+           old: PodQuotaRequest | None = None) -> Decision:
+    resolution = tree.resolve(pod.namespace, pod.quota_label)
+    if resolution.rule == "label-not-found":
+        return Decision(False, message=f"pod {pod.namespace}/{pod.name} names ElasticQuota {pod.quota_label!r} "
+                        f"in label quota.scheduling.koordinator.sh/name, but no such quota exists",
+                        reason=QUOTA_NOT_FOUND, code=403)
+    if resolution.quota is None:
+        return Decision(True)
+    leaf = tree.quotas[resolution.quota]
+    if leaf.is_parent:
+        return Decision(False, message=f"pod {pod.namespace}/{pod.name} cannot use ElasticQuota {leaf.ref}: it is "
+                        f"a parent quota (is-parent=true); use one of its leaf quotas", reason=PARENT_QUOTA, code=403)
+    chain = tuple(q.name for q in tree.chain(leaf.name))
+    if pod.unknown_gpu_memory:
+        for name in chain:
+            if GPU_MEMORY_RATIO in tree.limit(name)[0]:
+                return Decision(False, message=(
+                    f"pod {pod.namespace}/{pod.name} requests koordinator.sh/gpu-memory in bytes, which cannot be "
+                    f"converted to koordinator.sh/gpu-memory-ratio (no GPU model mapping), but quota "
+                    f"{tree.quotas[name].ref} limits gpu-memory-ratio: request koordinator.sh/gpu-memory-ratio "
+                    f"instead, or add a model mapping to the conversion config"), reason=UNKNOWN_GPU_MEMORY, code=403)
+    request = pod.requests
+    if old is not None:
+        # An UPDATE that stays in the same quota is charged only for what it adds; the old pod already counts.
+        same = tree.resolve(old.namespace, old.quota_label) == resolution
+        if same:
+            request = {n: q - old.requests.get(n, ZERO) for n, q in pod.requests.items()
+                       if q > old.requests.get(n, ZERO)}
+    used: dict[str, ResourceList] = {name: add_lists(usage.used(name), ledger.used(name)) for name in chain}
+    exceeded = check_chain(tree, leaf.name, request, used)
+    if exceeded:
+        first = exceeded[0]
+        return Decision(False, message=first.message, reason=QUOTA_EXCEEDED, code=403,
+                        details={"quota": first.quota.ref})
+    return Decision(True, quotas=chain)
+
+
+def requests_of(strings: Mapping[str, str]) -> ResourceList:
+    return {name: Quantity.parse(value) for name, value in strings.items()}

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from typing import Any
+
+from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core.quota import QuotaTree, UsageIndex, quota_from_object
+from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, requests_of
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+
+
+def quota(name: str, namespace: str, max_: dict[str, str], parent: str = "", is_parent: bool = False) -> Any:
+    labels = {}
+    if parent:
+        labels["quota.scheduling.koordinator.sh/parent"] = parent
+    if is_parent:
+        labels["quota.scheduling.koordinator.sh/is-parent"] = "true"
+    return quota_from_object({"metadata": {"name": name, "namespace": namespace, "labels": labels},
+                              "spec": {"max": max_}})
+
+
+def world() -> tuple[QuotaTree, UsageIndex, ReservationLedger]:
+    tree = QuotaTree.build([
+        quota("org", "team", {"nvidia.com/gpu": "3"}, is_parent=True),
+        quota("team-a", "team", {RATIO: "200"}, parent="org"),
+        quota("team-b", "team", {RATIO: "200"}, parent="org"),
+    ])
+    return tree, UsageIndex(tree), ReservationLedger(ttl_seconds=10)
+
+
+def pod(name: str, ratio: str, label: str = "team-a") -> PodQuotaRequest:
+    return PodQuotaRequest("team", name, label, requests_of({RATIO: ratio}))
+
+
+def admit(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, request: PodQuotaRequest) -> Any:
+    decision = decide(tree, usage, ledger, request)
+    if decision.allowed:
+        ledger.reserve(f"{request.namespace}/{request.name}", "uid-" + request.name, decision.quotas,
+                       request.requests, now=0.0)
+    return decision
+
+
+def test_leaf_quota_refuses_with_native_message() -> None:
+    tree, usage, ledger = world()
+    assert admit(tree, usage, ledger, pod("p1", "150")).allowed
+    denied = admit(tree, usage, ledger, pod("p2", "100"))
+    assert not denied.allowed and denied.code == 403 and denied.reason == "QuotaExceeded"
+    assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=100, used: {RATIO}=150, "
+                              f"limited: {RATIO}=200")
+
+
+def test_ancestor_legacy_limit_in_canonical_units_refuses() -> None:
+    tree, usage, ledger = world()
+    assert admit(tree, usage, ledger, pod("a1", "200")).allowed
+    denied = admit(tree, usage, ledger, pod("b1", "200", label="team-b"))
+    assert denied.message == (f"exceeded quota: team/org, requested: {RATIO}=200, used: {RATIO}=200, "
+                              f"limited: {RATIO}=300 (ancestor of quota team-b)")
+    assert admit(tree, usage, ledger, pod("b2", "100", label="team-b")).allowed
+
+
+def test_missing_label_quota_and_parent_quota_are_refused() -> None:
+    tree, usage, ledger = world()
+    missing = decide(tree, usage, ledger, pod("x", "10", label="nope"))
+    assert not missing.allowed and missing.reason == "QuotaNotFound" and "'nope'" in missing.message
+    parent = decide(tree, usage, ledger, pod("x", "10", label="org"))
+    assert not parent.allowed and parent.reason == "ParentQuota" and "team/org" in parent.message
+
+
+def test_unknown_gpu_memory_refused_against_ratio_limit() -> None:
+    tree, usage, ledger = world()
+    request = PodQuotaRequest("team", "m", "team-a", requests_of({"koordinator.sh/gpu-memory": "8Gi"}), True)
+    decision = decide(tree, usage, ledger, request)
+    assert not decision.allowed and decision.reason == "UnknownGpuMemory"
+
+
+def test_reservation_released_on_expiry_frees_room() -> None:
+    tree, usage, ledger = world()
+    assert admit(tree, usage, ledger, pod("p1", "200")).allowed
+    assert not decide(tree, usage, ledger, pod("p2", "100")).allowed
+    assert [r.pod_key for r in ledger.expire(now=10.0)] == ["team/p1"]
+    assert decide(tree, usage, ledger, pod("p2", "100")).allowed
+
+
+def test_update_checked_only_on_quota_change_or_growth() -> None:
+    tree, _, _ = world()
+    old = pod("p", "100")
+    assert not needs_check(pod("p", "100"), old, tree)
+    assert not needs_check(pod("p", "50"), old, tree)
+    assert needs_check(pod("p", "150"), old, tree)
+    assert needs_check(pod("p", "100", label="team-b"), old, tree)
+
+
+def test_label_change_into_full_quota_is_refused() -> None:
+    tree, usage, ledger = world()
+    assert admit(tree, usage, ledger, pod("b1", "200", label="team-b")).allowed
+    denied = decide(tree, usage, ledger, pod("p", "100", label="team-b"), old=pod("p", "100"))
+    assert not denied.allowed and denied.message.startswith("exceeded quota: team/team-b,")
