@@ -43,20 +43,32 @@ class ServeError(Exception):
     """A reason the server cannot start (missing certificate, bad config); the CLI prints it."""
 
 
-def start_shared_services(settings: Settings) -> None:
-    """Start process-wide services in the gunicorn master, once, before workers are forked.
+QUOTA_SOCKET_ENV = "GPUQUOTA_QUOTA_SOCKET"
 
-    Nothing to start yet: quota enforcement is off (:class:`~webhook.quota_port.NoQuota`).
+
+def start_shared_services(settings: Settings) -> None:
+    """Start the quota service process in the gunicorn master, once, before workers are forked.
+
+    Offline mode (``--state``) only for now; the socket path reaches the workers through the
+    environment they inherit from the master.
     """
+    if settings.state_path is None:
+        return
+    from .quota_service import private_socket_path, start_service_process
+
+    path = private_socket_path()
+    start_service_process(path, settings.state_path)
+    os.environ[QUOTA_SOCKET_ENV] = str(path)
 
 
 def build_quota_decider(settings: Settings) -> QuotaDecider:
-    """The quota decider of one worker process; called while the worker loads the app.
+    """The quota decider of one worker process: a client of the quota service when one runs."""
+    socket_path = os.environ.get(QUOTA_SOCKET_ENV)
+    if not socket_path:
+        return NoQuota()
+    from .quota_client import QuotaClient
 
-    ``settings.state_path`` names the manifests that stand in for the cluster; quota enforcement
-    is not wired in yet, so every pod is allowed as far as quota goes.
-    """
-    return NoQuota()
+    return QuotaClient(Path(socket_path))
 
 
 def load_conversion_config(path: Path | None) -> ConversionConfig:

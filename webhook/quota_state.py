@@ -1,0 +1,69 @@
+"""The one consistent quota view of a server instance: tree, watched usage, reservations, a lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core.quota import (
+    POD_QUOTA_LABEL,
+    QuotaTree,
+    UsageIndex,
+    pod_is_counted,
+    pod_record,
+    quota_from_object,
+)
+from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, requests_of
+
+from .quota_port import ALLOW, PodAdmission, Verdict
+
+
+class QuotaState:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = 30.0) -> None:
+        self._lock = threading.Lock()  # every decision and every state change is serialised
+        self._clock = clock
+        self.tree = QuotaTree()
+        self.usage = UsageIndex(self.tree)
+        self.ledger = ReservationLedger(ttl_seconds)
+        self.synced = False
+
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the whole state (offline manifests, or a full re-list)."""
+        objects = list(objects)
+        with self._lock:
+            tree = QuotaTree.build(quota_from_object(o) for o in objects if o.get("kind") == "ElasticQuota")
+            usage = UsageIndex(tree)
+            for obj in objects:
+                if obj.get("kind") == "Pod" and pod_is_counted(obj):
+                    record = pod_record(obj)
+                    usage.upsert(record)
+                    self.ledger.release(record.key)
+            self.tree, self.usage, self.synced = tree, usage, True
+
+    def ready(self) -> tuple[bool, str]:
+        return (True, "quota state synced") if self.synced else (False, "quota state not synced yet")
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        new = PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),
+                              requests_of(admission.canonical_requests), admission.unknown_gpu_memory)
+        old = None
+        if admission.operation == "UPDATE" and admission.old_canonical_requests is not None:
+            old = PodQuotaRequest(admission.namespace, admission.name,
+                                  (admission.old_labels or {}).get(POD_QUOTA_LABEL, ""),
+                                  requests_of(admission.old_canonical_requests))
+        with self._lock:
+            if not self.synced:
+                return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady")
+            if old is not None and not needs_check(new, old, self.tree):
+                return ALLOW
+            self.ledger.expire(self._clock())
+            decision = decide(self.tree, self.usage, self.ledger, new, old)
+            if not decision.allowed:
+                return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details)
+            if not admission.dry_run and admission.operation == "CREATE":
+                self.ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
+                                    new.requests, self._clock())
+            return ALLOW
