@@ -1,0 +1,362 @@
+"""Audit checks over a set of Kubernetes objects, with the webhook's own conversion and validation.
+
+I/O-free: callers hand in already-loaded objects (from files or a live list). Every check reuses
+the core the webhook runs, so an audit finding means the webhook would act on that object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from .canonical import canonicalize_pod_spec
+from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .podspec import PodShapeError, as_mapping, parse_resource_list, pod_requests, read_containers
+from .quantity import ZERO, Quantity
+from .quota import (
+    QuotaShapeError,
+    canonical_resource_list,
+    legacy_gpu_names,
+    names_both_families,
+    pod_is_counted,
+    quota_from_object,
+)
+from .resources import (
+    GPU_CORE,
+    GPU_MEMORY_RATIO,
+    PERCENT_PER_CARD,
+    RESOURCEQUOTA_PREFIXES,
+    VENDOR_WHOLE_GPU_NAMES,
+    GpuFamily,
+    families_of,
+    format_list,
+    gpu_family,
+    is_gpu_name,
+)
+from .validation import validate_pod_gpu
+
+DEFAULT_SHARED_LABEL = "node.koordinator.sh/gpu-shared"
+
+# Where each workload kind keeps its pod template.
+TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "PodTemplate": ("template",),
+}
+
+
+class Severity(IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    severity: Severity
+    kind: str
+    namespace: str
+    name: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "severity": str(self.severity), "kind": self.kind,
+                "namespace": self.namespace, "name": self.name, "message": self.message,
+                "details": dict(self.details)}
+
+
+@dataclass(slots=True)
+class AuditReport:
+    findings: list[Finding] = field(default_factory=list)
+    capacity: dict[str, dict[str, str]] = field(default_factory=dict)  # family -> name -> total
+    quota_usage: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        by_severity = {str(s): sum(1 for f in self.findings if f.severity == s) for s in Severity}
+        by_check: dict[str, int] = {}
+        for finding in self.findings:
+            by_check[finding.check] = by_check.get(finding.check, 0) + 1
+        return {"findings": len(self.findings), "bySeverity": by_severity, "byCheck": dict(sorted(by_check.items())),
+                "gpuCapacity": self.capacity, "quotaUsage": self.quota_usage}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"findings": [f.as_dict() for f in self.findings], "summary": self.summary()}
+
+    def worst(self) -> Severity | None:
+        return max((f.severity for f in self.findings), default=None)
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or ""), metadata
+
+
+def _node_resources(node: Mapping[str, Any]) -> dict[str, Quantity]:
+    status = node.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    merged: dict[str, Quantity] = {}
+    # Capacity is what the device plugin advertises; allocatable may be reduced but names the same.
+    for section in ("allocatable", "capacity"):
+        try:
+            merged.update(parse_resource_list(status.get(section), f"status.{section}"))
+        except PodShapeError:
+            continue
+    return {name: q for name, q in merged.items() if is_gpu_name(name) and q.amount > 0}
+
+
+def check_nodes(nodes: Iterable[Mapping[str, Any]], report: AuditReport,
+                shared_label: str = DEFAULT_SHARED_LABEL) -> set[str]:
+    """Node checks; returns every GPU resource name some node advertises."""
+    advertised: set[str] = set()
+    for node in nodes:
+        _, name, metadata = _meta(node)
+        gpu = _node_resources(node)
+        advertised.update(gpu)
+        for resource, quantity in gpu.items():
+            family = gpu_family(resource)
+            bucket = report.capacity.setdefault(family.value if family else "other", {})
+            bucket[resource] = str(Quantity.parse(bucket.get(resource, "0")) + quantity)
+        families = families_of(gpu)
+        vendor = sorted(set(gpu) & VENDOR_WHOLE_GPU_NAMES)
+        if families == {GpuFamily.VENDOR, GpuFamily.KOORDINATOR}:
+            report.findings.append(Finding(
+                "node-mixed-gpu-resources", Severity.WARNING, "Node", "", name,
+                f"advertises both {', '.join(vendor)} and koordinator.sh/gpu-*; a sharing node should report "
+                "only koordinator names, a whole-card node only the vendor name",
+                {"resources": {k: str(v) for k, v in sorted(gpu.items())}}))
+            cards = sum((gpu[v] for v in vendor), ZERO)
+            for percent_name in (GPU_MEMORY_RATIO, GPU_CORE):
+                if percent_name in gpu and gpu[percent_name] != cards.scaled(PERCENT_PER_CARD):
+                    report.findings.append(Finding(
+                        "node-gpu-count-mismatch", Severity.ERROR, "Node", "", name,
+                        f"{percent_name}={gpu[percent_name]} but {'+'.join(vendor)}={cards} cards "
+                        f"(expected {cards.scaled(PERCENT_PER_CARD)})",
+                        {"resource": percent_name, "value": str(gpu[percent_name]),
+                         "expected": str(cards.scaled(PERCENT_PER_CARD))}))
+        labels = metadata.get("labels")
+        label = labels.get(shared_label) if isinstance(labels, Mapping) else None
+        if label is not None:
+            shared = str(label).lower() == "true"
+            if shared and vendor:
+                report.findings.append(Finding(
+                    "node-gpu-mode-label-mismatch", Severity.WARNING, "Node", "", name,
+                    f"{shared_label}=true but the node reports {', '.join(vendor)}", {"label": shared_label}))
+            elif not shared and GpuFamily.KOORDINATOR in families:
+                report.findings.append(Finding(
+                    "node-gpu-mode-label-mismatch", Severity.WARNING, "Node", "", name,
+                    f"{shared_label}={label} but the node reports koordinator.sh/gpu-* resources",
+                    {"label": shared_label}))
+    return advertised
+
+
+def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, Any]], report: AuditReport,
+                 advertised: set[str] | None, config: ConversionConfig = DEFAULT_CONFIG) -> None:
+    infos = []
+    for obj in quotas:
+        try:
+            infos.append(quota_from_object(obj))
+        except QuotaShapeError as error:
+            namespace, name, _ = _meta(obj)
+            report.findings.append(Finding("quota-invalid", Severity.ERROR, "ElasticQuota", namespace, name,
+                                           str(error)))
+    by_name = {q.name: q for q in infos}
+    for quota in infos:
+        names = set(quota.min) | set(quota.max)
+        legacy = legacy_gpu_names(names)
+        if legacy:
+            report.findings.append(Finding(
+                "quota-legacy-gpu-key", Severity.WARNING, "ElasticQuota", quota.namespace, quota.name,
+                f"min/max uses {', '.join(legacy)}; canonical pods are never charged against it "
+                "(run `gpuquota migrate plan`)", {"keys": legacy}))
+        if names_both_families(names):
+            report.findings.append(Finding(
+                "quota-mixed-gpu-keys", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
+                "names both nvidia.com/gpu-style and koordinator.sh/gpu-* keys", {"keys": sorted(names)}))
+        parent = by_name.get(quota.parent)
+        if parent is not None and set(quota.max) != set(parent.max):
+            report.findings.append(Finding(
+                "quota-tree-key-mismatch", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
+                f"max keys {sorted(quota.max)} differ from parent {parent.name}'s {sorted(parent.max)}",
+                {"parent": parent.name, "keys": sorted(quota.max), "parentKeys": sorted(parent.max)}))
+        if advertised is not None:
+            for resource in sorted(n for n in names if is_gpu_name(n) and n not in advertised):
+                report.findings.append(Finding(
+                    "quota-unadvertised-resource", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
+                    f"limits {resource}, which no node advertises; pods asking for it are refused",
+                    {"resource": resource}))
+    for parent in infos:
+        children = [q for q in infos if q.parent == parent.name]
+        if not children:
+            continue
+        parent_min, _ = canonical_resource_list(parent.min, config, parent.name)
+        total: dict[str, Quantity] = {}
+        for child in children:
+            child_min, _ = canonical_resource_list(child.min, config, child.name)
+            for key, value in child_min.items():
+                total[key] = total.get(key, ZERO) + value
+        over = {k: v for k, v in total.items() if k in parent_min and v > parent_min[k]}
+        if over:
+            report.findings.append(Finding(
+                "quota-min-exceeds-parent", Severity.ERROR, "ElasticQuota", parent.namespace, parent.name,
+                "children's min sum exceeds min: " + ", ".join(
+                    f"{k} {v} > {parent_min[k]}" for k, v in sorted(over.items())),
+                {k: {"children": str(v), "min": str(parent_min[k])} for k, v in sorted(over.items())}))
+    _check_usage(infos, pods, report, config)
+
+
+def _check_usage(infos: list[Any], pods: list[Mapping[str, Any]], report: AuditReport,
+                 config: ConversionConfig) -> None:
+    from .quota import POD_QUOTA_LABEL
+    by_name = {q.name: q for q in infos}
+    by_namespace: dict[str, str] = {}
+    for quota in infos:
+        for namespace in quota.bound_namespaces:
+            by_namespace.setdefault(namespace, quota.name)
+        if not quota.is_parent and quota.namespace:
+            by_namespace.setdefault(quota.namespace, quota.name)
+    used: dict[str, dict[str, Quantity]] = {}
+    for pod in pods:
+        if not pod_is_counted(pod):
+            continue
+        namespace, _, metadata = _meta(pod)
+        labels = metadata.get("labels")
+        label = labels.get(POD_QUOTA_LABEL) if isinstance(labels, Mapping) else None
+        leaf = str(label) if label else by_namespace.get(namespace)
+        if leaf is None or leaf not in by_name:
+            continue
+        try:
+            spec = as_mapping(pod.get("spec"), "spec")
+            canonical, _, _, _ = canonicalize_pod_spec(spec, config)
+            request = pod_requests(canonical, read_containers(canonical))
+        except PodShapeError:
+            continue
+        current: str = leaf
+        seen: set[str] = set()
+        while current in by_name and current not in seen:
+            seen.add(current)
+            bucket = used.setdefault(current, {})
+            for key, value in request.items():
+                bucket[key] = bucket.get(key, ZERO) + value
+            current = by_name[current].parent
+    for quota in infos:
+        limit, _ = canonical_resource_list(quota.raw_limit, config, quota.name)
+        usage = used.get(quota.name, {})
+        report.quota_usage[quota.name] = {
+            key: {"used": str(usage.get(key, ZERO)), "limit": str(value)}
+            for key, value in sorted(limit.items()) if is_gpu_name(key)}
+        over = {k: v for k, v in usage.items() if k in limit and v > limit[k]}
+        if over:
+            report.findings.append(Finding(
+                "quota-over-limit", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
+                "canonical usage exceeds the limit: " + ", ".join(
+                    f"{k} {v} > {limit[k]}" for k, v in sorted(over.items())),
+                {k: {"used": str(v), "limit": str(limit[k])} for k, v in sorted(over.items())}))
+
+
+def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
+                report: AuditReport, config: ConversionConfig) -> None:
+    try:
+        containers = read_containers(spec)
+        _, rewrites, _, _ = canonicalize_pod_spec(spec, config)
+    except PodShapeError as error:
+        report.findings.append(Finding("pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name, str(error)))
+        return
+    if rewrites:
+        report.findings.append(Finding(
+            legacy_check, Severity.WARNING, kind, namespace, name,
+            "the webhook would rewrite: " + "; ".join(r.describe() for r in rewrites),
+            {"rewrites": [r.describe() for r in rewrites]}))
+    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    if problems:
+        report.findings.append(Finding(
+            "pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
+            "; ".join(p.message for p in problems), {"rules": [p.rule for p in problems]}))
+
+
+def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    path = TEMPLATE_PATHS.get(str(obj.get("kind")))
+    if path is None:
+        return None
+    current: Any = obj
+    for step in path:
+        current = current.get(step) if isinstance(current, Mapping) else None
+    return current if isinstance(current, Mapping) else None
+
+
+def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
+               config: ConversionConfig = DEFAULT_CONFIG) -> None:
+    for pod in pods:
+        namespace, name, _ = _meta(pod)
+        spec = pod.get("spec")
+        if isinstance(spec, Mapping):
+            _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config)
+
+
+def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
+                    config: ConversionConfig = DEFAULT_CONFIG) -> None:
+    for obj in objects:
+        template = template_of(obj)
+        spec = template.get("spec") if template is not None else None
+        if isinstance(spec, Mapping):
+            namespace, name, _ = _meta(obj)
+            _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config)
+
+
+def check_resourcequotas(objects: Iterable[Mapping[str, Any]], report: AuditReport) -> None:
+    for obj in objects:
+        namespace, name, _ = _meta(obj)
+        spec = obj.get("spec")
+        hard = spec.get("hard") if isinstance(spec, Mapping) else None
+        if not isinstance(hard, Mapping):
+            continue
+        keys = sorted(str(k) for k in hard if any(
+            str(k) == prefix + vendor for prefix in RESOURCEQUOTA_PREFIXES for vendor in VENDOR_WHOLE_GPU_NAMES))
+        if keys:
+            report.findings.append(Finding(
+                "resourcequota-gpu-bypassed", Severity.WARNING, "ResourceQuota", namespace, name,
+                f"limits {', '.join(keys)}; after the webhook's rewrite GPU pods no longer request it",
+                {"keys": keys, "hard": {k: str(hard[k]) for k in keys}}))
+
+
+SCOPES = ("nodes", "quotas", "pods", "workloads", "resourcequotas")
+
+
+def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = SCOPES,
+                  config: ConversionConfig = DEFAULT_CONFIG, shared_label: str = DEFAULT_SHARED_LABEL) -> AuditReport:
+    by_kind: dict[str, list[Mapping[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(str(obj.get("kind")), []).append(obj)
+    wanted = set(scopes)
+    report = AuditReport()
+    nodes = by_kind.get("Node", [])
+    advertised = check_nodes(nodes, report, shared_label) if nodes or "nodes" in wanted else set()
+    if "nodes" not in wanted:
+        report.findings = [f for f in report.findings if f.kind != "Node"]
+    pods = by_kind.get("Pod", [])
+    if "quotas" in wanted:
+        # Without any Node object we cannot tell what is advertised; skip that check then.
+        check_quotas(by_kind.get("ElasticQuota", []), pods, report, advertised if nodes else None, config)
+    if "pods" in wanted:
+        check_pods(pods, report, config)
+    if "workloads" in wanted:
+        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config)
+    if "resourcequotas" in wanted:
+        check_resourcequotas(by_kind.get("ResourceQuota", []), report)
+    report.findings.sort(key=lambda f: (f.kind, f.namespace, f.name, f.check))
+    return report
+
+
+__all__ = ["AuditReport", "Finding", "Severity", "audit_objects", "format_list", "template_of"]
