@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .quota_port import ALLOW, PodAdmission, Verdict
+from .quota_port import PodAdmission, Verdict
 from .quota_wire import recv_frame, send_frame
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -57,9 +57,18 @@ class QuotaClient:
             reply = self._call({"op": "admit_pod", "admission": asdict(admission)})
         except (OSError, ValueError) as error:
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
-        reply["warnings"] = tuple(reply.get("warnings", ()))
-        return Verdict(**reply)
+        return self._verdict(reply)
 
     def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
                             dry_run: bool) -> Verdict:
-        return ALLOW  # ElasticQuota object validation is not implemented yet
+        try:
+            reply = self._call({"op": "review_elasticquota", "quota": quota})
+        except (OSError, ValueError) as error:
+            return Verdict(False, f"quota service unavailable, quota not admitted: {error}", 503,
+                           "QuotaServiceDown")
+        return self._verdict(reply)
+
+    @staticmethod
+    def _verdict(reply: dict[str, Any]) -> Verdict:
+        reply["warnings"] = tuple(reply.get("warnings", ()))
+        return Verdict(**reply)

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
 from .quota_port import PodAdmission, Verdict
@@ -43,6 +44,11 @@ def handle(state: QuotaState, message: Any) -> dict[str, Any]:
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
         return verdict_to_wire(state.admit_pod(PodAdmission(**message["admission"])))
+    if op == "review_elasticquota":
+        try:
+            return verdict_to_wire(state.review_elasticquota(message["quota"]))
+        except QuotaShapeError as error:
+            return verdict_to_wire(Verdict(False, f"cannot read the ElasticQuota: {error}", 422, "Invalid"))
     return {"error": f"unknown operation {op!r}"}
 
 

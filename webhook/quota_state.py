@@ -17,6 +17,8 @@ from gpuquota_core.quota import (
     quota_from_object,
 )
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, requests_of
+from gpuquota_core.quota_review import review_quota
+from gpuquota_core.resources import add_lists
 
 from .quota_port import ALLOW, PodAdmission, Verdict
 
@@ -45,6 +47,16 @@ class QuotaState:
 
     def ready(self) -> tuple[bool, str]:
         return (True, "quota state synced") if self.synced else (False, "quota state not synced yet")
+
+    def review_elasticquota(self, quota: Mapping[str, Any]) -> Verdict:
+        """Refuse invalid quotas; warn on legacy names and on a max below current usage."""
+        info = quota_from_object(quota)
+        with self._lock:
+            used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
+            review = review_quota(info, self.tree, used)
+        if review.problems:
+            return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
+        return Verdict(True, warnings=review.warnings)
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         new = PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),

@@ -77,3 +77,14 @@ def test_service_down_is_a_prompt_denial(tmp_path: Path) -> None:
     verdict = client.admit_pod(admission("p", "1"))
     assert not verdict.allowed and verdict.code == 503 and "quota service unavailable" in verdict.message
     assert client.ready()[0] is False
+
+
+def test_elasticquota_review_through_socket(client: QuotaClient) -> None:
+    shrunk = {"metadata": {"name": "team-a", "namespace": "team"}, "spec": {"max": {RATIO: "200"}}}
+    verdict = client.review_elasticquota("UPDATE", shrunk, QUOTA, False)
+    assert verdict.allowed
+    assert verdict.warnings == (f"new spec.max of team/team-a is below current usage for: {RATIO} "
+                                f"(max 200, used 300)",)
+    mixed = {"metadata": {"name": "m", "namespace": "team"}, "spec": {"max": {RATIO: "200", "nvidia.com/gpu": "2"}}}
+    refused = client.review_elasticquota("CREATE", mixed, None, False)
+    assert not refused.allowed and refused.code == 422 and "gpuquota migrate" in refused.message
