@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from click.testing import CliRunner
 
 from cli.main import cli
 
-OBJECTS = [
+OBJECTS: list[dict[str, Any]] = [
     {"kind": "Node", "metadata": {"name": "mixed", "labels": {"node.koordinator.sh/gpu-shared": "true"}},
      "status": {"capacity": {"nvidia.com/gpu": "2", "koordinator.sh/gpu-core": "100",
                              "koordinator.sh/gpu-memory-ratio": "200"}}},
@@ -34,7 +35,7 @@ OBJECTS = [
 ]
 
 
-def run(tmp_path: Path, *args: str, objects: list[dict[str, object]] = OBJECTS) -> tuple[int, str, str]:
+def run(tmp_path: Path, *args: str, objects: list[dict[str, Any]] = OBJECTS) -> tuple[int, str, str]:
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump_all(objects))
     result = CliRunner().invoke(cli, ["audit", *args, "-f", str(path)])
