@@ -84,20 +84,28 @@ def serve(state: QuotaState, path: Path, stop: threading.Event | None = None) ->
     return listener
 
 
-def _service_main(path: str, state_path: str | None, parent_pid: int) -> None:
+def _service_main(path: str, state_path: str | None, kubeconfig: str | None, context: str | None,
+                  parent_pid: int) -> None:
     state = QuotaState()
     serve(state, Path(path))
     if state_path is not None:
         state.load(load_objects(state_path))
+    else:
+        from .cluster_state import start_live_sync
+
+        start_live_sync(state, Path(kubeconfig) if kubeconfig else None, context)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     stopped = threading.Event()
     while os.getppid() == parent_pid:
         stopped.wait(1.0)
 
 
-def start_service_process(path: Path, state_path: Path | None) -> multiprocessing.process.BaseProcess:
-    context = multiprocessing.get_context("spawn")
-    process = context.Process(target=_service_main, args=(str(path), str(state_path) if state_path else None,
-                                                          os.getpid()), daemon=True, name="gpuquota-quota")
+def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,
+                          kube_context: str | None = None) -> multiprocessing.process.BaseProcess:
+    """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one)."""
+    spawn = multiprocessing.get_context("spawn")
+    args = (str(path), str(state_path) if state_path else None, str(kubeconfig) if kubeconfig else None,
+            kube_context, os.getpid())
+    process = spawn.Process(target=_service_main, args=args, daemon=True, name="gpuquota-quota")
     process.start()
     return process

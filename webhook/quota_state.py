@@ -31,6 +31,7 @@ class QuotaState:
         self.usage = UsageIndex(self.tree)
         self.ledger = ReservationLedger(ttl_seconds)
         self.synced = False
+        self._listed_kinds: set[str] = set()
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace the whole state (offline manifests, or a full re-list)."""
@@ -44,6 +45,51 @@ class QuotaState:
                     usage.upsert(record)
                     self.ledger.release(record.key)
             self.tree, self.usage, self.synced = tree, usage, True
+
+    def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """A full re-list of one kind (live mode); ready once both kinds have been listed."""
+        objects = list(objects)
+        with self._lock:
+            if kind == "Pod":
+                self.usage = UsageIndex(self.tree)
+                for obj in objects:
+                    self._upsert_pod(obj)
+            else:
+                records = list(self.usage.pods())
+                self.tree = QuotaTree.build(quota_from_object(o) for o in objects)
+                self.usage = UsageIndex(self.tree)
+                for record in records:
+                    self.usage.upsert(record)
+            self._listed_kinds.add(kind)
+            self.synced = {"Pod", "ElasticQuota"} <= self._listed_kinds
+
+    def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """One watch event, applied incrementally (cheap: only the fields the decision needs)."""
+        with self._lock:
+            if kind == "Pod":
+                metadata = obj.get("metadata") or {}
+                key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+                if event_type == "DELETED" or not pod_is_counted(obj):
+                    self.usage.discard(key)
+                else:
+                    self._upsert_pod(obj)
+                return
+            quota = quota_from_object(obj)
+            if event_type == "DELETED":
+                self.tree.remove(quota.name)
+            else:
+                self.tree.upsert(quota)
+            self.usage.rebuild()
+
+    def _upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        if not pod_is_counted(obj):
+            return
+        try:
+            record = pod_record(obj)
+        except ValueError:
+            return  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
+        self.usage.upsert(record)
+        self.ledger.release(record.key)  # the watched pod now counts instead of its reservation
 
     def ready(self) -> tuple[bool, str]:
         return (True, "quota state synced") if self.synced else (False, "quota state not synced yet")

@@ -49,15 +49,14 @@ QUOTA_SOCKET_ENV = "GPUQUOTA_QUOTA_SOCKET"
 def start_shared_services(settings: Settings) -> None:
     """Start the quota service process in the gunicorn master, once, before workers are forked.
 
-    Offline mode (``--state``) only for now; the socket path reaches the workers through the
-    environment they inherit from the master.
+    Offline mode (``--state``) reads manifests; otherwise it lists and watches the cluster of
+    ``--kubeconfig`` (in-cluster config without one). The socket path reaches the workers through
+    the environment they inherit from the master.
     """
-    if settings.state_path is None:
-        return
     from .quota_service import private_socket_path, start_service_process
 
     path = private_socket_path()
-    start_service_process(path, settings.state_path)
+    start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context)
     os.environ[QUOTA_SOCKET_ENV] = str(path)
 
 
