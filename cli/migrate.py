@@ -44,3 +44,5 @@ def plan(paths: tuple[str, ...], fmt: str, update_resource_key_gate: bool) -> No
                     click.echo(f"+  {section}.{key}: {after[key]}")
     for reason in result.blocked:
         click.echo(f"BLOCKED: {reason}")
+    for item in result.revisit:
+        click.echo(f"REVISIT: {item['kind']} {item['namespace']}/{item['name']}: {item['message']}")

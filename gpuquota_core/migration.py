@@ -10,9 +10,10 @@ non-root parent cannot be changed one quota at a time, and the plan says so.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .quota import ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
 from .resources import ResourceList
@@ -36,9 +37,10 @@ class Step:
 class Plan:
     steps: list[Step]
     blocked: list[str]  # why a tree must be changed at once
+    revisit: list[dict[str, Any]] = field(default_factory=list)  # workloads / ResourceQuotas to update
 
     def as_dict(self) -> dict[str, Any]:
-        return {"steps": [s.as_dict() for s in self.steps], "blocked": self.blocked}
+        return {"steps": [s.as_dict() for s in self.steps], "blocked": self.blocked, "revisit": self.revisit}
 
 
 def _text(resources: Mapping[str, Any]) -> dict[str, str]:
@@ -56,6 +58,7 @@ def _depth(quota: QuotaInfo, by_name: Mapping[str, QuotaInfo]) -> int:
 
 def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gate: bool = False,
                    config: ConversionConfig = DEFAULT_CONFIG) -> Plan:
+    objects = list(objects)
     quotas = [quota_from_object(o) for o in objects if o.get("kind") == "ElasticQuota"]
     by_name = {q.name: q for q in quotas}
     legacy = [q for q in quotas if legacy_gpu_names(set(q.min) | set(q.max))]
@@ -94,4 +97,8 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
             steps.append(Step(quota.name, quota.namespace, "drop-legacy",
                               {"min": _text(quota.min), "max": _text(union_max)},
                               {"min": _text(new_min), "max": _text(new_max)}))
-    return Plan(steps, blocked)
+    # The same checks as `gpuquota audit`, so plan and audit agree on what else must change.
+    report = audit_objects(objects, ("workloads", "resourcequotas"), config)
+    revisit = [{"kind": f.kind, "namespace": f.namespace, "name": f.name, "check": f.check, "message": f.message}
+               for f in report.findings]
+    return Plan(steps, blocked, revisit)

@@ -20,7 +20,9 @@ def quota(name: str, parent: str | None, cards: str, is_parent: bool = False) ->
             "spec": {"min": {"nvidia.com/gpu": cards}, "max": {"nvidia.com/gpu": cards}}}
 
 
-TREE = [quota("org", None, "4", is_parent=True), quota("team", "org", "2")]
+TREE = [quota("org", None, "4", is_parent=True), quota("team", "org", "2"),
+        {"kind": "ResourceQuota", "metadata": {"name": "rq", "namespace": "team"},
+         "spec": {"hard": {"limits.nvidia.com/gpu": "2"}}}]
 
 
 def plan(tmp_path: Path, *args: str) -> Any:
@@ -47,3 +49,4 @@ def test_gate_off_reports_blocked_tree(tmp_path: Path) -> None:
     out = plan(tmp_path)
     assert "-  max.nvidia.com/gpu: 4" in out and "+  max.koordinator.sh/gpu-core: 400" in out
     assert "BLOCKED: quotas org, team are in a multi-level tree" in out
+    assert "REVISIT: ResourceQuota team/rq: limits limits.nvidia.com/gpu" in out
