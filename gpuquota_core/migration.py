@@ -99,6 +99,11 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
                               {"min": _text(new_min), "max": _text(new_max)}))
     # The same checks as `gpuquota audit`, so plan and audit agree on what else must change.
     report = audit_objects(objects, ("workloads", "resourcequotas"), config)
+    # Usage is computed in canonical units, i.e. against exactly the limits the plan writes.
+    usage = audit_objects(objects, ("quotas",), config)
+    for finding in usage.findings:
+        if finding.check == "quota-over-limit" and finding.name in converted:
+            blocked.append(f"quota {finding.name}: {finding.message}; raise the limit before migrating")
     revisit = [{"kind": f.kind, "namespace": f.namespace, "name": f.name, "check": f.check, "message": f.message}
                for f in report.findings]
     return Plan(steps, blocked, revisit)

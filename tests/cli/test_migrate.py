@@ -50,3 +50,15 @@ def test_gate_off_reports_blocked_tree(tmp_path: Path) -> None:
     assert "-  max.nvidia.com/gpu: 4" in out and "+  max.koordinator.sh/gpu-core: 400" in out
     assert "BLOCKED: quotas org, team are in a multi-level tree" in out
     assert "REVISIT: ResourceQuota team/rq: limits limits.nvidia.com/gpu" in out
+
+
+def test_usage_over_new_limit_is_blocked(tmp_path: Path) -> None:
+    path = tmp_path / "q.yaml"
+    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "team",
+                                       "labels": {"quota.scheduling.koordinator.sh/name": "team"}},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}}
+    path.write_text(yaml.safe_dump_all([*TREE, pod]))
+    result = CliRunner().invoke(cli, ["migrate", "plan", "-o", "json", "-f", str(path)])
+    blocked = json.loads(result.stdout)["blocked"]
+    assert any("quota team: canonical usage exceeds the limit: koordinator.sh/gpu-core 300 > 200" in b
+               for b in blocked)
