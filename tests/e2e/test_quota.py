@@ -1,0 +1,58 @@
+"""Live quota state against a real kube-apiserver: list, watch and decide."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from webhook.cluster_state import EQ_GROUP, EQ_PLURAL, EQ_VERSION, start_live_sync
+from webhook.quota_port import PodAdmission
+from webhook.quota_state import QuotaState
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+LABEL = "quota.scheduling.koordinator.sh/name"
+
+
+def wait_until(condition: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # polling interval, not synchronisation: the condition decides
+
+
+@pytest.fixture
+def live_state(kubeconfig_path: Path, elasticquota_crd: Any) -> Iterator[QuotaState]:
+    state = QuotaState()
+    stop = start_live_sync(state, kubeconfig_path, None)
+    wait_until(lambda: state.ready()[0], "first full sync")
+    yield state
+    stop.set()
+
+
+def admission(namespace: str, name: str, quota: str, ratio: str) -> PodAdmission:
+    return PodAdmission(uid="uid-" + name, operation="CREATE", namespace=namespace, name=name, pod_uid="",
+                        labels={LABEL: quota}, canonical_requests={RATIO: ratio})
+
+
+def test_watched_pod_counts_and_exact_denial(api: Any, live_state: QuotaState, namespace: str) -> None:
+    quota_name = f"q-{namespace}"
+    api.custom.create_namespaced_custom_object(EQ_GROUP, EQ_VERSION, namespace, EQ_PLURAL, {
+        "apiVersion": f"{EQ_GROUP}/{EQ_VERSION}", "kind": "ElasticQuota",
+        "metadata": {"name": quota_name, "namespace": namespace}, "spec": {"max": {RATIO: "200"}}})
+    wait_until(lambda: live_state.tree.get(quota_name) is not None, "quota in the watch")
+    api.core.create_namespaced_pod(namespace, k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="running", labels={LABEL: quota_name}),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="x", resources=k8s.V1ResourceRequirements(
+            requests={RATIO: "150"}, limits={RATIO: "150"}))])))
+    wait_until(lambda: live_state.usage.get(f"{namespace}/running") is not None, "pod in the watch")
+    verdict = live_state.admit_pod(admission(namespace, "next", quota_name, "100"))
+    assert not verdict.allowed and verdict.code == 403
+    assert verdict.message == (f"exceeded quota: {namespace}/{quota_name}, requested: {RATIO}=100, "
+                               f"used: {RATIO}=150, limited: {RATIO}=200")
+    assert live_state.admit_pod(admission(namespace, "small", quota_name, "50")).allowed
