@@ -82,7 +82,7 @@ class WebhookProcess:
     def context_for(ca_file: Path) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(ca_file))
 
-    def start(self, ready_path: str = "/healthz") -> WebhookProcess:
+    def start(self, ready_path: str = "/readyz") -> WebhookProcess:
         if not self.ca_bundle:
             self.ca_bundle = generate_certs(self.cert_dir)
         args = [str(GPUQUOTA), "serve", "--cert-dir", str(self.cert_dir), "--host", LOOPBACK,

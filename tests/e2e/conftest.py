@@ -24,6 +24,12 @@ _TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(_TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(_TESTS_DIR))
 
+from admissionchain import (  # noqa: E402
+    delete_webhook_configurations,
+    local_webhook_configurations,
+    register_webhook_configurations,
+    wait_until_webhook_is_called,
+)
 from controlplane import (  # noqa: E402
     ELASTICQUOTA_CRD,
     Api,
@@ -36,6 +42,7 @@ from controlplane import (  # noqa: E402
     make_api,
     wait_for_crd_established,
 )
+from webhookproc import WebhookProcess  # noqa: E402
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -149,3 +156,24 @@ def gpu_node(api: Api) -> Iterator[GpuNodeFactory]:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+# -- the webhook, registered with the real apiserver --------------------------------------------
+
+@pytest.fixture(scope="session")
+def webhook_server(api: Api, kubeconfig_path: Path, elasticquota_crd: k8s.V1CustomResourceDefinition,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    """``gpuquota serve`` in live mode, registered through the project's own configurations."""
+    server = WebhookProcess(tmp_path_factory.mktemp("webhook"),
+                            serve_args=["--kubeconfig", str(kubeconfig_path), "--workers", "2"])
+    server.start()
+    documents = local_webhook_configurations(server.url, server.ca_bundle)
+    register_webhook_configurations(api, documents)
+    probe_namespace = f"webhook-probe-{uuid.uuid4().hex[:6]}"
+    api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=probe_namespace)))
+    try:
+        wait_until_webhook_is_called(api, probe_namespace)
+        yield server
+    finally:
+        delete_webhook_configurations(api, documents)
+        server.stop()
