@@ -148,12 +148,21 @@ def _enable_multiprocess_metrics(directory: MetricsDirectory) -> None:
         values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
 
 
+def _check_cluster_source(settings: Settings) -> None:
+    # Without this, the quota service would fail in its own process and the server would sit
+    # unready forever; say at once what to pass instead.
+    if settings.state_path is None and settings.kubeconfig_path is None \
+            and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise ServeError("not running in a cluster: give --kubeconfig for a live cluster or --state for manifests")
+
+
 def run(settings: Settings) -> None:
     """Start gunicorn in this process and return when it stops."""
     if settings.workers < 1 or settings.threads < 1:
         raise ServeError("--workers and --threads must be at least 1")
     config = load_conversion_config(settings.config_path)
     _check_tls_files(settings)
+    _check_cluster_source(settings)
     directory = _metrics_directory(settings)
     _enable_multiprocess_metrics(directory)
     configure_logging(settings.log_level)

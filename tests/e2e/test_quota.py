@@ -49,10 +49,10 @@ def test_watched_pod_counts_and_exact_denial(api: Any, live_state: QuotaState, n
     api.core.create_namespaced_pod(namespace, k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name="running", labels={LABEL: quota_name}),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="x", resources=k8s.V1ResourceRequirements(
-            requests={RATIO: "150"}, limits={RATIO: "150"}))])))
+            requests={RATIO: "100"}, limits={RATIO: "100"}))])))
     wait_until(lambda: live_state.usage.get(f"{namespace}/running") is not None, "pod in the watch")
-    verdict = live_state.admit_pod(admission(namespace, "next", quota_name, "100"))
+    verdict = live_state.admit_pod(admission(namespace, "next", quota_name, "200"))
     assert not verdict.allowed and verdict.code == 403
-    assert verdict.message == (f"exceeded quota: {namespace}/{quota_name}, requested: {RATIO}=100, "
-                               f"used: {RATIO}=150, limited: {RATIO}=200")
-    assert live_state.admit_pod(admission(namespace, "small", quota_name, "50")).allowed
+    assert verdict.message == (f"exceeded quota: {namespace}/{quota_name}, requested: {RATIO}=200, "
+                               f"used: {RATIO}=100, limited: {RATIO}=200")
+    assert live_state.admit_pod(admission(namespace, "small", quota_name, "100")).allowed

@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 from reviews import body, pod, review
-from webhookproc import LOOPBACK, WebhookProcess, generate_certs
+from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess, generate_certs
 
 ROTATION_DEADLINE = 30.0
+EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 
 
 def _healthz_with(ca_file: Path, port: int) -> int:
@@ -26,7 +27,7 @@ def _healthz_with(ca_file: Path, port: int) -> int:
 
 
 def test_rotated_certificate_is_served_and_open_connections_survive(tmp_path: Path) -> None:
-    server = WebhookProcess(tmp_path / "server", serve_args=["--workers", "2"]).start()
+    server = WebhookProcess(tmp_path / "server", serve_args=["--workers", "2", "--state", str(EXAMPLE_STATE)]).start()
     try:
         old_ca = tmp_path / "old-ca.crt"
         old_ca.write_bytes(server.ca_file.read_bytes())

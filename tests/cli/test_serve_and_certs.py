@@ -1,0 +1,67 @@
+"""``gpuquota serve`` and ``gpuquota certs`` refuse bad setups with one line and exit 2."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.x509.oid import ExtensionOID
+
+from cli.main import cli
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def test_serve_without_certificates_says_how_to_make_them(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["serve", "--cert-dir", str(tmp_path), "--state", "examples/cluster"])
+
+    assert result.exit_code == 2
+    assert result.output == (f"Error: {tmp_path}/tls.crt not found: create certificates with "
+                             f"'gpuquota certs generate --out {tmp_path}'\n")
+
+
+def test_serve_outside_a_cluster_without_a_source_is_refused(runner: CliRunner, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert runner.invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--dns", "localhost"]).exit_code == 0
+
+    result = runner.invoke(cli, ["serve", "--cert-dir", str(tmp_path)])
+
+    assert result.exit_code == 2
+    assert result.output == ("Error: not running in a cluster: give --kubeconfig for a live cluster "
+                             "or --state for manifests\n")
+
+
+def test_certs_generate_covers_the_service_names_and_prints_the_ca_bundle(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--service", "gpuquota-webhook",
+                                      "--namespace", "gpuquota-system", "--ip", "10.0.0.7"])
+
+    assert result.exit_code == 0
+    bundle = result.stdout.strip()
+    assert base64.b64decode(bundle) == (tmp_path / "ca.crt").read_bytes()
+    leaf = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    names = leaf.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value
+    assert set(names.get_values_for_type(x509.DNSName)) >= {
+        "gpuquota-webhook.gpuquota-system.svc", "gpuquota-webhook.gpuquota-system.svc.cluster.local"}
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ca.key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--out", "x"], "Error: give --service/--namespace, --dns or --ip: a certificate needs a name to be valid for"),
+    (["--out", "x", "--service", "s"],
+     "Error: --service needs --namespace: the Service DNS names include the namespace"),
+    (["--out", "x", "--ip", "not-an-ip"], "Error: not an IP address: 'not-an-ip'"),
+])
+def test_certs_generate_bad_flags_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["certs", "generate", *[str(tmp_path / a) if a == "x" else a for a in args]])
+
+    assert result.exit_code == 2
+    assert result.output == message + "\n"

@@ -1,0 +1,123 @@
+"""Quota decisions as users meet them: pods created through the real apiserver and the webhook."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from kubernetes.client.exceptions import ApiException
+from webhookproc import WebhookProcess
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
+IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
+DENIED_BY = 'admission webhook "gpu-quota.gpuquota.koord-gpuquota.io" denied the request: '
+WATCH_DEADLINE = 20.0
+
+
+def create_quota(api: Api, namespace: str, name: str, max_: dict[str, str], *,
+                 labels: dict[str, str] | None = None) -> None:
+    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                               ELASTICQUOTA_PLURAL, {
+        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {"max": max_, "min": {}}})
+
+
+def whole_card_pod(name: str, quota: str, cards: int) -> dict[str, Any]:
+    gpu = {"nvidia.com/gpu": str(cards)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUOTA_LABEL: quota}},
+            "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
+                                     "resources": {"requests": gpu, "limits": gpu}}]}}
+
+
+def refusal(api: Api, namespace: str, pod: dict[str, Any], dry_run: str | None = None) -> tuple[int, str] | None:
+    try:
+        api.core.create_namespaced_pod(namespace, pod, dry_run=dry_run)
+    except ApiException as error:
+        return error.status, json.loads(error.body)["message"]
+    return None
+
+
+def wait_until_enforced(api: Api, namespace: str, quota: str, cards: int) -> None:
+    """Poll (dry run, so nothing is reserved) until the webhook's watch has seen ``quota``."""
+    deadline = time.monotonic() + WATCH_DEADLINE
+    while refusal(api, namespace, whole_card_pod("probe", quota, cards), dry_run="All") is None:
+        assert time.monotonic() < deadline, f"quota {quota} not enforced after {WATCH_DEADLINE:.0f}s"
+        time.sleep(0.1)  # polling a condition with a deadline
+
+
+@dataclass(frozen=True)
+class Tree:
+    namespace: str
+    parent: str
+    team: str
+
+
+@pytest.fixture
+def tree(webhook_server: WebhookProcess, api: Api, namespace: str) -> Tree:
+    """parent (max 4 cards) -> team (max 3 cards), written in gpu-memory-ratio like Koordinator's docs.
+
+    Quota names are one namespace-independent tree in Koordinator, so they carry the namespace.
+    """
+    names = Tree(namespace, f"parent-{namespace}", f"team-{namespace}")
+    create_quota(api, namespace, names.parent, {RATIO: "400"}, labels={IS_PARENT_LABEL: "true"})
+    create_quota(api, namespace, names.team, {RATIO: "300"}, labels={PARENT_LABEL: names.parent})
+    wait_until_enforced(api, namespace, names.team, 4)
+    return names
+
+
+def test_ratio_quota_limits_whole_card_pods(api: Api, tree: Tree) -> None:
+    api.core.create_namespaced_pod(tree.namespace, whole_card_pod("first", tree.team, 2))
+
+    status_message = refusal(api, tree.namespace, whole_card_pod("second", tree.team, 2))
+
+    assert status_message == (403, DENIED_BY + (
+        f"exceeded quota: {tree.namespace}/{tree.team}, requested: {RATIO}=200, used: {RATIO}=200, "
+        f"limited: {RATIO}=300"))
+    api.core.create_namespaced_pod(tree.namespace, whole_card_pod("third", tree.team, 1))
+
+
+def test_dry_run_does_not_spend_quota(api: Api, tree: Tree) -> None:
+    for _ in range(3):
+        assert refusal(api, tree.namespace, whole_card_pod("preview", tree.team, 3), dry_run="All") is None
+
+    api.core.create_namespaced_pod(tree.namespace, whole_card_pod("real", tree.team, 3))
+
+    assert refusal(api, tree.namespace, whole_card_pod("one-more", tree.team, 1)) is not None
+
+
+def test_label_naming_a_missing_quota_is_refused(api: Api, tree: Tree) -> None:
+    status, message = refusal(api, tree.namespace, whole_card_pod("lost", "no-such-quota", 1)) or (0, "")
+
+    assert status == 403
+    assert message.startswith(DENIED_BY)
+    assert "no-such-quota" in message
+
+
+def test_pods_cannot_be_bound_to_a_parent_quota(api: Api, tree: Tree) -> None:
+    status, message = refusal(api, tree.namespace, whole_card_pod("on-parent", tree.parent, 1)) or (0, "")
+
+    assert status == 403
+    assert "parent" in message.removeprefix(DENIED_BY)
+
+
+def test_legacy_whole_card_quota_limits_canonical_pods(webhook_server: WebhookProcess, api: Api,
+                                                       namespace: str) -> None:
+    legacy = f"legacy-{namespace}"
+    create_quota(api, namespace, legacy, {"nvidia.com/gpu": "1"})
+    wait_until_enforced(api, namespace, legacy, 2)
+
+    api.core.create_namespaced_pod(namespace, whole_card_pod("fits", legacy, 1))
+    status_message = refusal(api, namespace, whole_card_pod("over", legacy, 1))
+
+    assert status_message is not None
+    status, message = status_message
+    assert status == 403
+    assert message.startswith(DENIED_BY + f"exceeded quota: {namespace}/{legacy}, requested: ")
+    assert f"limited: {RATIO}=100" in message or "limited: koordinator.sh/gpu-core=100" in message
