@@ -107,7 +107,18 @@ def test_with_the_webhook_down_only_gpu_pods_are_blocked(api: Api, isolated_name
     register_webhook_configurations(api, documents)
     try:
         wait_until_webhook_is_called(api, isolated_namespace)
+        api.core.create_namespaced_pod(isolated_namespace, gpu_pod("admitted", {"nvidia.com/gpu": "1"}))
         server.stop()
+
+        # Updates that cannot change the quota (the scheduler's and controllers' patches) skip it ...
+        api.core.patch_namespaced_pod("admitted", isolated_namespace,
+                                      {"metadata": {"annotations": {"example.com/scheduled-by": "test"}}})
+        # ... a move to another quota does not.
+        status, message = api_error(lambda: api.core.patch_namespaced_pod(
+            "admitted", isolated_namespace,
+            {"metadata": {"labels": {"quota.scheduling.koordinator.sh/name": "elsewhere"}}}))
+        assert status == 500
+        assert 'failed calling webhook "gpu-quota.gpuquota.koord-gpuquota.io"' in message
 
         cpu_only = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-only"},
                     "spec": {"containers": [{"name": "main", "image": "x",
