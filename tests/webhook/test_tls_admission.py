@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 from reviews import body, pod, review
-from webhookproc import LOOPBACK, WebhookProcess, generate_certs
+from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess, generate_certs
 
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
 from gpuquota_core.jsonpatch import apply
@@ -237,3 +237,19 @@ def test_tls_below_1_2_is_refused(offline_webhook: WebhookProcess) -> None:
             connection.request("GET", "/healthz")
     finally:
         connection.close()
+
+
+def test_readme_quota_example_is_refused_with_the_native_message(offline_webhook: WebhookProcess,
+                                                                 session: requests.Session) -> None:
+    example = (REPO_ROOT / "examples" / "requests" / "validate-pod-over-quota.json").read_bytes()
+
+    answer = session.post(offline_webhook.url + "/validate-pods", data=example, headers=JSON_HEADERS, timeout=10)
+
+    status = answer.json()["response"]["status"]
+    assert status["code"] == 403
+    assert status["reason"] == "QuotaExceeded"
+    assert status["message"] == (
+        "exceeded quota: team-nlp/team-nlp, "
+        "requested: koordinator.sh/gpu-core=900,koordinator.sh/gpu-memory-ratio=900, "
+        "used: koordinator.sh/gpu-core=200,koordinator.sh/gpu-memory-ratio=200, "
+        "limited: koordinator.sh/gpu-core=400,koordinator.sh/gpu-memory-ratio=400")
