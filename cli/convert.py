@@ -1,0 +1,76 @@
+"""``gpuquota convert``: the webhook's rewrite, offline, on manifest files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.convert import ConvertedObject, convert_object
+from gpuquota_core.podspec import PodShapeError
+from gpuquota_core.quantity import QuantityError
+from kubeaccess.manifests import ManifestError, load_objects
+from webhook.server import ServeError, load_conversion_config
+
+from .errors import CommandError
+
+UNSCHEDULABLE_EXIT = 1
+
+
+@click.command()
+@click.option("-f", "--filename", "paths", multiple=True, required=True,
+              help="File, directory or - (stdin): Pods and workloads (Deployment, Job, CronJob, ...).")
+@click.option("-o", "--output", type=click.Choice(["yaml", "json", "patch"]), default="yaml", show_default=True,
+              help="The rewritten objects, or the RFC 6902 patch of each.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML conversion table; the built-in defaults without it.")
+def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> None:
+    """Print manifests with GPU requests in the canonical form the webhook stores.
+
+    What was rewritten goes to stderr. Exit 1 when a result would still be refused by
+    /validate-pods (the reason is printed), 2 on bad flags or files.
+    """
+    try:
+        config: ConversionConfig = load_conversion_config(config_path)
+        objects = load_objects(list(paths))
+    except (ServeError, ManifestError) as error:
+        raise CommandError(str(error)) from None
+    converted: list[ConvertedObject] = []
+    for obj in objects:
+        try:
+            converted.append(convert_object(obj, config))
+        except (PodShapeError, QuantityError) as error:
+            raise CommandError(f"{_ref(obj)}: {error}") from None
+    for item in converted:
+        for line in item.summary:
+            click.echo(f"{item.ref}: rewrote {line}", err=True)
+        for note in item.notes:
+            click.echo(f"{item.ref}: {note}", err=True)
+    click.echo(_render(converted, output), nl=False)
+    refused = [item for item in converted if item.problems]
+    for item in refused:
+        reasons = "; ".join(problem.message for problem in item.problems)
+        click.echo(f"{item.ref}: would be refused by /validate-pods: {reasons}", err=True)
+    if refused:
+        sys.exit(UNSCHEDULABLE_EXIT)
+
+
+def _ref(obj: dict[str, Any]) -> str:
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    return f"{obj.get('kind', '?')}/{(metadata or {}).get('name', '?')}"
+
+
+def _render(converted: list[ConvertedObject], output: str) -> str:
+    if output == "patch":
+        patches = [{"kind": c.kind, "namespace": c.namespace, "name": c.name, "patch": c.patch} for c in converted]
+        return json.dumps(patches[0] if len(patches) == 1 else patches, indent=2) + "\n"
+    objects = [c.obj for c in converted]
+    if output == "json":
+        document: Any = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
+        return json.dumps(document, indent=2) + "\n"
+    return yaml.safe_dump_all(objects, sort_keys=False)

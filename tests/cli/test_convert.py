@@ -1,0 +1,114 @@
+"""``gpuquota convert``: the webhook's rewrite on manifest files, exact output and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from cli.main import cli
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: team-a}
+spec:
+  containers:
+  - name: main
+    image: x
+    resources:
+      requests: {cpu: "2", nvidia.com/gpu: "2"}
+      limits: {nvidia.com/gpu: "2"}
+"""
+
+CRONJOB = """
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly, namespace: team-a}
+spec:
+  schedule: "@daily"
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: job
+            image: x
+            resources: {limits: {amd.com/gpu: "1"}}
+"""
+
+CANONICAL_TWO = {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
+
+
+def run(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["convert", *args], input=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_pod_is_printed_canonical_and_the_rewrite_reported_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "pod.yaml").write_text(POD)
+
+    code, out, err = run("-f", str(tmp_path / "pod.yaml"))
+
+    assert code == 0
+    pod = yaml.safe_load(out)
+    assert pod["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", **CANONICAL_TWO},
+                                                         "limits": CANONICAL_TWO}
+    assert err == ('Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
+                   "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200\n")
+
+
+def test_cronjob_template_is_rewritten_from_stdin_as_json() -> None:
+    code, out, _ = run("-f", "-", "-o", "json", stdin=CRONJOB)
+
+    assert code == 0
+    template = json.loads(out)["spec"]["jobTemplate"]["spec"]["template"]
+    assert template["spec"]["containers"][0]["resources"]["limits"] == {
+        "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
+    assert "gpuquota.koord-gpuquota.io/original-resources" in template["metadata"]["annotations"]
+
+
+def test_patch_output_is_the_rfc6902_patch_per_object(tmp_path: Path) -> None:
+    (tmp_path / "all.yaml").write_text(POD + "---\n" + CRONJOB)
+
+    code, out, _ = run("-f", str(tmp_path / "all.yaml"), "-o", "patch")
+
+    assert code == 0
+    first, second = json.loads(out)
+    assert (first["kind"], first["name"], second["kind"], second["name"]) == ("Pod", "trainer", "CronJob", "nightly")
+    assert {"op": "remove", "path": "/spec/containers/0/resources/requests/nvidia.com~1gpu"} in first["patch"]
+    assert {"op": "add", "path": "/spec/jobTemplate/spec/template/spec/containers/0/resources/limits/"
+            "koordinator.sh~1gpu-core", "value": "100"} in second["patch"]
+
+
+def test_canonical_input_is_a_fixed_point(tmp_path: Path) -> None:
+    (tmp_path / "pod.yaml").write_text(POD)
+    _, once, _ = run("-f", str(tmp_path / "pod.yaml"))
+    (tmp_path / "once.yaml").write_text(once)
+
+    code, out, err = run("-f", str(tmp_path / "once.yaml"), "-o", "patch")
+
+    assert (code, json.loads(out)["patch"], err) == (0, [], "")
+
+
+def test_a_result_the_webhook_would_refuse_exits_1_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(POD.replace("nvidia.com/gpu", "koordinator.sh/gpu-core"))
+
+    code, _, err = run("-f", str(tmp_path / "bad.yaml"))
+
+    assert code == 1
+    assert err.startswith("Pod/team-a/trainer: would be refused by /validate-pods: invalid resource device "
+                          "requests: [koordinator.sh/gpu-core]")
+
+
+def test_missing_file_and_bad_quantity_exit_2_with_one_line(tmp_path: Path) -> None:
+    code, _, err = run("-f", str(tmp_path / "nope.yaml"))
+    assert (code, err) == (2, f"Error: {tmp_path}/nope.yaml: no such file or directory\n")
+
+    (tmp_path / "odd.yaml").write_text(POD.replace('nvidia.com/gpu: "2"}', 'nvidia.com/gpu: "two"}', 1))
+    code, _, err = run("-f", str(tmp_path / "odd.yaml"))
+    assert code == 2
+    assert err.startswith("Error: Pod/trainer: ") and err.count("\n") == 1
