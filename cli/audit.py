@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import click
 
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, Severity, audit_objects
+from kubeaccess.kube import AUDIT_KINDS, DEFAULT_PAGE_SIZE, KubeAccessError, connect, context_namespace, list_all
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError
@@ -22,17 +26,31 @@ SEVERITIES = [str(s) for s in Severity]
 @click.option("--fail-on", default="error", type=click.Choice([*SEVERITIES, "none"]),
               help="Exit 1 when a finding at or above this severity exists.")
 @click.option("--gpu-shared-label", default=DEFAULT_SHARED_LABEL, show_default=True)
+@click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster (default: $KUBECONFIG, "
+              "~/.kube/config, in-cluster).")
+@click.option("--context", default=None, help="Kubeconfig context to use.")
+@click.option("--chunk-size", default=DEFAULT_PAGE_SIZE, show_default=True, type=click.IntRange(min=1),
+              help="Objects per list request (paged with continue tokens, as kubectl does).")
 def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespaces: bool, fmt: str,
-          fail_on: str, gpu_shared_label: str) -> None:
-    """Find mixed GPU resources in nodes, quotas, pods, workloads and ResourceQuotas."""
-    if not paths:
-        raise CommandError("live cluster access is not available yet; pass -f PATH (file, directory or -)")
+          fail_on: str, gpu_shared_label: str, kubeconfig: str | None, context: str | None,
+          chunk_size: int) -> None:
+    """Find mixed GPU resources in nodes, quotas, pods, workloads and ResourceQuotas.
+
+    Without -f it audits the live cluster: like kubectl, the context's namespace unless -n or -A.
+    """
     if namespace and all_namespaces:
         raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
-    try:
-        objects = load_objects(paths)
-    except ManifestError as error:
-        raise CommandError(str(error)) from None
+    if paths and (kubeconfig or context):
+        raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
+    if not paths:
+        live_namespace = None if all_namespaces else namespace or context_namespace(kubeconfig, context)
+        objects = _live_objects(kubeconfig, context, live_namespace, chunk_size)
+        namespace = None  # the API already scoped the lists
+    else:
+        try:
+            objects = load_objects(paths)
+        except ManifestError as error:
+            raise CommandError(str(error)) from None
     if namespace:
         # Cluster-scoped objects (nodes) stay: quota checks need to know what nodes advertise.
         objects = [o for o in objects if not (o.get("metadata") or {}).get("namespace")
@@ -49,3 +67,25 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
     worst = report.worst()
     if fail_on != "none" and worst is not None and worst >= Severity[fail_on.upper()]:
         raise SystemExit(1)
+
+
+def _live_objects(kubeconfig: str | None, context: str | None, namespace: str | None,
+                  chunk_size: int) -> list[dict[str, Any]]:
+    show_progress = sys.stderr.isatty()
+
+    def progress(kind: str, count: int) -> None:
+        if show_progress:
+            click.echo(f"\rlisting {kind}: {count}\033[K", err=True, nl=False)
+
+    try:
+        api = connect(kubeconfig, context)
+        try:
+            objects = [obj for kind in AUDIT_KINDS
+                       for obj in list_all(api, kind, namespace, page_size=chunk_size, on_page=progress)]
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
+    except KubeAccessError as error:
+        raise CommandError(str(error)) from None
+    if show_progress:
+        click.echo("\r\033[K", err=True, nl=False)
+    return objects

@@ -1,0 +1,78 @@
+"""``gpuquota audit`` against the real apiserver: kubeconfig, namespaces, paging, exit codes."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api, GpuNodeFactory
+from kubernetes import client as k8s
+
+from cli.main import cli
+
+IGNORE_LABEL = "gpuquota.koord-gpuquota.io/ignore"
+LEGACY_PODS = 3
+
+
+def legacy_pod(name: str) -> dict[str, Any]:
+    gpu = {"nvidia.com/gpu": "1"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": gpu, "limits": gpu}}]}}
+
+
+@pytest.fixture
+def legacy_namespace(api: Api, elasticquota_crd: Any, gpu_node: GpuNodeFactory) -> str:
+    """Objects as a cluster has them before the webhook: opted out, so nothing rewrites them."""
+    name = f"legacy-{uuid.uuid4().hex[:8]}"
+    api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels={IGNORE_LABEL: "true"})))
+    for index in range(LEGACY_PODS):
+        api.core.create_namespaced_pod(name, legacy_pod(f"train-{index}"))
+    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, name, ELASTICQUOTA_PLURAL, {
+        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+        "metadata": {"name": f"quota-{name}", "namespace": name},
+        "spec": {"max": {"nvidia.com/gpu": "4"}, "min": {"nvidia.com/gpu": "2"}}})
+    gpu_node(f"mixed-{name}", {"nvidia.com/gpu": "4", "koordinator.sh/gpu-core": "400",
+                               "koordinator.sh/gpu-memory-ratio": "400"})
+    return name
+
+
+def run_audit(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["audit", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_live_audit_finds_legacy_objects_page_by_page(kubeconfig_path: Path, legacy_namespace: str) -> None:
+    code, out, err = run_audit("--kubeconfig", str(kubeconfig_path), "-n", legacy_namespace, "-o", "json",
+                               "--chunk-size", "1", "--fail-on", "none")
+
+    assert (code, err) == (0, "")
+    findings = json.loads(out)["findings"]
+    mine = {(f["check"], f["kind"], f["name"]) for f in findings if f["namespace"] == legacy_namespace}
+    assert mine >= {("pod-legacy-gpu-request", "Pod", f"train-{i}") for i in range(LEGACY_PODS)}
+    assert ("quota-legacy-gpu-key", "ElasticQuota", f"quota-{legacy_namespace}") in mine
+    assert {f["namespace"] for f in findings} <= {legacy_namespace, ""}
+    assert ("node-mixed-gpu-resources", "Node", f"mixed-{legacy_namespace}") in {
+        (f["check"], f["kind"], f["name"]) for f in findings}
+
+
+def test_live_audit_fails_on_warnings_when_asked(kubeconfig_path: Path, legacy_namespace: str) -> None:
+    code, out, _ = run_audit("pods", "--kubeconfig", str(kubeconfig_path), "-n", legacy_namespace,
+                             "--fail-on", "warning")
+
+    assert code == 1
+    assert out.splitlines()[0].split() == ["SEVERITY", "CHECK", "KIND", "NAMESPACE", "NAME"]
+    assert sum("pod-legacy-gpu-request" in line for line in out.splitlines()) == LEGACY_PODS
+
+
+def test_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path, kubeconfig_path: Path) -> None:
+    broken = kubeconfig_path.read_text().replace("https://127.0.0.1:", "https://127.0.0.1:1")
+    (tmp_path / "kubeconfig").write_text(broken)
+
+    code, _, err = run_audit("--kubeconfig", str(tmp_path / "kubeconfig"), "-A")
+
+    assert code == 2
+    assert err.startswith("Error: cannot reach the API server: ") and err.count("\n") == 1
