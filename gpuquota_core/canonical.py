@@ -7,7 +7,6 @@ changes nothing, which is what makes the webhook safe under ``reinvocationPolicy
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Mapping
@@ -15,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .conversion import DEFAULT_CONFIG, ConversionConfig, Strategy, memory_bytes_to_ratio, pinned_gpu_model
+from .jsonpatch import copy_json
 from .podspec import CONTAINER_KINDS, as_list, as_mapping, parse_resource_list
-from .quantity import Quantity
+from .quantity import Quantity, QuantityError, parse_quantity
 from .resources import DEPRECATED_RENAMES, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, ResourceList
 
 ORIGINAL_RESOURCES_ANNOTATION = "gpuquota.koord-gpuquota.io/original-resources"
@@ -65,13 +65,27 @@ def _format_count(amount: int) -> str:
     return str(Quantity.of(amount))
 
 
+def _representable(amount: int) -> bool:
+    """Whether the count we would write parses back: a rewrite nobody can read is not canonical."""
+    try:
+        parse_quantity(_format_count(amount))
+    except QuantityError:
+        return False
+    return True
+
+
 def canonicalize_resource_list(
     raw: Mapping[str, Any],
     path: str,
     config: ConversionConfig,
     pinned_model: str | None,
 ) -> tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]:
-    """Rewrite one ``requests`` or ``limits`` map; returns (new map, [(source, qty, outputs, kind)], notes)."""
+    """Rewrite one ``requests`` or ``limits`` map; returns (new map, [(source, qty, outputs, kind)], notes).
+
+    Whatever cannot be converted without changing what the pod asks for (negative or fractional
+    values, outputs already written by hand that are not whole, results too large to write back)
+    is left as it is, with a note: validation then refuses it with the user's own spelling.
+    """
     parsed: ResourceList = parse_resource_list(raw, path)
     result: dict[str, Any] = dict(raw)
     values: ResourceList = dict(parsed)
@@ -99,35 +113,67 @@ def canonicalize_resource_list(
         if rule.whole_units_only and not quantity.is_integer():
             notes.append(f"{path}[{name}]: {quantity} is not a whole number of cards; left as is")
             continue
-        outputs: dict[str, str] = {}
-        for output, per_unit in sorted(rule.outputs.items()):
-            # Round up: a conversion must never hand a pod less than it asked for.
-            added = math.ceil(quantity.amount * per_unit)
-            total = values.get(output, Quantity.of(0)).amount + added
-            amount = math.ceil(total)
+        # Round up: a conversion must never hand a pod less than it asked for.
+        added = {output: math.ceil(quantity.amount * per_unit) for output, per_unit in sorted(rule.outputs.items())}
+        present = {output: values[output] for output in added if output in values}
+        if rule.strategy is Strategy.RETAIN:
+            # The input stays, so a second pass sees it again: write the outputs only once, and
+            # recognise our own earlier result instead of adding it a second time.
+            if present == {output: Quantity.of(amount) for output, amount in added.items()}:
+                continue
+            if present:
+                notes.append(f"{path}[{name}]: {', '.join(sorted(present))} already set; {name} not converted")
+                continue
+        odd = sorted(output for output, existing in present.items()
+                     if existing.amount < 0 or not existing.is_integer())
+        if odd:
+            # Adding to a negative or fractional value would hide it from validation (-100 + 100 = 0).
+            notes.append(f"{path}[{name}]: {odd[0]} is {present[odd[0]]}; {name} not converted")
+            continue
+        totals = {output: amount + (present[output].ceil() if output in present else 0)
+                  for output, amount in added.items()}
+        if not all(_representable(amount) for amount in totals.values()):
+            notes.append(f"{path}[{name}]: {quantity} is too large to convert; left as is")
+            continue
+        for output, amount in totals.items():
             values[output] = Quantity.of(amount)
             result[output] = _format_count(amount)
-            outputs[output] = _format_count(added)
         if rule.strategy is Strategy.REPLACE:
             del values[name]
             del result[name]
-        changes.append((name, str(quantity), outputs, "convert"))
+        changes.append((name, str(quantity), {output: _format_count(amount) for output, amount in added.items()},
+                        "convert"))
 
     card_bytes = config.gpu_memory_by_model.get(pinned_model) if pinned_model else None
     if GPU_MEMORY in values and GPU_MEMORY_RATIO not in values and card_bytes and values[GPU_MEMORY].amount > 0:
         memory = values[GPU_MEMORY]
         shared = values[GPU_SHARED].ceil() if GPU_SHARED in values else 1
         ratio = memory_bytes_to_ratio(memory.ceil(), card_bytes, shared)
-        del result[GPU_MEMORY]
-        result[GPU_MEMORY_RATIO] = _format_count(ratio)
-        changes.append((GPU_MEMORY, str(memory), {GPU_MEMORY_RATIO: _format_count(ratio)}, "memory-to-ratio"))
+        if _representable(ratio):
+            del result[GPU_MEMORY]
+            result[GPU_MEMORY_RATIO] = _format_count(ratio)
+            changes.append((GPU_MEMORY, str(memory), {GPU_MEMORY_RATIO: _format_count(ratio)}, "memory-to-ratio"))
+        else:
+            notes.append(f"{path}[{GPU_MEMORY}]: {memory} is too large to convert; left as is")
     return result, changes, notes
 
 
-def canonicalize_pod_spec(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG,
+def _container_label(kind: str, entry: Mapping[str, Any], index: int) -> tuple[str, str]:
+    """(name, label) exactly as :mod:`podspec` names the container, so messages agree."""
+    raw_name = entry.get("name")
+    name = raw_name if isinstance(raw_name, str) and raw_name else f"#{index}"
+    return name, f'{"init container" if kind == "initContainers" else "container"} "{name}"'
+
+
+def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFIG,
                           path: str = "spec") -> tuple[dict[str, Any], list[Rewrite], list[str],
                                                        dict[str, dict[str, dict[str, dict[str, Any]]]]]:
-    """Rewrite every container of a pod spec; also returns the original values of what changed."""
+    """Rewrite every container of a pod spec; also returns the original values of what changed.
+
+    The new spec is a shallow copy: containers that change are new objects, everything else is the
+    input's own (callers that keep the result copy it, see :func:`canonicalize_pod`).
+    """
+    spec = as_mapping(spec, path)
     new_spec = dict(spec)
     pinned = pinned_gpu_model(spec, config.model_label)
     rewrites: list[Rewrite] = []
@@ -135,13 +181,13 @@ def canonicalize_pod_spec(spec: Mapping[str, Any], config: ConversionConfig = DE
     originals: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for kind in CONTAINER_KINDS:
         entries = as_list(spec.get(kind), f"{path}.{kind}")
-        new_entries: list[Any] = []
+        new_entries: list[Any] = list(entries)
         for index, entry in enumerate(entries):
             where = f"{path}.{kind}[{index}]"
-            container = dict(as_mapping(entry, where))
-            name = container.get("name") if isinstance(container.get("name"), str) else f"#{index}"
-            label = f'{"init container" if kind == "initContainers" else "container"} "{name}"'
+            container = as_mapping(entry, where)
+            name, label = _container_label(kind, container, index)
             resources = dict(as_mapping(container.get("resources"), f"{where}.resources"))
+            changed = False
             for field_name in RESOURCE_FIELDS:
                 if field_name not in resources:
                     continue
@@ -152,51 +198,63 @@ def canonicalize_pod_spec(spec: Mapping[str, Any], config: ConversionConfig = DE
                 if not changes:
                     continue
                 resources[field_name] = rewritten
+                changed = True
                 for source, quantity, outputs, change_kind in changes:
                     rewrites.append(Rewrite(label, field_name, source, quantity, outputs, change_kind))
-                    originals.setdefault(kind, {}).setdefault(str(name), {}).setdefault(field_name, {})[source] = (
-                        raw[source])
-            container["resources"] = resources
-            new_entries.append(container if resources != as_mapping(entry, where).get("resources", {}) else entry)
-        if kind in spec:
+                    if source in raw:
+                        # A renamed-then-converted name (kubernetes.io/gpu -> koordinator.sh/gpu ->
+                        # gpu-core) is recorded once, under the spelling the user wrote.
+                        originals.setdefault(kind, {}).setdefault(name, {}).setdefault(field_name, {}).setdefault(
+                            source, raw[source])
+            if changed:
+                new_entries[index] = {**container, "resources": resources}
+        if any(new is not old for new, old in zip(new_entries, entries, strict=True)):
             new_spec[kind] = new_entries
     return new_spec, rewrites, notes, originals
 
 
-def canonicalize_pod(pod: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> CanonicalResult:
+def canonicalize_pod(pod: object, config: ConversionConfig = DEFAULT_CONFIG) -> CanonicalResult:
     """The pod with canonical GPU requests and the original-request annotation (a deep copy)."""
+    pod = as_mapping(pod, "pod")
     spec = as_mapping(pod.get("spec"), "spec")
     new_spec, rewrites, notes, originals = canonicalize_pod_spec(spec, config)
     if not rewrites:
-        return CanonicalResult(copy.deepcopy(dict(pod)), [], notes)
-    new_pod = copy.deepcopy(dict(pod))
-    new_pod["spec"] = copy.deepcopy(new_spec)
-    metadata = dict(as_mapping(new_pod.get("metadata"), "metadata"))
+        return CanonicalResult(copy_json(dict(pod)), [], notes)
+    metadata = dict(as_mapping(pod.get("metadata"), "metadata"))
     annotations = dict(as_mapping(metadata.get("annotations"), "metadata.annotations"))
     annotations[ORIGINAL_RESOURCES_ANNOTATION] = _merge_originals(
         annotations.get(ORIGINAL_RESOURCES_ANNOTATION), originals)
     metadata["annotations"] = annotations
-    new_pod["metadata"] = metadata
+    # copy_json, not copy.deepcopy: it has no recursion limit, and a pod may nest deeply.
+    new_pod: dict[str, Any] = copy_json({**pod, "spec": new_spec, "metadata": metadata})
     return CanonicalResult(new_pod, rewrites, notes)
 
 
 def _merge_originals(existing: object, originals: Mapping[str, Any]) -> str:
-    """Keep what an earlier pass recorded: after reinvocation the annotation still shows the user's ask."""
+    """Keep what an earlier pass recorded: after reinvocation the annotation still shows the user's ask.
+
+    The existing value is user-writable text: anything that is not the shape we write is replaced.
+    """
     merged: dict[str, Any] = {}
     if isinstance(existing, str):
         try:
             loaded = json.loads(existing)
-        except ValueError:
+        except (ValueError, RecursionError):
             loaded = None
         if isinstance(loaded, dict):
             merged = loaded
     for kind, containers in originals.items():
+        if not isinstance(merged.get(kind), dict):
+            merged[kind] = {}
         for name, fields in containers.items():
+            if not isinstance(merged[kind].get(name), dict):
+                merged[kind][name] = {}
             for field_name, values in fields.items():
-                slot = merged.setdefault(kind, {}).setdefault(name, {}).setdefault(field_name, {})
-                if isinstance(slot, dict):
-                    for resource, value in values.items():
-                        slot.setdefault(resource, value)
+                if not isinstance(merged[kind][name].get(field_name), dict):
+                    merged[kind][name][field_name] = {}
+                slot = merged[kind][name][field_name]
+                for resource, value in values.items():
+                    slot.setdefault(resource, value)
     return json.dumps(merged, sort_keys=True, separators=(",", ":"))
 
 

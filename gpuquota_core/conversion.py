@@ -17,6 +17,7 @@ from typing import Any
 from .quantity import QuantityError, parse_quantity
 from .resources import (
     AMD_GPU,
+    DEPRECATED_RENAMES,
     GPU_CORE,
     GPU_MEMORY_RATIO,
     HYGON_DCU,
@@ -26,6 +27,8 @@ from .resources import (
 )
 
 GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
+CONFIG_KEYS: tuple[str, ...] = ("transformations", "gpuMemoryByModel", "gpuModelLabel", "renameDeprecated")
+RULE_KEYS: tuple[str, ...] = ("input", "outputs", "strategy", "wholeUnitsOnly")
 
 
 class ConfigError(ValueError):
@@ -92,11 +95,16 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
         return DEFAULT_CONFIG
     if not isinstance(document, Mapping):
         raise ConfigError("the conversion config must be a mapping")
+    # A misspelt section ("transformation:") would otherwise fall back to the defaults in silence.
+    _no_unknown_keys(document, CONFIG_KEYS, "the conversion config")
+    rename = document.get("renameDeprecated", True)
+    if not isinstance(rename, bool):
+        raise ConfigError("renameDeprecated must be true or false")
     rules = DEFAULT_RULES
     if "transformations" in document:
         rules = tuple(_load_rule(i, raw) for i, raw in enumerate(_list(document["transformations"],
                                                                          "transformations")))
-        _check_rules(rules)
+        _check_rules(rules, rename)
     models: dict[str, int] = {}
     for model, raw in _mapping(document.get("gpuMemoryByModel"), "gpuMemoryByModel").items():
         try:
@@ -109,9 +117,6 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
     model_label = document.get("gpuModelLabel", GPU_MODEL_LABEL)
     if not isinstance(model_label, str) or not model_label:
         raise ConfigError("gpuModelLabel must be a non-empty string")
-    rename = document.get("renameDeprecated", True)
-    if not isinstance(rename, bool):
-        raise ConfigError("renameDeprecated must be true or false")
     return ConversionConfig(rules, models, model_label, rename)
 
 
@@ -123,6 +128,12 @@ def _mapping(value: object, where: str) -> Mapping[Any, Any]:
     return value
 
 
+def _no_unknown_keys(document: Mapping[Any, Any], known: tuple[str, ...], where: str) -> None:
+    unknown = sorted(str(key) for key in document if key not in known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (expected one of {', '.join(known)})")
+
+
 def _list(value: object, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise ConfigError(f"{where} must be a list")
@@ -131,7 +142,10 @@ def _list(value: object, where: str) -> list[Any]:
 
 def _load_rule(index: int, raw: object) -> ConversionRule:
     where = f"transformations[{index}]"
-    entry = _mapping(raw, where)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping")
+    entry = raw
+    _no_unknown_keys(entry, RULE_KEYS, where)
     name = entry.get("input")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.input must be a resource name")
@@ -154,7 +168,7 @@ def _load_rule(index: int, raw: object) -> ConversionRule:
     return ConversionRule(name, outputs, strategy, whole)
 
 
-def _check_rules(rules: tuple[ConversionRule, ...]) -> None:
+def _check_rules(rules: tuple[ConversionRule, ...], rename_deprecated: bool = True) -> None:
     inputs = [rule.input for rule in rules]
     duplicates = sorted({name for name in inputs if inputs.count(name) > 1})
     if duplicates:
@@ -167,6 +181,16 @@ def _check_rules(rules: tuple[ConversionRule, ...]) -> None:
             raise ConfigError(f"transformations: output {chained[0]} of {rule.input} is itself an input")
         if rule.strategy is Strategy.RETAIN and not rule.outputs:
             raise ConfigError(f"transformations: {rule.input} retains its input and adds nothing")
+        if rename_deprecated:
+            # Deprecated names are renamed before the table runs: an input spelt that way never
+            # matches, and an output spelt that way would be renamed by the next pass.
+            if rule.input in DEPRECATED_RENAMES:
+                raise ConfigError(f"transformations: input {rule.input} is renamed to "
+                                  f"{DEPRECATED_RENAMES[rule.input]} before conversion; use that name")
+            deprecated = sorted(set(rule.outputs) & set(DEPRECATED_RENAMES))
+            if deprecated:
+                raise ConfigError(f"transformations: output {deprecated[0]} of {rule.input} is a deprecated name; "
+                                  f"use {DEPRECATED_RENAMES[deprecated[0]]}")
 
 
 def pinned_gpu_model(spec: Mapping[str, Any], label: str = GPU_MODEL_LABEL) -> str | None:

@@ -82,7 +82,9 @@ def parse_resource_list(value: object, path: str) -> ResourceList:
     return resources
 
 
-def read_containers(spec: Mapping[str, Any], path: str = "spec") -> list[ContainerResources]:
+def read_containers(spec: object, path: str = "spec") -> list[ContainerResources]:
+    """Every container and init container with its parsed requests and limits, in spec order."""
+    spec = as_mapping(spec, path)
     containers: list[ContainerResources] = []
     for kind in CONTAINER_KINDS:
         entries = as_list(spec.get(kind), f"{path}.{kind}")
@@ -106,12 +108,13 @@ def read_containers(spec: Mapping[str, Any], path: str = "spec") -> list[Contain
     return containers
 
 
-def pod_requests(spec: Mapping[str, Any], containers: list[ContainerResources] | None = None) -> ResourceList:
+def pod_requests(spec: object, containers: list[ContainerResources] | None = None) -> ResourceList:
     """The pod's total request the way kube-scheduler (component-helpers ``PodRequests``) sums it.
 
     App containers and sidecars add up; each ordinary init container runs alone (beside the sidecars
     started before it), so only the largest of those counts; the pod overhead comes on top.
     """
+    spec = as_mapping(spec, "spec")
     if containers is None:
         containers = read_containers(spec)
     app_total: ResourceList = {}
@@ -124,6 +127,9 @@ def pod_requests(spec: Mapping[str, Any], containers: list[ContainerResources] |
         elif container.restartable:
             app_total = add_lists(app_total, requests)
             sidecars_so_far = add_lists(sidecars_so_far, requests)
+            # The scheduler also maxes the running sidecar total into the init peak; it only matters
+            # for negative values (which validation refuses), but the sum must be the scheduler's.
+            init_peak = max_lists(init_peak, sidecars_so_far)
         else:
             init_peak = max_lists(init_peak, add_lists(requests, sidecars_so_far))
     total = max_lists(app_total, init_peak)

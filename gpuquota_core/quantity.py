@@ -34,7 +34,7 @@ _BINARY_BY_EXPONENT: dict[int, str] = {exp: suffix for suffix, exp in _BINARY_SU
 
 _QUANTITY_RE = re.compile(
     r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
 )
 
 # Bounds that keep hostile input (``1e999999999``, a 10,000-digit mantissa) from costing unbounded
@@ -54,7 +54,7 @@ class Quantity:
     format: QuantityFormat = QuantityFormat.DECIMAL_SI
 
     @classmethod
-    def parse(cls, text: str | int) -> Quantity:
+    def parse(cls, text: str | int | float) -> Quantity:
         return parse_quantity(text)
 
     @classmethod
@@ -108,19 +108,28 @@ class Quantity:
 ZERO = Quantity(Fraction(0))
 
 
-def parse_quantity(text: str | int) -> Quantity:
-    """Parse a quantity as the API server does; raise :class:`QuantityError` with the reason."""
+def parse_quantity(text: str | int | float) -> Quantity:
+    """Parse a quantity as the API server does; raise :class:`QuantityError` with the reason.
+
+    JSON and YAML numbers are accepted as the API server accepts them (``Quantity`` unmarshals a
+    bare number from its text): an int exactly, a float through its shortest ``repr``, which is the
+    text the user wrote (``0.5``, ``1e+20``), so no binary-float error creeps into the amount.
+    """
     if isinstance(text, bool):
         raise QuantityError(f"quantity must be a string or integer, not {text!r}")
     if isinstance(text, int):
         if abs(text) >= 10**MAX_DECIMAL_EXPONENT:
-            raise QuantityError(f"quantity {text} is out of range")
+            # Never format the int itself: a hostile 5,000-digit number exceeds Python's str() limit.
+            raise QuantityError(f"quantity {text.bit_length()}-bit integer is out of range")
         return Quantity(Fraction(text))
+    if isinstance(text, float):
+        text = repr(text)
     if not isinstance(text, str):
         raise QuantityError(f"quantity must be a string or integer, not {type(text).__name__}")
     if len(text) > MAX_TEXT_LENGTH:
         raise QuantityError(f"quantity {text[:16]!r}... is longer than {MAX_TEXT_LENGTH} characters")
-    match = _QUANTITY_RE.match(text)
+    # fullmatch, not match with "$": "$" also matches before a trailing newline, and "1\n" is not a quantity.
+    match = _QUANTITY_RE.fullmatch(text)
     if match is None:
         raise QuantityError(f"quantities must match the regular expression "
                             f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {text!r}")

@@ -36,6 +36,11 @@ from .resources import (
 )
 
 
+# The scheduler holds requests as int64 and scales them (x100 per card, x1000 for milli-units):
+# anything beyond this overflows there, so no value above it can mean what the user wrote.
+MAX_GPU_AMOUNT = (2**63 - 1) // (1000 * PERCENT_PER_CARD)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuRequestProblem:
     """One reason a pod's GPU request can never be scheduled, with what to change."""
@@ -178,6 +183,10 @@ def validate_container_values(container: ContainerResources) -> list[GpuRequestP
             if quantity.amount < 0:
                 problems.append(GpuRequestProblem("negative", f"{where}: {quantity} must not be negative",
                                                   (name,), container.name))
+            elif quantity.amount > MAX_GPU_AMOUNT:
+                problems.append(GpuRequestProblem(
+                    "out-of-range", f"{where}: {quantity} is larger than {MAX_GPU_AMOUNT}, beyond what the "
+                                    f"scheduler can count", (name,), container.name))
             elif not quantity.is_integer():
                 problems.append(GpuRequestProblem(
                     "not-integer",
