@@ -18,6 +18,13 @@ from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .quota import ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
 from .resources import ResourceList
 
+# Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
+# and a marker that a tree is between "add-canonical" and "drop-legacy", the one state in which a
+# quota may name both GPU families.
+PRE_MIGRATION_SPEC_ANNOTATION = "gpuquota.koord-gpuquota.io/pre-migration-spec"
+MIGRATION_IN_PROGRESS_ANNOTATION = "gpuquota.koord-gpuquota.io/migration"
+IN_PROGRESS = "in-progress"
+
 
 @dataclass(frozen=True, slots=True)
 class Step:

@@ -16,14 +16,19 @@ class QuotaReview:
     warnings: tuple[str, ...]
 
 
-def review_quota(quota: QuotaInfo, tree: QuotaTree, used: Mapping[str, Quantity]) -> QuotaReview:
+def review_quota(quota: QuotaInfo, tree: QuotaTree, used: Mapping[str, Quantity],
+                 migrating: bool = False) -> QuotaReview:
+    """``migrating``: the quota is marked as between two steps of ``gpuquota migrate apply``."""
     problems: list[str] = []
     warnings: list[str] = []
     for field_name, resources in (("spec.min", quota.min), ("spec.max", quota.max)):
         negative = sorted(name for name, q in resources.items() if q < ZERO)
         if negative:
             problems.append(f"{field_name} of {quota.ref} has negative values: {', '.join(negative)}")
-        if names_both_families(resources):
+        if names_both_families(resources) and migrating:
+            warnings.append(f"{field_name} of {quota.ref} names both GPU families while its migration is in "
+                            f"progress; the next 'gpuquota migrate apply' step drops the legacy keys")
+        elif names_both_families(resources):
             problems.append(f"{field_name} of {quota.ref} names both nvidia.com/gpu and koordinator.sh/gpu-* "
                             f"resources; migrate it to koordinator.sh/gpu-core and gpu-memory-ratio "
                             f"(nvidia.com/gpu: N becomes N*100 of each): see 'gpuquota migrate'")

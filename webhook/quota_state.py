@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core.migration import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from gpuquota_core.quota import (
     POD_QUOTA_LABEL,
     QuotaTree,
@@ -99,7 +100,7 @@ class QuotaState:
         info = quota_from_object(quota)
         with self._lock:
             used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
-            review = review_quota(info, self.tree, used)
+            review = review_quota(info, self.tree, used, migrating=_migrating(quota))
         if review.problems:
             return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
         return Verdict(True, warnings=review.warnings)
@@ -125,3 +126,9 @@ class QuotaState:
                 self.ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
                                     new.requests, self._clock())
             return ALLOW
+
+
+def _migrating(quota: Mapping[str, Any]) -> bool:
+    metadata = quota.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return isinstance(annotations, Mapping) and annotations.get(MIGRATION_IN_PROGRESS_ANNOTATION) == IN_PROGRESS

@@ -1,0 +1,110 @@
+"""``gpuquota migrate apply`` on the real apiserver, with the project's webhook validating each step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from webhookproc import WebhookProcess
+
+from cli.main import cli
+
+PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
+IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
+CANONICAL = ("koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio")
+
+
+def eq(api: Api, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = api.custom.get_namespaced_custom_object(
+        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, name)
+    return found
+
+
+@pytest.fixture
+def legacy_tree(webhook_server: WebhookProcess, api: Api, namespace: str) -> tuple[str, str, str]:
+    """A legacy two-level tree: parent max 8 cards, child max 4 cards (min 2)."""
+    parent, child = f"org-{namespace}", f"team-{namespace}"
+    for name, labels, spec in (
+            (parent, {IS_PARENT_LABEL: "true"}, {"max": {"nvidia.com/gpu": "8"}, "min": {"nvidia.com/gpu": "4"}}),
+            (child, {PARENT_LABEL: parent}, {"max": {"nvidia.com/gpu": "4"}, "min": {"nvidia.com/gpu": "2"}})):
+        api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                                   ELASTICQUOTA_PLURAL, {
+            "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": spec})
+    return namespace, parent, child
+
+
+def migrate(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["migrate", "apply", "--kubeconfig", str(kubeconfig), *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_blocked_tree_is_not_touched(kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str],
+                                     tmp_path: Path) -> None:
+    namespace, parent, child = legacy_tree
+    versions = [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)]
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "backup.yaml"))
+
+    assert code == 1
+    assert out.startswith("BLOCKED: quotas ")
+    assert err == "nothing written: the plan is blocked\n"
+    assert [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)] == versions
+    assert not (tmp_path / "backup.yaml").exists()
+
+
+def test_gated_migration_converts_the_tree_and_keeps_the_originals(
+        kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str], tmp_path: Path) -> None:
+    namespace, parent, child = legacy_tree
+    backup = tmp_path / "backup.yaml"
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--update-resource-key-gate")
+
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"applied step 1: add-canonical ElasticQuota {namespace}/{parent}",
+        f"applied step 2: add-canonical ElasticQuota {namespace}/{child}",
+        f"applied step 3: drop-legacy ElasticQuota {namespace}/{child}",
+        f"applied step 4: drop-legacy ElasticQuota {namespace}/{parent}",
+    ]
+    for name, cards_max, cards_min in ((parent, 8, 4), (child, 4, 2)):
+        stored = eq(api, namespace, name)
+        assert stored["spec"]["max"] == {key: str(100 * cards_max) for key in CANONICAL}
+        assert stored["spec"]["min"] == {key: str(100 * cards_min) for key in CANONICAL}
+        annotations = stored["metadata"]["annotations"]
+        assert json.loads(annotations["gpuquota.koord-gpuquota.io/pre-migration-spec"]) == {
+            "max": {"nvidia.com/gpu": str(cards_max)}, "min": {"nvidia.com/gpu": str(cards_min)}}
+        assert "gpuquota.koord-gpuquota.io/migration" not in annotations
+    saved = yaml.safe_load(backup.read_text())
+    assert sorted(item["metadata"]["name"] for item in saved["items"]) == sorted([parent, child])
+
+    again = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "second.yaml"))
+    assert again[:2] == (0, "nothing to migrate: every ElasticQuota already uses canonical GPU keys\n")
+
+
+def test_server_dry_run_stores_nothing(kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str],
+                                       tmp_path: Path) -> None:
+    namespace, _parent, child = legacy_tree
+
+    code, out, _ = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "b.yaml"),
+                           "--update-resource-key-gate", "--dry-run", "server")
+
+    assert code == 0
+    assert out.splitlines()[0].startswith("would apply step 1: add-canonical")
+    assert eq(api, namespace, child)["spec"]["max"] == {"nvidia.com/gpu": "4"}
+
+
+def test_an_existing_backup_file_is_never_overwritten(kubeconfig_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "backup.yaml").write_text("precious")
+
+    code, _, err = migrate(kubeconfig_path, "--backup", str(tmp_path / "backup.yaml"))
+
+    assert code == 2
+    assert err == (f"Error: {tmp_path}/backup.yaml exists; choose a new backup file "
+                   "(an old backup is never overwritten)\n")
+    assert (tmp_path / "backup.yaml").read_text() == "precious"
