@@ -35,7 +35,6 @@ from .resources import (
     without_zeros,
 )
 
-
 # The scheduler holds requests as int64 and scales them (x100 per card, x1000 for milli-units):
 # anything beyond this overflows there, so no value above it can mean what the user wrote.
 MAX_GPU_AMOUNT = (2**63 - 1) // (1000 * PERCENT_PER_CARD)
