@@ -36,35 +36,27 @@ TLS_KEY_FILE = "tls.key"
 
 
 @dataclass(frozen=True)
-class CertificateAuthority:
+class KeyedCertificate:
+    """A certificate together with its private key."""
+
+    certificate: x509.Certificate
+    private_key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cert_pem(self) -> bytes:
+        return certificate_pem(self.certificate)
+
+    @property
+    def key_pem(self) -> bytes:
+        return private_key_pem(self.private_key)
+
+
+class CertificateAuthority(KeyedCertificate):
     """A self-signed CA that can sign leaves."""
 
-    certificate: x509.Certificate
-    private_key: ec.EllipticCurvePrivateKey
 
-    @property
-    def cert_pem(self) -> bytes:
-        return certificate_pem(self.certificate)
-
-    @property
-    def key_pem(self) -> bytes:
-        return private_key_pem(self.private_key)
-
-
-@dataclass(frozen=True)
-class IssuedCertificate:
-    """A leaf certificate together with its private key."""
-
-    certificate: x509.Certificate
-    private_key: ec.EllipticCurvePrivateKey
-
-    @property
-    def cert_pem(self) -> bytes:
-        return certificate_pem(self.certificate)
-
-    @property
-    def key_pem(self) -> bytes:
-        return private_key_pem(self.private_key)
+class IssuedCertificate(KeyedCertificate):
+    """A leaf certificate signed by a :class:`CertificateAuthority`."""
 
 
 @dataclass(frozen=True)
