@@ -212,11 +212,13 @@ def validate_pod_gpu(containers: list[ContainerResources], pod_request: Resource
 
 def _attribute(problem: GpuRequestProblem, containers: list[ContainerResources]) -> GpuRequestProblem:
     """Name the containers that ask for the offending resources: the user fixes containers, not pods."""
-    askers = [c.label for c in containers if set(problem.resources) & set(c.effective_requests())]
+    askers = [c for c in containers if set(problem.resources) & set(c.effective_requests())]
     if not askers:
         return problem
-    return GpuRequestProblem(problem.rule, f"{problem.message} (asked for by {', '.join(askers)})",
-                             problem.resources, askers[0])
+    # ``container`` is the name, as validate_container_values sets it; the message carries the labels.
+    return GpuRequestProblem(problem.rule,
+                             f"{problem.message} (asked for by {', '.join(c.label for c in askers)})",
+                             problem.resources, askers[0].name)
 
 
 def describe(problems: list[GpuRequestProblem]) -> str:
