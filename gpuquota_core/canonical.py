@@ -92,18 +92,22 @@ def canonicalize_resource_list(
     changes: list[tuple[str, str, dict[str, str], str]] = []
     notes: list[str] = []
 
+    # Names whose deprecated twin is also present: converting them would let the next pass rename
+    # the twin into their place and convert again, so both stay for validation to refuse.
+    blocked: set[str] = set()
     if config.rename_deprecated:
         for old, new in DEPRECATED_RENAMES.items():
             if old not in values:
                 continue
             if new in values:
-                notes.append(f"{path}: both {old} and {new} are set; {old} left as is")
+                notes.append(f"{path}: both {old} and {new} are set; both left as is")
+                blocked.add(new)
                 continue
             result[new] = result.pop(old)
             values[new] = values.pop(old)
             changes.append((old, str(parsed[old]), {new: str(parsed[old])}, "rename"))
 
-    for name in sorted(set(values) & config.input_names):
+    for name in sorted((set(values) & config.input_names) - blocked):
         rule = config.rule_for(name)
         assert rule is not None
         quantity = values[name]

@@ -14,6 +14,7 @@ from .podspec import ContainerResources
 from .quantity import Quantity
 from .resources import (
     AMD_GPU,
+    DEPRECATED_RENAMES,
     GPU_CORE,
     GPU_DEVICE_NAMES,
     GPU_MEMORY,
@@ -192,6 +193,13 @@ def validate_container_values(container: ContainerResources) -> list[GpuRequestP
                     f"{where}: {quantity} must be a whole number (GPU resources are counted in whole "
                     f"units; for a share of a card ask for {GPU_CORE} and {GPU_MEMORY_RATIO} in percent)",
                     (name,), container.name))
+        for old, new in sorted(DEPRECATED_RENAMES.items()):
+            if old in resources and new in resources:
+                # The scheduler renames the old name only when the new one is absent: the old one
+                # would stay an unknown extended resource that no node offers.
+                problems.append(GpuRequestProblem(
+                    "duplicate-name", f"{container.label} resources.{field}: both {old} and {new} are set; "
+                                      f"remove {old}", (old, new), container.name))
     for name in sorted(set(gpu_subset(container.requests)) & set(container.limits)):
         if container.requests[name] != container.limits[name]:
             problems.append(GpuRequestProblem(

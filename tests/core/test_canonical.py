@@ -159,7 +159,7 @@ def test_an_old_name_beside_its_new_name_is_left_with_a_note() -> None:
 
     assert not result.changed
     assert result.notes == ["spec.containers[0].resources.requests: both kubernetes.io/gpu-core and "
-                            f"{CORE} are set; kubernetes.io/gpu-core left as is"]
+                            f"{CORE} are set; both left as is"]
 
 
 def test_renaming_can_be_switched_off() -> None:
@@ -345,3 +345,15 @@ def test_unreadable_pods_raise_pod_shape_error(given: Any, message: str) -> None
     with pytest.raises(PodShapeError) as error:
         canonicalize_pod(given)
     assert str(error.value) == message
+
+
+def test_an_old_name_beside_a_convertible_new_name_blocks_both_so_a_second_pass_agrees() -> None:
+    # Converting koordinator.sh/gpu here would let the next pass rename kubernetes.io/gpu into its
+    # place and convert again (found by the idempotence property).
+    given = pod(box("main", {"kubernetes.io/gpu": "0", "koordinator.sh/gpu": "0"}))
+
+    result = canonicalize_pod(given)
+
+    assert not result.changed
+    assert result.notes == ["spec.containers[0].resources.requests: both kubernetes.io/gpu and koordinator.sh/gpu "
+                            "are set; both left as is"]

@@ -320,3 +320,15 @@ def test_describe_joins_messages() -> None:
 
     assert describe(problems) == "; ".join(p.message for p in problems)
     assert describe([]) == ""
+
+
+def test_an_old_name_beside_its_new_name_is_refused() -> None:
+    given = pod(box("main", {"kubernetes.io/gpu-core": "50", CORE: "50", RATIO: "50"}))
+
+    problems = problems_of(canonicalize_pod(given).obj)
+
+    assert [(p.rule, p.message) for p in problems] == [
+        ("duplicate-name", f'container "main" resources.requests: both kubernetes.io/gpu-core and {CORE} are set; '
+                           "remove kubernetes.io/gpu-core"),
+        ("duplicate-name", f'container "main" resources.limits: both kubernetes.io/gpu-core and {CORE} are set; '
+                           "remove kubernetes.io/gpu-core")]
