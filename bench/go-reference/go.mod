@@ -1,0 +1,3 @@
+module koord-gpuquota/bench/go-reference
+
+go 1.26

@@ -1,0 +1,154 @@
+"""Admission throughput and latency over TLS + keep-alive: gpuquota serve vs a Go stdlib reference.
+
+Run with ``make bench`` (bench/run.sh). Needs wrk (Debian: ``apt-get install wrk``) and Go.
+Prints a Markdown table; docs/benchmarks.md holds a recorded run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / ".venv" / "bin"
+CONNECTIONS = (1, 8, 32)
+DURATION = os.environ.get("BENCH_DURATION", "10s")
+
+
+def review(padding_vars: int = 60) -> dict[str, object]:
+    """A realistic ~6 KB pod review: env, volumes, labels, probes, two whole cards."""
+    env = [{"name": f"TRAINER_SETTING_{i}", "value": f"value-{i}-" + "x" * 40} for i in range(padding_vars)]
+    container = {"name": "trainer", "image": "registry.example/ml/trainer:2026.11.3", "env": env,
+                 "command": ["python", "-m", "trainer", "--config", "/etc/trainer/config.yaml"],
+                 "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"},
+                               "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"}},
+                 "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "cfg", "mountPath": "/etc/trainer"}]}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "trainer-0", "namespace": "bench", "labels": {"app": "trainer", "team": "vision"}},
+           "spec": {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}},
+                                                            {"name": "cfg", "configMap": {"name": "trainer"}}]}}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "bench-uid", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "bench",
+                        "operation": "CREATE", "userInfo": {"username": "bench"}, "object": pod, "dryRun": False}}
+
+
+def wait_healthy(url: str, ca: Path) -> None:
+    context = ssl.create_default_context(cafile=str(ca))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+def tree_pids(root: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(root)], capture_output=True, text=True).stdout
+    children = [int(p) for p in out.split()]
+    return [root] + [q for c in children for q in tree_pids(c)]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError):
+            pass
+    return total / ticks
+
+
+def rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def wrk(url: str, connections: int, body: Path) -> dict[str, float]:
+    threads = min(connections, 2)
+    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", DURATION, "--latency",
+                          "-s", str(ROOT / "bench" / "post.lua"), url],
+                         capture_output=True, text=True, env={**os.environ, "BODY_FILE": str(body)}, check=True).stdout
+    def latency(label: str) -> float:
+        match = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)", out, re.M)
+        assert match, out
+        value, unit = float(match[1]), match[2]
+        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+    requests = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]), "p50": latency("50"),  # type: ignore[index]
+            "p99": latency("99"), "requests": requests, "non2xx": int(errors[1]) if errors else 0}
+
+
+def measure(name: str, url: str, pid: int, body: Path) -> list[str]:
+    rows = []
+    for connections in CONNECTIONS:
+        pids = tree_pids(pid)
+        before = cpu_seconds(pids)
+        result = wrk(url, connections, body)
+        used = cpu_seconds(tree_pids(pid)) - before
+        rows.append(f"| {name} | {url.rsplit('/', 1)[1]} | {connections} | {result['rps']:.0f} | {result['p50']:.2f} | "
+                    f"{result['p99']:.2f} | {1e6 * used / max(result['requests'], 1):.0f} | "
+                    f"{rss_mib(tree_pids(pid)):.0f} | {result['non2xx']} |")
+    return rows
+
+
+def main() -> None:
+    if not shutil.which("wrk"):
+        raise SystemExit("bench: wrk not found (Debian: apt-get install wrk)")
+    work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-"))
+    body = work / "review.json"
+    body.write_text(json.dumps(review()))
+    certs = work / "certs"
+    subprocess.run([BIN / "gpuquota", "certs", "generate", "--out", certs, "--dns", "localhost", "--ip", "127.0.0.1"],
+                   check=True, capture_output=True)
+    goref = work / "goref"
+    subprocess.run(["go", "build", "-o", goref, "."], cwd=ROOT / "bench" / "go-reference", check=True)
+    servers = [
+        subprocess.Popen([BIN / "gpuquota", "serve", "--state", ROOT / "examples" / "cluster", "--cert-dir", certs,
+                          "--port", "18443", "--log-level", "warning"], start_new_session=True),
+        subprocess.Popen([goref, "-addr", "127.0.0.1:19443", "-cert", certs / "tls.crt", "-key", certs / "tls.key"],
+                         start_new_session=True),
+    ]
+    try:
+        wait_healthy("https://127.0.0.1:18443/readyz", certs / "ca.crt")
+        time.sleep(1)  # let the Go listener bind; its readiness is simply accepting TLS
+        print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
+        print("| server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req | server RSS MiB "
+              "| non-2xx |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        ours = "gpuquota (gunicorn gthread 2x4)"
+        rows = measure(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid, body)
+        rows += measure(ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid, body)
+        rows += measure("Go stdlib reference", "https://127.0.0.1:19443/mutate-pods", servers[1].pid, body)
+        print("\n".join(rows))
+    finally:
+        for server in servers:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
