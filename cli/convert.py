@@ -40,6 +40,9 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
         objects = load_objects(list(paths))
     except (ServeError, ManifestError) as error:
         raise CommandError(str(error)) from None
+    except RecursionError:
+        # PyYAML's constructor recurses: a hostile document nested thousands deep ends here.
+        raise CommandError("input is nested too deeply to read") from None
     converted: list[ConvertedObject] = []
     for obj in objects:
         try:

@@ -6,7 +6,6 @@ rewrite, so both go through :func:`canonical.canonicalize_pod`.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from .audit import TEMPLATE_PATHS
 from .canonical import canonicalize_pod
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .jsonpatch import Operation, diff
+from .jsonpatch import Operation, copy_json, diff
 from .podspec import PodShapeError, as_mapping, pod_requests, read_containers
 from .validation import GpuRequestProblem, validate_pod_gpu
 
@@ -52,8 +51,8 @@ def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CO
     elif kind in TEMPLATE_PATHS:
         path = TEMPLATE_PATHS[kind]
     else:
-        return ConvertedObject(kind, namespace, name, copy.deepcopy(dict(obj)), [], skipped="no pod spec")
-    new_obj = copy.deepcopy(dict(obj))
+        return ConvertedObject(kind, namespace, name, copy_json(dict(obj)), [], skipped="no pod spec")
+    new_obj = copy_json(dict(obj))
     parent: dict[str, Any] | None = None
     target: Any = new_obj
     for step in path:

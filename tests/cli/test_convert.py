@@ -112,3 +112,117 @@ def test_missing_file_and_bad_quantity_exit_2_with_one_line(tmp_path: Path) -> N
     code, _, err = run("-f", str(tmp_path / "odd.yaml"))
     assert code == 2
     assert err.startswith("Error: Pod/trainer: ") and err.count("\n") == 1
+
+
+DEPLOYMENT_AND_CONFIGMAP = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: ns}
+spec:
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: main
+        resources: {limits: {koordinator.sh/gpu: "50"}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: cm}
+data: {a: b}
+"""
+
+
+def test_workload_template_and_untouched_objects_exact_yaml(tmp_path: Path) -> None:
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT_AND_CONFIGMAP)
+
+    code, out, err = run("-f", str(tmp_path / "d.yaml"))
+
+    assert code == 0
+    assert out == """apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: ns
+spec:
+  template:
+    metadata:
+      labels:
+        app: web
+      annotations:
+        gpuquota.koord-gpuquota.io/original-resources: '{"containers":{"main":{"limits":{"koordinator.sh/gpu":"50"}}}}'
+    spec:
+      containers:
+      - name: main
+        resources:
+          limits:
+            koordinator.sh/gpu-core: '50'
+            koordinator.sh/gpu-memory-ratio: '50'
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: cm
+data:
+  a: b
+"""
+    assert err == ('Deployment/ns/web: rewrote container "main" koordinator.sh/gpu: 50 -> koordinator.sh/gpu-core: 50, '
+                   "koordinator.sh/gpu-memory-ratio: 50\n")
+
+
+def test_exact_patch_for_one_object(tmp_path: Path) -> None:
+    (tmp_path / "d.yaml").write_text(DEPLOYMENT_AND_CONFIGMAP.split("---")[0])
+
+    code, out, _ = run("-f", str(tmp_path / "d.yaml"), "-o", "patch")
+
+    assert code == 0
+    prefix = "/spec/template/spec/containers/0/resources/limits/"
+    assert json.loads(out) == {"kind": "Deployment", "namespace": "ns", "name": "web", "patch": [
+        {"op": "add", "path": "/spec/template/metadata/annotations", "value": {
+            "gpuquota.koord-gpuquota.io/original-resources":
+                '{"containers":{"main":{"limits":{"koordinator.sh/gpu":"50"}}}}'}},
+        {"op": "remove", "path": prefix + "koordinator.sh~1gpu"},
+        {"op": "add", "path": prefix + "koordinator.sh~1gpu-core", "value": "50"},
+        {"op": "add", "path": prefix + "koordinator.sh~1gpu-memory-ratio", "value": "50"}]}
+
+
+def test_a_bad_conversion_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "d.yaml").write_text(POD)
+    (tmp_path / "c.yaml").write_text("transformation: []\n")
+
+    code, out, err = run("-f", str(tmp_path / "d.yaml"), "--config", str(tmp_path / "c.yaml"))
+
+    assert (code, out) == (2, "")
+    assert err == (f"Error: {tmp_path}/c.yaml: the conversion config: unknown key 'transformation' (expected one of "
+                   "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated)\n")
+
+
+def test_a_conversion_config_with_card_memory_turns_bytes_into_a_ratio(tmp_path: Path) -> None:
+    pinned = POD.replace("spec:\n", "spec:\n  nodeSelector: {node.koordinator.sh/gpu-model: T4}\n", 1).replace(
+        '{cpu: "2", nvidia.com/gpu: "2"}', "{koordinator.sh/gpu-memory: 8Gi}").replace(
+        '{nvidia.com/gpu: "2"}', "{koordinator.sh/gpu-memory: 8Gi}")
+    (tmp_path / "p.yaml").write_text(pinned)
+    (tmp_path / "c.yaml").write_text("gpuMemoryByModel: {T4: 16Gi}\n")
+
+    code, out, err = run("-f", str(tmp_path / "p.yaml"), "--config", str(tmp_path / "c.yaml"), "-o", "json")
+
+    assert code == 0
+    assert json.loads(out)["spec"]["containers"][0]["resources"] == {
+        "requests": {"koordinator.sh/gpu-memory-ratio": "50"}, "limits": {"koordinator.sh/gpu-memory-ratio": "50"}}
+    assert err == ('Pod/team-a/trainer: rewrote container "main" koordinator.sh/gpu-memory: 8Gi -> '
+                   "koordinator.sh/gpu-memory-ratio: 50\n")
+
+
+def test_deeply_nested_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "deep.yaml").write_text("kind: Pod\nspec: " + "[" * 5000 + "]" * 5000 + "\n")
+
+    code, out, err = run("-f", str(tmp_path / "deep.yaml"))
+
+    assert (code, out, err) == (2, "", "Error: input is nested too deeply to read\n")
+
+
+def test_an_unknown_output_format_is_a_usage_error() -> None:
+    code, _, err = run("-f", "-", "-o", "xml", stdin=POD)
+
+    assert code == 2
+    assert err.endswith("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', 'patch'.\n")
