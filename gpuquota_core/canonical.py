@@ -149,7 +149,8 @@ def canonicalize_resource_list(
                         "convert"))
 
     card_bytes = config.gpu_memory_by_model.get(pinned_model) if pinned_model else None
-    if GPU_MEMORY in values and GPU_MEMORY_RATIO not in values and card_bytes and values[GPU_MEMORY].amount > 0:
+    if (GPU_MEMORY in values and GPU_MEMORY_RATIO not in values and GPU_MEMORY not in blocked and card_bytes
+            and values[GPU_MEMORY].amount > 0):
         memory = values[GPU_MEMORY]
         shared = values[GPU_SHARED].ceil() if GPU_SHARED in values else 1
         ratio = memory_bytes_to_ratio(memory.ceil(), card_bytes, shared)

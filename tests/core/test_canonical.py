@@ -357,3 +357,14 @@ def test_an_old_name_beside_a_convertible_new_name_blocks_both_so_a_second_pass_
     assert not result.changed
     assert result.notes == ["spec.containers[0].resources.requests: both kubernetes.io/gpu and koordinator.sh/gpu "
                             "are set; both left as is"]
+
+
+def test_old_and_new_memory_names_together_are_not_turned_into_a_ratio() -> None:
+    # Converting koordinator.sh/gpu-memory would let the next pass rename kubernetes.io/gpu-memory.
+    given = pod(both({"kubernetes.io/gpu-memory": "8Gi", MEMORY: "8Gi"}), **PINNED_T4)
+
+    result = canonicalize_pod(given, T4_CONFIG)
+
+    assert not result.changed
+    assert result.notes[0] == ("spec.containers[0].resources.requests: both kubernetes.io/gpu-memory and "
+                               f"{MEMORY} are set; both left as is")

@@ -48,7 +48,8 @@ quantity_texts = st.one_of(
     st.sampled_from(["0.5", "100m", "1n", "999m", "1.000000001", "1e308", "1e63", "1e62", "-1", "-100m"]),
 )
 names = st.sampled_from([*VENDORS, KGPU, CORE, RATIO, MEMORY, SHARED, "kubernetes.io/gpu",
-                         "kubernetes.io/gpu-core", "kubernetes.io/gpu-memory-ratio", "cpu"])
+                         "kubernetes.io/gpu-core", "kubernetes.io/gpu-memory", "kubernetes.io/gpu-memory-ratio",
+                         "cpu"])
 resource_maps = st.dictionaries(names, quantity_texts, max_size=4)
 
 
