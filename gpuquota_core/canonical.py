@@ -260,7 +260,13 @@ def _merge_originals(existing: object, originals: Mapping[str, Any]) -> str:
                 slot = merged[kind][name][field_name]
                 for resource, value in values.items():
                     slot.setdefault(resource, value)
-    return json.dumps(merged, sort_keys=True, separators=(",", ":"))
+    try:
+        return json.dumps(merged, sort_keys=True, separators=(",", ":"))
+    except RecursionError:
+        # Defensive: json.loads and json.dumps hit the recursion limit at about the same depth
+        # (measured), but if a value read back cannot be written, keep only what this pass knows
+        # rather than fail the admission.
+        return json.dumps(originals, sort_keys=True, separators=(",", ":"))
 
 
 def original_resources(pod: Mapping[str, Any]) -> dict[str, Any] | None:
