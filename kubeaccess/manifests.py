@@ -63,6 +63,9 @@ def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
     except (ValueError, yaml.YAMLError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ManifestError(f"{source}: not valid YAML or JSON: {first_line}") from None
+    except RecursionError:
+        # Both parsers recurse per nesting level; no Kubernetes object is nested this deep.
+        raise ManifestError(f"{source}: nested too deeply to be a Kubernetes object") from None
     objects: list[dict[str, Any]] = []
     for index, document in enumerate(documents):
         if document is None:

@@ -65,3 +65,12 @@ def test_certs_generate_bad_flags_exit_2_with_one_line(tmp_path: Path, args: lis
 
     assert result.exit_code == 2
     assert result.output == message + "\n"
+
+
+def test_deeply_nested_manifest_is_one_line_and_exit_2(runner: CliRunner, tmp_path: Path) -> None:
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+
+    result = runner.invoke(cli, ["audit", "-f", str(tmp_path / "deep.yaml")])
+
+    assert result.exit_code == 2
+    assert result.output == f"Error: {tmp_path}/deep.yaml: nested too deeply to be a Kubernetes object\n"

@@ -25,8 +25,8 @@ from webhook.admission import BadRequest, decode_review
 CORE = "koordinator.sh/gpu-core"
 RATIO = "koordinator.sh/gpu-memory-ratio"
 VENDORS = sorted(VENDOR_WHOLE_GPU_NAMES)
-PROPERTY_EXAMPLES = 300
-FUZZ_EXAMPLES = 400
+PROPERTY_EXAMPLES = 100
+FUZZ_EXAMPLES = 150
 
 cards = st.integers(min_value=0, max_value=10**6)
 gpu_names = st.sampled_from([*VENDORS, "koordinator.sh/gpu", CORE, RATIO, "koordinator.sh/gpu-memory",
