@@ -218,7 +218,7 @@ def test_deeply_nested_input_is_one_line_exit_2(tmp_path: Path) -> None:
 
     code, out, err = run("-f", str(tmp_path / "deep.yaml"))
 
-    assert (code, out, err) == (2, "", "Error: input is nested too deeply to read\n")
+    assert (code, out, err) == (2, "", f"Error: {tmp_path}/deep.yaml: nested too deeply to be a Kubernetes object\n")
 
 
 def test_an_unknown_output_format_is_a_usage_error() -> None:
