@@ -90,7 +90,12 @@ class WebhookProcess:
         self._log = self.log_path.open("ab")
         self._popen = subprocess.Popen(args, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=self._log,
                                        stderr=subprocess.STDOUT, start_new_session=True)
-        self.wait_until_serving(ready_path)
+        try:
+            self.wait_until_serving(ready_path)
+        except BaseException:
+            # The caller never gets the object to stop: a server that did not come up must not outlive the test.
+            self.stop()
+            raise
         return self
 
     def alive(self) -> bool:
