@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, Severity, audit_objects
-from kubeaccess.kube import AUDIT_KINDS, DEFAULT_PAGE_SIZE, KubeAccessError, connect, context_namespace, list_all
+from kubeaccess.kube import DEFAULT_PAGE_SIZE, KubeAccessError, context_namespace, list_cluster
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError
@@ -78,12 +78,7 @@ def _live_objects(kubeconfig: str | None, context: str | None, namespace: str | 
             click.echo(f"\rlisting {kind}: {count}\033[K", err=True, nl=False)
 
     try:
-        api = connect(kubeconfig, context)
-        try:
-            objects = [obj for kind in AUDIT_KINDS
-                       for obj in list_all(api, kind, namespace, page_size=chunk_size, on_page=progress)]
-        finally:
-            api.close()  # type: ignore[no-untyped-call]
+        objects = list_cluster(kubeconfig, context, namespace, page_size=chunk_size, on_page=progress)
     except KubeAccessError as error:
         raise CommandError(str(error)) from None
     if show_progress:

@@ -22,7 +22,7 @@ from gpuquota_core.migration import (
     plan_migration,
 )
 from gpuquota_core.quota import QuotaShapeError
-from kubeaccess.kube import AUDIT_KINDS, KubeAccessError, connect, list_all
+from kubeaccess.kube import KubeAccessError, api_error_message, connect, list_cluster
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError
@@ -87,11 +87,7 @@ def _plan(objects: list[dict[str, Any]], gate: bool) -> Plan:
 
 def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str, Any]]:
     try:
-        api = connect(kubeconfig, context)
-        try:
-            return [obj for kind in AUDIT_KINDS for obj in list_all(api, kind, None)]
-        finally:
-            api.close()  # type: ignore[no-untyped-call]
+        return list_cluster(kubeconfig, context, None)
     except KubeAccessError as error:
         raise CommandError(str(error)) from None
 
@@ -154,7 +150,7 @@ def apply(kubeconfig: str | None, context: str | None, namespace: str | None, ba
                 EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body,
                 dry_run="All" if dry_run == "server" else None)
         except ApiException as error:
-            reason = _api_message(error)
+            reason = api_error_message(error)
             what = "conflict: it changed since it was read; re-run" if error.status == 409 else reason
             click.echo(f"step {number} ({step.phase} {step.namespace}/{step.quota}) refused: {what}", err=True)
             click.echo(f"{number - 1} of {len(result.steps)} step(s) applied; originals are in {backup_path}",
@@ -180,10 +176,3 @@ def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
     else:
         annotations.pop(MIGRATION_IN_PROGRESS_ANNOTATION, None)
     return body
-
-
-def _api_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except (ValueError, TypeError, AttributeError):
-        return str(error.reason)

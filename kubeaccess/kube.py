@@ -79,11 +79,17 @@ AUDIT_KINDS: tuple[ListedKind, ...] = (
 )
 
 
-def connect(kubeconfig: str | None, context: str | None) -> client.ApiClient:
-    """A client the way kubectl picks one: --kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster."""
+def kubeconfig_path(kubeconfig: str | None) -> str | None:
+    """kubectl's lookup: --kubeconfig, $KUBECONFIG, ~/.kube/config; None means in-cluster."""
     path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
     if path is None and (Path.home() / ".kube" / "config").is_file():
         path = str(Path.home() / ".kube" / "config")
+    return path
+
+
+def connect(kubeconfig: str | None, context: str | None) -> client.ApiClient:
+    """A client the way kubectl picks one: --kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster."""
+    path = kubeconfig_path(kubeconfig)
     try:
         if path is not None:
             loaded: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
@@ -117,7 +123,7 @@ def list_all(api: client.ApiClient, kind: ListedKind, namespace: str | None, *,
         except ApiException as error:
             if error.status == 404 and kind.optional:
                 return []
-            raise KubeAccessError(f"listing {kind.kind}: {error.status} {_reason(error)}") from None
+            raise KubeAccessError(f"listing {kind.kind}: {error.status} {api_error_message(error)}") from None
         except HTTPError as error:
             raise KubeAccessError(f"cannot reach the API server: {error}") from None
         page = orjson.loads(response.data or b"{}")
@@ -132,7 +138,20 @@ def list_all(api: client.ApiClient, kind: ListedKind, namespace: str | None, *,
             return items
 
 
-def _reason(error: ApiException) -> str:
+def list_cluster(kubeconfig: str | None, context: str | None, namespace: str | None, *,
+                 page_size: int = DEFAULT_PAGE_SIZE, on_page: Callable[[str, int], None] | None = None,
+                 ) -> list[dict[str, Any]]:
+    """Every object the audit and the migration plan look at, on one connection."""
+    api = connect(kubeconfig, context)
+    try:
+        return [obj for kind in AUDIT_KINDS
+                for obj in list_all(api, kind, namespace, page_size=page_size, on_page=on_page)]
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def api_error_message(error: ApiException) -> str:
+    """The apiserver's own message from a Status body, else the HTTP reason."""
     try:
         return str(orjson.loads(error.body or b"{}").get("message") or error.reason)
     except (orjson.JSONDecodeError, TypeError, AttributeError):
@@ -141,7 +160,7 @@ def _reason(error: ApiException) -> str:
 
 def context_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The namespace kubectl would use without -n: the context's, else ``default``."""
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
+    path = kubeconfig_path(kubeconfig)
     if path is None:
         in_cluster = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         return in_cluster.read_text().strip() if in_cluster.is_file() else "default"
