@@ -13,14 +13,19 @@ from typing import Any
 
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import PodShapeError, as_mapping, parse_resource_list, pod_requests, read_containers
+from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity
 from .quota import (
+    UNCHECKED_QUOTAS,
+    QuotaInfo,
     QuotaShapeError,
+    QuotaTree,
+    UsageIndex,
     canonical_resource_list,
     legacy_gpu_names,
     names_both_families,
     pod_is_counted,
+    pod_record,
     quota_from_object,
 )
 from .resources import (
@@ -164,7 +169,7 @@ def check_nodes(nodes: Iterable[Mapping[str, Any]], report: AuditReport,
 
 def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, Any]], report: AuditReport,
                  advertised: set[str] | None, config: ConversionConfig = DEFAULT_CONFIG) -> None:
-    infos = []
+    infos: list[QuotaInfo] = []
     for obj in quotas:
         try:
             infos.append(quota_from_object(obj))
@@ -217,47 +222,35 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
     _check_usage(infos, pods, report, config)
 
 
-def _check_usage(infos: list[Any], pods: list[Mapping[str, Any]], report: AuditReport,
+def _check_usage(infos: list[QuotaInfo], pods: list[Mapping[str, Any]], report: AuditReport,
                  config: ConversionConfig) -> None:
-    from .quota import POD_QUOTA_LABEL
-    by_name = {q.name: q for q in infos}
-    by_namespace: dict[str, str] = {}
-    for quota in infos:
-        for namespace in quota.bound_namespaces:
-            by_namespace.setdefault(namespace, quota.name)
-        if not quota.is_parent and quota.namespace:
-            by_namespace.setdefault(quota.namespace, quota.name)
-    used: dict[str, dict[str, Quantity]] = {}
+    """Canonical usage per quota, from the webhook's own tree and index (never a second resolver).
+
+    ``QuotaTree.resolve`` binds each pod (label, namespace-named quota, ``namespaces`` annotation,
+    default quota) and ``UsageIndex`` charges it to that quota and every ancestor below the root,
+    exactly as the validating webhook counts ``used``. Over-limit is reported only for quotas the
+    webhook checks (not the root or system quota).
+    """
+    tree = QuotaTree.build(infos, config)
+    usage = UsageIndex(tree)
     for pod in pods:
         if not pod_is_counted(pod):
             continue
-        namespace, _, metadata = _meta(pod)
-        labels = metadata.get("labels")
-        label = labels.get(POD_QUOTA_LABEL) if isinstance(labels, Mapping) else None
-        leaf = str(label) if label else by_namespace.get(namespace)
-        if leaf is None or leaf not in by_name:
-            continue
         try:
-            spec = as_mapping(pod.get("spec"), "spec")
-            canonical, _, _, _ = canonicalize_pod_spec(spec, config)
-            request = pod_requests(canonical, read_containers(canonical))
-        except PodShapeError:
-            continue
-        current: str = leaf
-        seen: set[str] = set()
-        while current in by_name and current not in seen:
-            seen.add(current)
-            bucket = used.setdefault(current, {})
-            for key, value in request.items():
-                bucket[key] = bucket.get(key, ZERO) + value
-            current = by_name[current].parent
+            usage.upsert(pod_record(pod, config))
+        except ValueError:
+            continue  # an unreadable pod cannot be charged, as in the webhook's quota state
     for quota in infos:
-        limit, _ = canonical_resource_list(quota.raw_limit, config, quota.name)
-        usage = used.get(quota.name, {})
+        if tree.get(quota.name) is not quota:
+            continue  # a second quota of the same name: the tree (like Koordinator) keeps one
+        limit, _ = tree.limit(quota.name)
+        used = usage.used(quota.name)
         report.quota_usage[quota.name] = {
-            key: {"used": str(usage.get(key, ZERO)), "limit": str(value)}
+            key: {"used": str(used.get(key, ZERO)), "limit": str(value)}
             for key, value in sorted(limit.items()) if is_gpu_name(key)}
-        over = {k: v for k, v in usage.items() if k in limit and v > limit[k]}
+        if quota.name in UNCHECKED_QUOTAS:
+            continue
+        over = {k: v for k, v in used.items() if k in limit and v > limit[k]}
         if over:
             report.findings.append(Finding(
                 "quota-over-limit", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,

@@ -19,8 +19,10 @@ OBJECTS: list[dict[str, Any]] = [
                                           "labels": {"quota.scheduling.koordinator.sh/is-parent": "true"}},
      "spec": {"min": {"koordinator.sh/gpu-core": "100"},
               "max": {"koordinator.sh/gpu-core": "400", "koordinator.sh/gpu-memory-ratio": "400"}}},
+    # Pods of namespace team belong to child through the namespaces annotation (koordinator.md §2.4).
     {"kind": "ElasticQuota", "metadata": {"name": "child", "namespace": "team",
-                                          "labels": {"quota.scheduling.koordinator.sh/parent": "parent"}},
+                                          "labels": {"quota.scheduling.koordinator.sh/parent": "parent"},
+                                          "annotations": {"quota.scheduling.koordinator.sh/namespaces": '["team"]'}},
      "spec": {"min": {"nvidia.com/gpu": "2"},
               "max": {"nvidia.com/gpu": "1", "amd.com/gpu": "1", "koordinator.sh/gpu-core": "100"}}},
     {"kind": "Pod", "metadata": {"name": "p", "namespace": "team"},

@@ -1,0 +1,416 @@
+"""``audit_objects`` directly: every check id of docs/audit-checks.md, positive and negative.
+
+Each positive case asserts check, severity, kind, namespace/name and the exact numbers in the
+message and details; each negative case is the nearest input that must not fire. The last tests
+prove that quota usage is counted in the quota the webhook's own ``QuotaTree.resolve`` picks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuquota_core.audit import AuditReport, Finding, Severity, audit_objects
+from gpuquota_core.quota import QuotaTree, pod_record, quota_from_object
+from webhook.quota_state import QuotaState
+
+PARENT = "quota.scheduling.koordinator.sh/parent"
+IS_PARENT = "quota.scheduling.koordinator.sh/is-parent"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+NAMESPACES = "quota.scheduling.koordinator.sh/namespaces"
+ADMISSION = "quota.scheduling.koordinator.sh/admission"
+CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
+SHARED_LABEL = "node.koordinator.sh/gpu-shared"
+
+
+def node(name: str, capacity: dict[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels or {}}, "status": {"capacity": capacity}}
+
+
+def eq(name: str, namespace: str, max_: dict[str, str], min_: dict[str, str] | None = None,
+       parent: str | None = None, is_parent: bool = False, annotations: dict[str, str] | None = None
+       ) -> dict[str, Any]:
+    labels = {IS_PARENT: "true" if is_parent else "false"}
+    if parent:
+        labels[PARENT] = parent
+    return {"kind": "ElasticQuota",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations or {}},
+            "spec": {"max": max_, "min": min_ or {}}}
+
+
+def pod(name: str, namespace: str, limits: dict[str, str], label: str | None = None,
+        phase: str | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUOTA_LABEL: label} if label else {}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def with_check(report: AuditReport, check: str) -> list[Finding]:
+    return [f for f in report.findings if f.check == check]
+
+
+def only(report: AuditReport, check: str) -> Finding:
+    found = with_check(report, check)
+    assert len(found) == 1, [f.as_dict() for f in report.findings]
+    return found[0]
+
+
+def test_every_documented_check_id_has_tests_here() -> None:
+    table = (Path(__file__).resolve().parents[2] / "docs" / "audit-checks.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE))
+    assert len(documented) == 14
+    source = Path(__file__).read_text()
+    for check in documented:
+        assert f'"{check}"' in source, check
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+
+def test_node_mixed_gpu_resources() -> None:
+    report = audit_objects([node("mixed", {"nvidia.com/gpu": "2", CORE: "200", RATIO: "200"})])
+    finding = only(report, "node-mixed-gpu-resources")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (Severity.WARNING, "Node", "", "mixed")
+    assert finding.message.startswith("advertises both nvidia.com/gpu and koordinator.sh/gpu-*; ")
+    assert finding.details == {"resources": {CORE: "200", RATIO: "200", "nvidia.com/gpu": "2"}}
+    assert report.capacity == {"vendor": {"nvidia.com/gpu": "2"}, "koordinator": {CORE: "200", RATIO: "200"}}
+    # 200 = 2 cards x 100: consistent numbers, so no count mismatch.
+    assert with_check(report, "node-gpu-count-mismatch") == []
+
+
+def test_node_with_one_family_is_not_mixed() -> None:
+    report = audit_objects([node("whole", {"nvidia.com/gpu": "2"}), node("shared", {CORE: "400", RATIO: "400"}),
+                            node("cpu", {"cpu": "8"}), node("zero", {"nvidia.com/gpu": "0", CORE: "100"})])
+    assert report.findings == []
+    assert report.capacity == {"vendor": {"nvidia.com/gpu": "2"}, "koordinator": {CORE: "500", RATIO: "400"}}
+
+
+def test_node_gpu_count_mismatch() -> None:
+    report = audit_objects([node("n1", {"nvidia.com/gpu": "2", CORE: "100", RATIO: "200"})])
+    finding = only(report, "node-gpu-count-mismatch")
+    assert (finding.severity, finding.kind, finding.name) == (Severity.ERROR, "Node", "n1")
+    assert finding.message == f"{CORE}=100 but nvidia.com/gpu=2 cards (expected 200)"
+    assert finding.details == {"resource": CORE, "value": "100", "expected": "200"}
+
+
+def test_node_gpu_count_mismatch_sums_vendor_cards_and_is_not_checked_on_single_family() -> None:
+    report = audit_objects([node("two-vendors", {"nvidia.com/gpu": "1", "amd.com/gpu": "2", RATIO: "300"}),
+                            node("koord-only", {CORE: "150", RATIO: "100"})])
+    assert with_check(report, "node-gpu-count-mismatch") == []
+    mixed = only(report, "node-mixed-gpu-resources")
+    assert mixed.name == "two-vendors"
+    assert mixed.message.startswith("advertises both amd.com/gpu, nvidia.com/gpu and koordinator.sh/gpu-*")
+
+
+def test_node_gpu_mode_label_mismatch_both_directions() -> None:
+    report = audit_objects([node("says-shared", {"nvidia.com/gpu": "4"}, {SHARED_LABEL: "true"}),
+                            node("says-whole", {CORE: "100", RATIO: "100"}, {SHARED_LABEL: "false"})])
+    found = {f.name: f for f in with_check(report, "node-gpu-mode-label-mismatch")}
+    assert set(found) == {"says-shared", "says-whole"}
+    assert found["says-shared"].severity == Severity.WARNING
+    assert found["says-shared"].message == f"{SHARED_LABEL}=true but the node reports nvidia.com/gpu"
+    assert found["says-whole"].message == f"{SHARED_LABEL}=false but the node reports koordinator.sh/gpu-* resources"
+    assert found["says-whole"].details == {"label": SHARED_LABEL}
+
+
+def test_node_gpu_mode_label_consistent_or_absent_or_other_label() -> None:
+    objects = [node("shared", {CORE: "100", RATIO: "100"}, {SHARED_LABEL: "true"}),
+               node("whole", {"nvidia.com/gpu": "1"}, {SHARED_LABEL: "false"}),
+               node("unlabelled", {"nvidia.com/gpu": "1"}),
+               node("custom", {"nvidia.com/gpu": "1"}, {"example.com/shared": "true"})]
+    assert audit_objects(objects).findings == []
+    custom = only(audit_objects(objects, shared_label="example.com/shared"), "node-gpu-mode-label-mismatch")
+    assert (custom.name, custom.message) == ("custom", "example.com/shared=true but the node reports nvidia.com/gpu")
+
+
+def test_nodes_scope_off_drops_node_findings_but_keeps_what_they_advertise() -> None:
+    objects = [node("mixed", {"nvidia.com/gpu": "1", CORE: "100"}), eq("q", "q", {RATIO: "100"})]
+    report = audit_objects(objects, ("quotas",))
+    assert [f.check for f in report.findings] == ["quota-unadvertised-resource"]
+    assert report.findings[0].details == {"resource": RATIO}
+
+
+# -- quotas --------------------------------------------------------------------------------------
+
+def test_quota_legacy_gpu_key() -> None:
+    report = audit_objects([eq("team", "team", {"nvidia.com/gpu": "4"}, {"amd.com/gpu": "1"})])
+    finding = only(report, "quota-legacy-gpu-key")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (
+        Severity.WARNING, "ElasticQuota", "team", "team")
+    assert finding.message == ("min/max uses amd.com/gpu, nvidia.com/gpu; canonical pods are never charged "
+                               "against it (run `gpuquota migrate plan`)")
+    assert finding.details == {"keys": ["amd.com/gpu", "nvidia.com/gpu"]}
+
+
+def test_canonical_quota_has_no_legacy_key() -> None:
+    assert audit_objects([eq("team", "team", {CORE: "400", RATIO: "400", "cpu": "8"})]).findings == []
+
+
+def test_quota_mixed_gpu_keys() -> None:
+    report = audit_objects([eq("mix", "ns", {"nvidia.com/gpu": "1", CORE: "100"})])
+    finding = only(report, "quota-mixed-gpu-keys")
+    assert (finding.severity, finding.namespace, finding.name) == (Severity.ERROR, "ns", "mix")
+    assert finding.message == "names both nvidia.com/gpu-style and koordinator.sh/gpu-* keys"
+    assert finding.details == {"keys": [CORE, "nvidia.com/gpu"]}
+
+
+def test_quota_with_one_family_is_not_mixed() -> None:
+    report = audit_objects([eq("legacy", "ns", {"nvidia.com/gpu": "1", "cpu": "4"})])
+    assert with_check(report, "quota-mixed-gpu-keys") == []
+
+
+def test_quota_tree_key_mismatch() -> None:
+    report = audit_objects([eq("org", "ops", {CORE: "400", RATIO: "400"}, is_parent=True),
+                            eq("team", "team", {"nvidia.com/gpu": "2"}, parent="org")])
+    finding = only(report, "quota-tree-key-mismatch")
+    assert (finding.severity, finding.namespace, finding.name) == (Severity.ERROR, "team", "team")
+    assert finding.message == f"max keys ['nvidia.com/gpu'] differ from parent org's ['{CORE}', '{RATIO}']"
+    assert finding.details == {"parent": "org", "keys": ["nvidia.com/gpu"], "parentKeys": [CORE, RATIO]}
+
+
+def test_quota_tree_with_equal_keys_or_unknown_parent_matches() -> None:
+    report = audit_objects([eq("org", "ops", {CORE: "400", RATIO: "400"}, is_parent=True),
+                            eq("team", "team", {CORE: "100", RATIO: "200"}, parent="org"),
+                            eq("orphan", "x", {"nvidia.com/gpu": "1"}, parent="not-listed")])
+    assert with_check(report, "quota-tree-key-mismatch") == []
+
+
+def test_quota_min_exceeds_parent_in_canonical_units() -> None:
+    # Child a: 1 card = 100 core + 100 ratio; child b: 50 core. Sum 150 core > the parent's 100;
+    # the parent's min does not name ratio, so ratio is not compared.
+    report = audit_objects([eq("org", "ops", {CORE: "400"}, {CORE: "100"}, is_parent=True),
+                            eq("a", "a", {CORE: "400"}, {"nvidia.com/gpu": "1"}, parent="org"),
+                            eq("b", "b", {CORE: "400"}, {CORE: "50"}, parent="org")])
+    finding = only(report, "quota-min-exceeds-parent")
+    assert (finding.severity, finding.namespace, finding.name) == (Severity.ERROR, "ops", "org")
+    assert finding.message == f"children's min sum exceeds min: {CORE} 150 > 100"
+    assert finding.details == {CORE: {"children": "150", "min": "100"}}
+
+
+def test_quota_min_equal_to_parent_is_fine() -> None:
+    report = audit_objects([eq("org", "ops", {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "2"}, is_parent=True),
+                            eq("a", "a", {"nvidia.com/gpu": "4"}, {CORE: "100", RATIO: "100"}, parent="org"),
+                            eq("b", "b", {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "1"}, parent="org")])
+    assert with_check(report, "quota-min-exceeds-parent") == []
+
+
+def test_quota_unadvertised_resource() -> None:
+    report = audit_objects([node("shared", {CORE: "400", RATIO: "400"}),
+                            eq("team", "team", {"nvidia.com/gpu": "2"})])
+    finding = only(report, "quota-unadvertised-resource")
+    assert (finding.severity, finding.namespace, finding.name) == (Severity.ERROR, "team", "team")
+    assert finding.message == "limits nvidia.com/gpu, which no node advertises; pods asking for it are refused"
+    assert finding.details == {"resource": "nvidia.com/gpu"}
+
+
+def test_quota_unadvertised_resource_needs_nodes_and_ignores_advertised_and_non_gpu_names() -> None:
+    quota = eq("team", "team", {CORE: "200", RATIO: "200", "cpu": "8"})
+    assert with_check(audit_objects([quota]), "quota-unadvertised-resource") == []
+    assert with_check(audit_objects([node("shared", {CORE: "400", RATIO: "400"}), quota]),
+                      "quota-unadvertised-resource") == []
+
+
+def test_quota_invalid() -> None:
+    report = audit_objects([{"kind": "ElasticQuota", "metadata": {"name": "x", "namespace": "t"}, "spec": "bad"},
+                            eq("y", "t", {"nvidia.com/gpu": "two"})])
+    found = {f.name: f for f in with_check(report, "quota-invalid")}
+    assert set(found) == {"x", "y"}
+    assert (found["x"].severity, found["x"].namespace, found["x"].message) == (
+        Severity.ERROR, "t", "x: spec: expected an object")
+    assert found["y"].message.startswith("ElasticQuota y: spec.max[nvidia.com/gpu]: ")
+    assert found["y"].message.endswith(": 'two'")
+    # An unreadable quota is not checked further (no usage, no legacy-key finding).
+    assert {f.check for f in report.findings} == {"quota-invalid"}
+    assert report.quota_usage == {}
+
+
+def test_readable_quota_is_not_invalid() -> None:
+    report = audit_objects([eq("y", "t", {CORE: "100", RATIO: "100"})])
+    assert with_check(report, "quota-invalid") == []
+    assert report.quota_usage == {"y": {CORE: {"used": "0", "limit": "100"}, RATIO: {"used": "0", "limit": "100"}}}
+
+
+def test_quota_over_limit_counts_legacy_and_canonical_pods_in_canonical_units() -> None:
+    # Limit 2 cards = 200; pods: 2 cards (200) + a 100/100 share = 300 in each canonical name.
+    report = audit_objects([eq("team", "team", {"nvidia.com/gpu": "2"}),
+                            pod("legacy", "team", {"nvidia.com/gpu": "2"}),
+                            pod("share", "team", {CORE: "100", RATIO: "100"})])
+    finding = only(report, "quota-over-limit")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (
+        Severity.ERROR, "ElasticQuota", "team", "team")
+    assert finding.message == f"canonical usage exceeds the limit: {CORE} 300 > 200, {RATIO} 300 > 200"
+    assert finding.details == {CORE: {"used": "300", "limit": "200"}, RATIO: {"used": "300", "limit": "200"}}
+    assert report.quota_usage["team"] == {CORE: {"used": "300", "limit": "200"},
+                                          RATIO: {"used": "300", "limit": "200"}}
+
+
+def test_quota_over_limit_is_charged_up_to_the_parent_but_never_reported_for_the_root() -> None:
+    report = audit_objects([
+        eq("koordinator-root-quota", "koordinator-system", {CORE: "100", RATIO: "100"}, is_parent=True),
+        eq("org", "ops", {CORE: "300", RATIO: "300"}, is_parent=True),
+        eq("a", "a", {CORE: "200", RATIO: "200"}, parent="org"),
+        eq("b", "b", {CORE: "200", RATIO: "200"}, parent="org"),
+        pod("pa", "a", {"nvidia.com/gpu": "2"}), pod("pb", "b", {"nvidia.com/gpu": "2"})])
+    finding = only(report, "quota-over-limit")
+    assert (finding.namespace, finding.name) == ("ops", "org")
+    assert finding.details == {CORE: {"used": "400", "limit": "300"}, RATIO: {"used": "400", "limit": "300"}}
+    # The root is not on any chain the webhook checks or charges (QuotaTree.chain stops below it).
+    assert report.quota_usage["koordinator-root-quota"][CORE] == {"used": "0", "limit": "100"}
+
+
+def test_quota_at_limit_terminal_pods_unknown_label_and_admission_annotation_are_not_over() -> None:
+    report = audit_objects([
+        eq("team", "team", {"nvidia.com/gpu": "2"}),
+        # max is 1 card, but the admission annotation (the webhook's limit) allows 3.
+        eq("raised", "raised", {"nvidia.com/gpu": "1"},
+           annotations={ADMISSION: json.dumps({CORE: "300", RATIO: "300"})}),
+        pod("at-limit", "team", {"nvidia.com/gpu": "2"}),
+        pod("done", "team", {"nvidia.com/gpu": "4"}, phase="Succeeded"),
+        pod("failed", "team", {"nvidia.com/gpu": "4"}, phase="Failed"),
+        pod("ghost", "team", {"nvidia.com/gpu": "4"}, label="no-such-quota"),
+        pod("r", "raised", {CORE: "300", RATIO: "300"})])
+    assert with_check(report, "quota-over-limit") == []
+    assert report.quota_usage["team"][CORE] == {"used": "200", "limit": "200"}
+    assert report.quota_usage["raised"][RATIO] == {"used": "300", "limit": "300"}
+
+
+# -- pods and workloads ----------------------------------------------------------------------------
+
+def test_pod_legacy_gpu_request() -> None:
+    report = audit_objects([pod("p", "t", {"nvidia.com/gpu": "2"})])
+    finding = only(report, "pod-legacy-gpu-request")
+    rewrite = f'container "c" limits: nvidia.com/gpu: 2 -> {CORE}: 200, {RATIO}: 200'
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (Severity.WARNING, "Pod", "t", "p")
+    assert finding.message == f"the webhook would rewrite: {rewrite}"
+    assert finding.details == {"rewrites": [rewrite]}
+
+
+def test_canonical_and_cpu_pods_have_no_findings() -> None:
+    assert audit_objects([pod("share", "t", {CORE: "50", RATIO: "50"}), pod("cpu", "t", {"cpu": "2"})]).findings == []
+
+
+def test_workload_legacy_gpu_request_for_deployment_and_cronjob() -> None:
+    spec = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    report = audit_objects([
+        {"kind": "Deployment", "metadata": {"name": "d", "namespace": "t"}, "spec": {"template": {"spec": spec}}},
+        {"kind": "CronJob", "metadata": {"name": "cj", "namespace": "t"},
+         "spec": {"jobTemplate": {"spec": {"template": {"spec": spec}}}}}])
+    found = {(f.kind, f.name): f for f in with_check(report, "workload-legacy-gpu-request")}
+    assert set(found) == {("Deployment", "d"), ("CronJob", "cj")}
+    assert found[("CronJob", "cj")].severity == Severity.WARNING
+    assert found[("CronJob", "cj")].message == (
+        f'the webhook would rewrite: container "c" limits: nvidia.com/gpu: 1 -> {CORE}: 100, {RATIO}: 100')
+
+
+def test_canonical_templates_and_unknown_kinds_are_not_workload_findings() -> None:
+    legacy = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    canonical = {"containers": [{"name": "c", "resources": {"limits": {CORE: "100", RATIO: "100"}}}]}
+    report = audit_objects([
+        {"kind": "StatefulSet", "metadata": {"name": "s", "namespace": "t"}, "spec": {"template": {"spec": canonical}}},
+        {"kind": "Rollout", "metadata": {"name": "r", "namespace": "t"}, "spec": {"template": {"spec": legacy}}}])
+    assert report.findings == []
+
+
+def test_pod_invalid_gpu_request_for_a_pod_an_unparseable_quantity_and_a_template() -> None:
+    report = audit_objects([
+        pod("bad", "t", {CORE: "150"}), pod("unparse", "t", {"nvidia.com/gpu": "abc"}),
+        {"kind": "Job", "metadata": {"name": "j", "namespace": "t"}, "spec": {"template": {"spec": {
+            "containers": [{"name": "w", "resources": {"limits": {"koordinator.sh/gpu": "101"}}}]}}}}])
+    found = {(f.kind, f.name): f for f in with_check(report, "pod-invalid-gpu-request")}
+    assert set(found) == {("Pod", "bad"), ("Pod", "unparse"), ("Job", "j")}
+    bad = found[("Pod", "bad")]
+    assert (bad.severity, bad.namespace) == (Severity.ERROR, "t")
+    assert bad.message == (f"invalid resource device requests: [{CORE}]: add a memory request: {RATIO} (percent of a "
+                           'card) or koordinator.sh/gpu-memory (bytes) (asked for by container "c")')
+    assert bad.details == {"rules": ["combination"]}
+    assert found[("Pod", "unparse")].message.startswith("spec.containers[0].resources.limits[nvidia.com/gpu]: ")
+    assert "koordinator.sh/gpu: 101" in found[("Job", "j")].message
+
+
+def test_valid_gpu_requests_are_not_invalid() -> None:
+    report = audit_objects([pod("whole", "t", {CORE: "200", RATIO: "200"}), pod("part", "t", {CORE: "30", RATIO: "30"}),
+                            pod("koord", "t", {"koordinator.sh/gpu": "100"})])
+    assert with_check(report, "pod-invalid-gpu-request") == []
+
+
+# -- ResourceQuotas ------------------------------------------------------------------------------
+
+def test_resourcequota_gpu_bypassed() -> None:
+    report = audit_objects([{"kind": "ResourceQuota", "metadata": {"name": "rq", "namespace": "t"},
+                             "spec": {"hard": {"requests.nvidia.com/gpu": "4", "limits.amd.com/gpu": "2",
+                                               "pods": "10"}}}])
+    finding = only(report, "resourcequota-gpu-bypassed")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (
+        Severity.WARNING, "ResourceQuota", "t", "rq")
+    assert finding.message == ("limits limits.amd.com/gpu, requests.nvidia.com/gpu; after the webhook's rewrite "
+                               "GPU pods no longer request it")
+    assert finding.details == {"keys": ["limits.amd.com/gpu", "requests.nvidia.com/gpu"],
+                               "hard": {"limits.amd.com/gpu": "2", "requests.nvidia.com/gpu": "4"}}
+
+
+def test_resourcequota_on_canonical_or_non_gpu_names_is_not_bypassed() -> None:
+    report = audit_objects([{"kind": "ResourceQuota", "metadata": {"name": "rq", "namespace": "t"},
+                             "spec": {"hard": {f"requests.{CORE}": "400", "pods": "10", "requests.cpu": "4"}}}])
+    assert report.findings == []
+
+
+# -- the pod -> quota binding is the webhook's ---------------------------------------------------
+
+BINDING_OBJECTS: list[dict[str, Any]] = [
+    eq("org", "ops", {CORE: "2000", RATIO: "2000"}, is_parent=True),
+    # Named like its namespace: binds every pod of ns-a, even though "bound" lists ns-a too.
+    eq("ns-a", "ns-a", {"nvidia.com/gpu": "3"}, parent="org"),
+    eq("bound", "ops", {CORE: "1000", RATIO: "1000"}, parent="org",
+       annotations={NAMESPACES: json.dumps(["ns-b", "ns-a"])}),
+    # Lives in team-home but is not named like it and no annotation lists team-home: binds nothing.
+    eq("leaf-in-team-home", "team-home", {CORE: "1000", RATIO: "1000"}),
+    eq("koordinator-default-quota", "koordinator-system", {CORE: "1000", RATIO: "1000"}),
+    pod("a1", "ns-a", {"nvidia.com/gpu": "1"}),
+    pod("b1", "ns-b", {CORE: "50", RATIO: "50"}),
+    pod("d1", "ns-d", {"nvidia.com/gpu": "2"}),
+    pod("h1", "team-home", {"nvidia.com/gpu": "1"}),
+    pod("l1", "ns-d", {"nvidia.com/gpu": "3"}, label="ns-a"),
+    pod("done", "ns-a", {"nvidia.com/gpu": "4"}, phase="Succeeded"),
+    pod("ghost", "ns-a", {"nvidia.com/gpu": "1"}, label="missing"),
+]
+
+
+@pytest.mark.parametrize(("pod_name", "quota", "rule"), [
+    ("a1", "ns-a", "namespace-name"), ("b1", "bound", "namespaces-annotation"),
+    ("d1", "koordinator-default-quota", "default"), ("h1", "koordinator-default-quota", "default"),
+    ("l1", "ns-a", "label"), ("ghost", "missing", "label-not-found")])
+def test_the_fixture_exercises_each_resolve_rule(pod_name: str, quota: str, rule: str) -> None:
+    tree = QuotaTree.build(quota_from_object(o) for o in BINDING_OBJECTS if o["kind"] == "ElasticQuota")
+    record = pod_record(next(o for o in BINDING_OBJECTS if o["metadata"]["name"] == pod_name))
+    resolution = tree.resolve(record.namespace, record.quota_label)
+    assert (resolution.quota, resolution.rule) == (quota, rule)
+
+
+def test_audit_usage_is_the_webhook_usage_for_namespace_name_and_namespaces_annotation() -> None:
+    report = audit_objects(BINDING_OBJECTS, ("quotas",))
+    used = {name: {key: value["used"] for key, value in usage.items()} for name, usage in report.quota_usage.items()}
+    # ns-a: a1 (1 card) via its name + l1 (3 cards) via the label; bound: b1 via the annotation;
+    # the default quota: d1 and h1; org: its two children.
+    assert used == {
+        "org": {CORE: "450", RATIO: "450"},
+        "ns-a": {CORE: "400", RATIO: "400"},
+        "bound": {CORE: "50", RATIO: "50"},
+        "leaf-in-team-home": {CORE: "0", RATIO: "0"},
+        "koordinator-default-quota": {CORE: "300", RATIO: "300"},
+    }
+    # The webhook's quota state, loaded from the same objects, holds the same numbers per quota.
+    state = QuotaState()
+    state.load(BINDING_OBJECTS)
+    for name, usage in report.quota_usage.items():
+        assert {key: value["used"] for key, value in usage.items()} == {
+            key: str(state.usage.used(name).get(key, 0)) for key in usage}, name
+    over = only(report, "quota-over-limit")
+    assert (over.name, over.message) == (
+        "ns-a", f"canonical usage exceeds the limit: {CORE} 400 > 300, {RATIO} 400 > 300")
