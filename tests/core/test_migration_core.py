@@ -1,0 +1,184 @@
+"""``plan_migration`` directly: step order, canonical before/after, blocked plans, revisit items, gate.
+
+The order the code intends (gpuquota_core/migration.py): legacy quotas top-down by depth (name
+breaks ties); with the gate, every quota of a multi-level tree first gets ``add-canonical``
+(legacy keys kept) top-down, and after all of those ``drop-legacy`` runs in exactly the reverse
+order (children before parents). Quotas outside such a tree get one ``convert`` step in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuquota_core.migration import Plan, Step, plan_migration
+from gpuquota_core.quota import QuotaShapeError
+
+CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+MULTI_LEVEL = ("are in a multi-level tree: with ElasticQuotaEnableUpdateResourceKey off Koordinator requires "
+               "identical max keys between parent and child on every update, so these quotas must be changed at "
+               "once (or enable the gate and re-plan)")
+
+
+def eq(name: str, namespace: str, max_: dict[str, str], min_: dict[str, str] | None = None,
+       parent: str | None = None, is_parent: bool = False) -> dict[str, Any]:
+    labels = {"quota.scheduling.koordinator.sh/is-parent": "true" if is_parent else "false"}
+    if parent:
+        labels["quota.scheduling.koordinator.sh/parent"] = parent
+    return {"kind": "ElasticQuota", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"max": max_, "min": min_ or {}}}
+
+
+def canonical(percent: str, **extra: str) -> dict[str, str]:
+    return {CORE: percent, RATIO: percent, **extra}
+
+
+def order(plan: Plan) -> list[tuple[str, str]]:
+    return [(step.phase, step.quota) for step in plan.steps]
+
+
+# org (8 cards, min 4) > dept (6) > team-a (3, min 0.5, cpu 8), team-b (2); solo (1 AMD card) alone.
+TREE: list[dict[str, Any]] = [
+    eq("team-b", "b", {"nvidia.com/gpu": "2"}, parent="dept"),
+    eq("org", "ops", {"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "4"}, is_parent=True),
+    eq("team-a", "a", {"nvidia.com/gpu": "3", "cpu": "8"}, {"nvidia.com/gpu": "500m"}, parent="dept"),
+    eq("solo", "solo", {"amd.com/gpu": "1"}),
+    eq("dept", "ops", {"nvidia.com/gpu": "6"}, parent="org", is_parent=True),
+    eq("done", "done", canonical("100")),
+]
+
+
+def test_one_quota_converts_in_one_step_in_canonical_units() -> None:
+    plan = plan_migration([eq("team", "team", {"nvidia.com/gpu": "4", "cpu": "16"}, {"nvidia.com/gpu": "2"})])
+    assert plan.steps == [Step("team", "team", "convert",
+                               {"min": {"nvidia.com/gpu": "2"}, "max": {"cpu": "16", "nvidia.com/gpu": "4"}},
+                               {"min": canonical("200"), "max": canonical("400", cpu="16")})]
+    assert (plan.blocked, plan.revisit) == ([], [])
+
+
+def test_canonical_quotas_need_no_step() -> None:
+    plan = plan_migration([eq("done", "done", canonical("100")), eq("cpu", "cpu", {"cpu": "4"})])
+    assert plan.as_dict() == {"steps": [], "blocked": [], "revisit": []}
+
+
+def test_gate_on_adds_top_down_then_drops_in_exact_reverse_order() -> None:
+    plan = plan_migration(TREE, update_resource_key_gate=True)
+    assert order(plan) == [
+        ("add-canonical", "org"), ("convert", "solo"), ("add-canonical", "dept"),
+        ("add-canonical", "team-a"), ("add-canonical", "team-b"),
+        ("drop-legacy", "team-b"), ("drop-legacy", "team-a"), ("drop-legacy", "dept"), ("drop-legacy", "org")]
+    assert plan.blocked == []
+    adds = [s.quota for s in plan.steps if s.phase == "add-canonical"]
+    drops = [s.quota for s in plan.steps if s.phase == "drop-legacy"]
+    assert drops == list(reversed(adds))
+
+
+def test_gate_on_before_and_after_of_every_phase() -> None:
+    steps = {(s.phase, s.quota): s for s in plan_migration(TREE, update_resource_key_gate=True).steps}
+    add_org, drop_org = steps[("add-canonical", "org")], steps[("drop-legacy", "org")]
+    assert add_org.before == {"min": {"nvidia.com/gpu": "4"}, "max": {"nvidia.com/gpu": "8"}}
+    # add-canonical: legacy keys kept in max and min untouched, canonical max keys added.
+    assert add_org.after == {"min": {"nvidia.com/gpu": "4"}, "max": canonical("800", **{"nvidia.com/gpu": "8"})}
+    # drop-legacy starts where add-canonical ended and ends fully canonical (min too).
+    assert drop_org.before == add_org.after
+    assert drop_org.after == {"min": canonical("400"), "max": canonical("800")}
+    drop_a = steps[("drop-legacy", "team-a")]
+    assert drop_a.before == {"min": {"nvidia.com/gpu": "500m"},
+                             "max": canonical("300", cpu="8", **{"nvidia.com/gpu": "3"})}
+    assert drop_a.after == {"min": canonical("50"), "max": canonical("300", cpu="8")}
+    assert steps[("convert", "solo")].after == {"min": {}, "max": canonical("100")}
+    assert ("convert", "done") not in steps and ("add-canonical", "done") not in steps
+
+
+def test_gate_on_keeps_child_max_keys_within_the_parent_at_every_step() -> None:
+    plan = plan_migration(TREE, update_resource_key_gate=True)
+    parent_of = {"dept": "org", "team-a": "dept", "team-b": "dept"}
+    keys = {o["metadata"]["name"]: set(o["spec"]["max"]) for o in TREE}
+    for step in plan.steps:
+        assert set(step.before["max"]) == keys[step.quota]  # each step starts from the previous state
+        keys[step.quota] = set(step.after["max"])
+        for child, parent in parent_of.items():
+            assert keys[child] - {"cpu"} <= keys[parent], (step, child)
+    assert {name: keys[name] - {"cpu"} for name in parent_of} == {name: {CORE, RATIO} for name in parent_of}
+
+
+def test_gate_off_blocks_the_tree_and_lists_its_quotas_top_down() -> None:
+    plan = plan_migration(TREE)
+    assert plan.blocked == [f"quotas org, dept, team-a, team-b {MULTI_LEVEL}"]
+    # The steps still say what would change, each as one convert, top-down.
+    assert order(plan) == [("convert", "org"), ("convert", "solo"), ("convert", "dept"),
+                           ("convert", "team-a"), ("convert", "team-b")]
+    assert plan.steps[0].after == {"min": canonical("400"), "max": canonical("800")}
+
+
+def test_gate_off_a_legacy_leaf_under_a_canonical_parent_converts_in_one_step() -> None:
+    plan = plan_migration([eq("org", "ops", canonical("800"), is_parent=True),
+                           eq("team", "team", {"nvidia.com/gpu": "2"}, parent="org")])
+    assert plan.blocked == []
+    assert plan.steps == [Step("team", "team", "convert", {"min": {}, "max": {"nvidia.com/gpu": "2"}},
+                               {"min": {}, "max": canonical("200")})]
+
+
+def test_gate_off_a_legacy_parent_of_canonical_children_is_blocked() -> None:
+    plan = plan_migration([eq("org", "ops", {"nvidia.com/gpu": "8"}, is_parent=True),
+                           eq("team", "team", canonical("200"), parent="org")])
+    assert plan.blocked == [f"quotas org {MULTI_LEVEL}"]
+    gated = plan_migration([eq("org", "ops", {"nvidia.com/gpu": "8"}, is_parent=True),
+                            eq("team", "team", canonical("200"), parent="org")], update_resource_key_gate=True)
+    assert order(gated) == [("add-canonical", "org"), ("drop-legacy", "org")]
+
+
+def test_usage_over_the_canonical_limit_blocks_the_plan() -> None:
+    # team: 2 cards = 200; pods ask 3 cards (legacy) = 300. other: canonical and over too, but
+    # not migrated, so it does not block this plan.
+    objects = [eq("team", "team", {"nvidia.com/gpu": "2"}), eq("other", "other", canonical("100")),
+               {"kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}},
+               {"kind": "Pod", "metadata": {"name": "q", "namespace": "x", "labels": {QUOTA_LABEL: "other"}},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": canonical("200")}}]}}]
+    for gate in (False, True):
+        plan = plan_migration(objects, update_resource_key_gate=gate)
+        assert plan.blocked == [f"quota team: canonical usage exceeds the limit: {CORE} 300 > 200, {RATIO} 300 > 200; "
+                                "raise the limit before migrating"]
+        assert order(plan) == [("convert", "team")]
+
+
+def test_usage_at_the_limit_and_finished_pods_do_not_block() -> None:
+    objects = [eq("team", "team", {"nvidia.com/gpu": "2"}),
+               {"kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}},
+               {"kind": "Pod", "metadata": {"name": "old", "namespace": "team"}, "status": {"phase": "Succeeded"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}]
+    assert plan_migration(objects).blocked == []
+
+
+def test_revisit_lists_workloads_and_resourcequotas_but_not_pods() -> None:
+    objects = [eq("team", "team", {"nvidia.com/gpu": "2"}),
+               {"kind": "ResourceQuota", "metadata": {"name": "rq", "namespace": "team"},
+                "spec": {"hard": {"limits.nvidia.com/gpu": "2"}}},
+               {"kind": "Deployment", "metadata": {"name": "train", "namespace": "team"},
+                "spec": {"template": {"spec": {"containers": [
+                    {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}},
+               {"kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}]
+    assert plan_migration(objects).revisit == [
+        {"kind": "Deployment", "namespace": "team", "name": "train", "check": "workload-legacy-gpu-request",
+         "message": f'the webhook would rewrite: container "main" limits: nvidia.com/gpu: 1 -> {CORE}: 100, '
+                    f"{RATIO}: 100"},
+        {"kind": "ResourceQuota", "namespace": "team", "name": "rq", "check": "resourcequota-gpu-bypassed",
+         "message": "limits limits.nvidia.com/gpu; after the webhook's rewrite GPU pods no longer request it"}]
+
+
+def test_as_dict_is_plain_data() -> None:
+    plan = plan_migration([eq("team", "team", {"nvidia.com/gpu": "1"})])
+    assert plan.as_dict() == {"steps": [{"quota": "team", "namespace": "team", "phase": "convert",
+                                         "before": {"min": {}, "max": {"nvidia.com/gpu": "1"}},
+                                         "after": {"min": {}, "max": canonical("100")}}],
+                              "blocked": [], "revisit": []}
+
+
+def test_an_unreadable_quota_is_an_error_naming_it() -> None:
+    with pytest.raises(QuotaShapeError, match=r"^ElasticQuota bad: spec\.max\[nvidia\.com/gpu\]: "):
+        plan_migration([eq("bad", "bad", {"nvidia.com/gpu": "lots"})])
