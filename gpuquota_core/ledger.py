@@ -2,16 +2,22 @@
 
 Between the admission answer and the pod appearing in the watch, concurrent admissions would
 otherwise all see the same free room. A reservation is charged to the quotas of the pod's chain
-at once and released when the watched pod appears (the pod then counts instead) or when it expires
-(a later webhook refused the pod, or the create never landed). The clock is passed in.
+at once and released when the watch shows the admitted pod (it then counts instead) or when it
+expires (a later webhook refused the pod, or the create never landed). The clock is passed in.
+
+A reservation is confirmed only by the very pod it was made for: same namespace/name, same
+``metadata.uid`` (the API server assigns it before validating admission runs), charged to the same
+leaf quota, asking at least what was admitted. Anything else the watch shows under that name, the
+old pod of a delete-and-recreate or the old version of a relabelled pod, leaves the reservation
+in place, so the room is never handed out twice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .quantity import Quantity
+from .quantity import ZERO, Quantity
 from .resources import ResourceList, add_lists, subtract_lists
 
 DEFAULT_TTL_SECONDS = 30.0
@@ -22,8 +28,21 @@ class Reservation:
     pod_key: str  # namespace/name: what the watch will show
     admission_uid: str
     quotas: tuple[str, ...]  # leaf first, every ancestor charged too
-    requests: ResourceList
+    requests: ResourceList  # the admitted pod's full canonical requests
     expires_at: float
+    pod_uid: str = ""  # metadata.uid at admission; "" when the caller did not know it
+    # Per quota, what the ledger holds for it; defaults to ``requests`` everywhere (a CREATE).
+    charges: Mapping[str, ResourceList] = field(default_factory=dict)
+
+    def charge_of(self, quota: str) -> ResourceList:
+        return self.charges.get(quota, self.requests) if self.charges else self.requests
+
+    def confirmed_by(self, pod_uid: str, charged_to: tuple[str, ...], requests: Mapping[str, Quantity]) -> bool:
+        if self.pod_uid and pod_uid != self.pod_uid:
+            return False
+        if charged_to[:1] != self.quotas[:1]:
+            return False
+        return all(requests.get(name, ZERO) >= asked for name, asked in self.requests.items())
 
 
 class ReservationLedger:
@@ -36,21 +55,31 @@ class ReservationLedger:
         return len(self._by_pod)
 
     def reserve(self, pod_key: str, admission_uid: str, quotas: tuple[str, ...],
-                requests: Mapping[str, Quantity], now: float) -> Reservation:
+                requests: Mapping[str, Quantity], now: float, *, pod_uid: str = "",
+                charges: Mapping[str, ResourceList] | None = None) -> Reservation:
         """Charge a pod; a retried admission of the same pod replaces its earlier reservation."""
         self.release(pod_key)
-        reservation = Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds)
+        reservation = Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds,
+                                  pod_uid, dict(charges or {}))
         self._by_pod[pod_key] = reservation
         for quota in quotas:
-            self._used[quota] = add_lists(self._used.get(quota, {}), reservation.requests)
+            self._used[quota] = add_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation
 
     def release(self, pod_key: str) -> Reservation | None:
         reservation = self._by_pod.pop(pod_key, None)
         if reservation is not None:
             for quota in reservation.quotas:
-                self._used[quota] = subtract_lists(self._used.get(quota, {}), reservation.requests)
+                self._used[quota] = subtract_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation
+
+    def confirm(self, pod_key: str, pod_uid: str, charged_to: tuple[str, ...],
+                requests: Mapping[str, Quantity]) -> Reservation | None:
+        """Release the reservation of ``pod_key`` if the watched pod is the one it was made for."""
+        reservation = self._by_pod.get(pod_key)
+        if reservation is None or not reservation.confirmed_by(pod_uid, charged_to, requests):
+            return None
+        return self.release(pod_key)
 
     def expire(self, now: float) -> list[Reservation]:
         expired = [r for r in self._by_pod.values() if r.expires_at <= now]

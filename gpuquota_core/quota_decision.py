@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .ledger import ReservationLedger
 from .quantity import ZERO, Quantity
-from .quota import QuotaTree, UsageIndex, check_chain
+from .quota import QuotaTree, UsageIndex, charges_for_chain, check_chain
 from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists
 
 QUOTA_EXCEEDED = "QuotaExceeded"
@@ -32,6 +32,9 @@ class PodQuotaRequest:
 class Decision:
     allowed: bool
     quotas: tuple[str, ...] = ()  # chain to charge when allowed (leaf first)
+    # Per quota of the chain, what admitting adds there (less than the request where an UPDATE's
+    # old version is already counted).
+    charges: dict[str, ResourceList] = field(default_factory=dict)
     message: str = ""
     reason: str = ""
     code: int = 200
@@ -69,20 +72,29 @@ def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: P
                     f"converted to koordinator.sh/gpu-memory-ratio (no GPU model mapping), but quota "
                     f"{tree.quotas[name].ref} limits gpu-memory-ratio: request koordinator.sh/gpu-memory-ratio "
                     f"instead, or add a model mapping to the conversion config"), reason=UNKNOWN_GPU_MEMORY, code=403)
-    request = pod.requests
-    if old is not None:
-        # An UPDATE that stays in the same quota is charged only for what it adds; the old pod already counts.
-        same = tree.resolve(old.namespace, old.quota_label) == resolution
-        if same:
-            request = {n: q - old.requests.get(n, ZERO) for n, q in pod.requests.items()
-                       if q > old.requests.get(n, ZERO)}
+    counted = _counted_by_old_version(tree, old)
     used: dict[str, ResourceList] = {name: add_lists(usage.used(name), ledger.used(name)) for name in chain}
-    exceeded = check_chain(tree, leaf.name, request, used)
+    exceeded = check_chain(tree, leaf.name, pod.requests, used, counted)
     if exceeded:
         first = exceeded[0]
-        return Decision(False, message=first.message, reason=QUOTA_EXCEEDED, code=403,
+        # A quota naming both GPU families is judged by the stricter spelling; say so, or the
+        # user sees a limit that matches neither number they wrote.
+        notes = [note.message for note in tree.limit(first.quota.name)[1]
+                 if note.message.split(" ", 1)[0] in first.limited]
+        message = first.message + "".join(f"; {note}" for note in notes)
+        return Decision(False, message=message, reason=QUOTA_EXCEEDED, code=403,
                         details={"quota": first.quota.ref})
-    return Decision(True, quotas=chain)
+    return Decision(True, quotas=chain, charges=charges_for_chain(chain, pod.requests, counted))
+
+
+def _counted_by_old_version(tree: QuotaTree, old: PodQuotaRequest | None) -> dict[str, ResourceList]:
+    """What the old version of an UPDATE already takes in each quota of its own chain."""
+    if old is None:
+        return {}
+    resolution = tree.resolve(old.namespace, old.quota_label)
+    if resolution.quota is None or resolution.rule == "label-not-found":
+        return {}
+    return {quota.name: old.requests for quota in tree.chain(resolution.quota)}
 
 
 def requests_of(strings: Mapping[str, str]) -> ResourceList:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuquota_core.ledger import ReservationLedger
-from gpuquota_core.quota import QuotaTree, UsageIndex, quota_from_object
+from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, requests_of
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -95,3 +95,41 @@ def test_label_change_into_full_quota_is_refused() -> None:
     assert admit(tree, usage, ledger, pod("b1", "200", label="team-b")).allowed
     denied = decide(tree, usage, ledger, pod("p", "100", label="team-b"), old=pod("p", "100"))
     assert not denied.allowed and denied.message.startswith("exceeded quota: team/team-b,")
+
+
+def test_moving_between_siblings_under_a_full_parent_charges_only_the_new_leaf() -> None:
+    tree, usage, ledger = world()
+    # org (300) is full: team-a holds 200, team-b 100.
+    assert admit(tree, usage, ledger, pod("a1", "200")).allowed
+    assert admit(tree, usage, ledger, pod("b1", "100", label="team-b")).allowed
+    usage.upsert(_record("a1", "200", "team-a"))
+    ledger.release("team/a1")
+    moved = decide(tree, usage, ledger, pod("a1", "100", label="team-b"), old=pod("a1", "200"))
+    assert moved.allowed
+    ratio = requests_of({RATIO: "100"})
+    assert moved.charges == {"team-b": ratio, "org": {}}
+
+
+def test_growth_in_place_is_charged_only_for_what_it_adds() -> None:
+    tree, usage, ledger = world()
+    usage.upsert(_record("a1", "150", "team-a"))
+    grown = decide(tree, usage, ledger, pod("a1", "200"), old=pod("a1", "150"))
+    assert grown.allowed and grown.charges == {"team-a": requests_of({RATIO: "50"}), "org": requests_of({RATIO: "50"})}
+    too_much = decide(tree, usage, ledger, pod("a1", "250"), old=pod("a1", "150"))
+    assert too_much.message == (f"exceeded quota: team/team-a, requested: {RATIO}=100, used: {RATIO}=150, "
+                                f"limited: {RATIO}=200")
+
+
+def test_quota_naming_both_families_is_judged_by_the_stricter_and_says_so() -> None:
+    tree = QuotaTree.build([quota("mixed", "team", {"nvidia.com/gpu": "2", RATIO: "300"})])
+    usage, ledger = UsageIndex(tree), ReservationLedger()
+    assert admit(tree, usage, ledger, pod("p1", "200", label="mixed")).allowed
+    denied = decide(tree, usage, ledger, pod("p2", "1", label="mixed"))
+    assert denied.message == (
+        f"exceeded quota: team/mixed, requested: {RATIO}=1, used: {RATIO}=200, limited: {RATIO}=200; "
+        f"{RATIO} is limited by {RATIO} and nvidia.com/gpu ({RATIO}=300, nvidia.com/gpu=200); "
+        f"the stricter value 200 applies")
+
+
+def _record(name: str, ratio: str, label: str) -> PodRecord:
+    return PodRecord("team", name, "uid-" + name, label, requests_of({RATIO: ratio}))
