@@ -1,88 +1,99 @@
 """Live mode: list+watch pods and ElasticQuotas into a QuotaState, with raw JSON decoding.
 
-Each kind runs its own loop: list (full replace), then watch from the list's resourceVersion;
-410 Gone or any error leads to a re-list after a bounded backoff.
+Each kind runs its own loop: list (full replace), then watch from the list's resourceVersion,
+again and again; a 410 Gone re-lists at once, any other error re-lists after a bounded backoff.
+While it fails the state keeps answering from what it last saw (``QuotaState.sync_failed``)
+until the staleness bound makes ``/readyz`` fail.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-from kubernetes import client, config
+from kubernetes import client
 
-from .quota_state import QuotaState
+from kubeaccess.kube import connect
+
+from . import quota_metrics as metrics
+from .quota_state import KINDS, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 EQ_GROUP, EQ_VERSION, EQ_PLURAL = "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas"
+# The server ends each watch after this long and the loop starts the next one from the last
+# resourceVersion seen: a quiet way to notice a silently dead connection.
 WATCH_SECONDS = 300
+MAX_BACKOFF_SECONDS = 30.0
+
+Lister = Callable[..., Any]
 
 
-def api_client(kubeconfig: Path | None, context: str | None) -> Any:
-    if kubeconfig is None:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    return config.new_client_from_config(config_file=str(kubeconfig), context=context)  # type: ignore[no-untyped-call]
-
-
-def _lister(api: Any, kind: str) -> Callable[..., Any]:
+def lister_for(api: client.ApiClient, kind: str) -> Lister:
     if kind == "Pod":
         return client.CoreV1Api(api).list_pod_for_all_namespaces
     custom = client.CustomObjectsApi(api)
     return lambda **kw: custom.list_cluster_custom_object(EQ_GROUP, EQ_VERSION, EQ_PLURAL, **kw)
 
 
-def sync_kind(state: QuotaState, api: Any, kind: str, stop: threading.Event) -> None:
-    lister = _lister(api, kind)
-    backoff = 0.5
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): only a new list can continue."""
+
+
+def sync_kind(state: QuotaState, lister: Lister, kind: str, stop: threading.Event,
+              watch_seconds: int = WATCH_SECONDS, initial_backoff: float = 0.5) -> None:
+    backoff = initial_backoff
+    reason = "initial"
     while not stop.is_set():
         try:
+            metrics.RELISTS.labels(kind, reason).inc()
             listed = orjson.loads(lister(_preload_content=False).data)
-            for item in listed.get("items", []):
+            items = listed.get("items") or []
+            for item in items:
                 item.setdefault("kind", kind)
-            state.replace_kind(kind, listed.get("items", []))
+            state.replace_kind(kind, items)
             version = listed["metadata"]["resourceVersion"]
-            backoff = 0.5
+            backoff = initial_backoff
             while not stop.is_set():
-                version = _watch_once(state, lister, kind, version)
-        except _Gone:
+                version = watch_once(state, lister, kind, version, watch_seconds)
+        except WatchExpired:
+            reason = "gone"
             continue
         except Exception as error:  # any failure: log, back off, re-list
+            reason = "error"
+            state.sync_failed(kind)
             log.warning("quota sync of %s failed, re-listing in %.1fs: %s", kind, backoff, error)
             stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
 
-class _Gone(Exception):
-    pass
-
-
-def _watch_once(state: QuotaState, lister: Callable[..., Any], kind: str, version: str) -> str:
+def watch_once(state: QuotaState, lister: Lister, kind: str, version: str,
+               watch_seconds: int = WATCH_SECONDS) -> str:
+    """Apply one watch stream's events; returns the resourceVersion to continue from."""
     response = lister(watch=True, resource_version=version, allow_watch_bookmarks=True,
-                      timeout_seconds=WATCH_SECONDS, _preload_content=False)
+                      timeout_seconds=watch_seconds, _preload_content=False)
     try:
-        for line in response.stream_lines() if hasattr(response, "stream_lines") else _lines(response):
+        for line in _lines(response):
             if not line.strip():
                 continue
             event = orjson.loads(line)
-            obj = event.get("object", {})
+            obj = event.get("object") or {}
             if event.get("type") == "ERROR":
                 if obj.get("code") == 410:
-                    raise _Gone()
+                    raise WatchExpired(obj.get("message", "resourceVersion too old"))
                 raise RuntimeError(f"watch error: {obj.get('message')}")
-            version = obj.get("metadata", {}).get("resourceVersion", version)
-            if event.get("type") != "BOOKMARK":
-                state.apply_event(kind, event["type"], obj)
+            version = (obj.get("metadata") or {}).get("resourceVersion", version)
+            obj.setdefault("kind", kind)
+            state.apply_event(kind, event["type"], obj)
     finally:
         response.release_conn()
     return version
 
 
-def _lines(response: Any) -> Any:
+def _lines(response: Any) -> Iterator[bytes]:
     buffer = b""
     for chunk in response.stream(65536):
         buffer += chunk
@@ -93,9 +104,11 @@ def _lines(response: Any) -> Any:
         yield buffer
 
 
-def start_live_sync(state: QuotaState, kubeconfig: Path | None, context: str | None) -> threading.Event:
+def start_live_sync(state: QuotaState, kubeconfig: Path | None, context: str | None,
+                    watch_seconds: int = WATCH_SECONDS) -> threading.Event:
     stop = threading.Event()
-    api = api_client(kubeconfig, context)
-    for kind in ("Pod", "ElasticQuota"):
-        threading.Thread(target=sync_kind, args=(state, api, kind, stop), daemon=True, name=f"sync-{kind}").start()
+    api = connect(str(kubeconfig) if kubeconfig else None, context)
+    for kind in KINDS:
+        threading.Thread(target=sync_kind, args=(state, lister_for(api, kind), kind, stop, watch_seconds),
+                         daemon=True, name=f"sync-{kind}").start()
     return stop

@@ -1,16 +1,19 @@
 """The quota service: one process per server instance, serving decisions over a Unix socket.
 
-Started from the gunicorn master (``start_shared_services``) with multiprocessing ``spawn``, so
-no gunicorn state is inherited and workers forked later do not copy it. It exits when the master
-does: it watches its parent pid and stops when it changes.
+Started from the gunicorn master (``start_shared_services``) as a fresh interpreter
+(``python -m webhook.quota_service``), so no gunicorn state is inherited and workers forked later
+share nothing with it but the socket path. It exits when the master does: it watches its parent
+pid and stops when it changes.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import asdict
@@ -84,16 +87,17 @@ def serve(state: QuotaState, path: Path, stop: threading.Event | None = None) ->
     return listener
 
 
-def _service_main(path: str, state_path: str | None, kubeconfig: str | None, context: str | None,
-                  parent_pid: int) -> None:
+def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
+                parent_pid: int) -> None:
+    """The service process's main: serve, load or start syncing, and exit when the parent does."""
     state = QuotaState()
-    serve(state, Path(path))
+    serve(state, path)
     if state_path is not None:
-        state.load(load_objects(state_path))
+        state.load(load_objects(str(state_path)))
     else:
         from .cluster_state import start_live_sync
 
-        start_live_sync(state, Path(kubeconfig) if kubeconfig else None, context)
+        start_live_sync(state, kubeconfig, context)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     stopped = threading.Event()
     while os.getppid() == parent_pid:
@@ -101,11 +105,35 @@ def _service_main(path: str, state_path: str | None, kubeconfig: str | None, con
 
 
 def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,
-                          kube_context: str | None = None) -> multiprocessing.process.BaseProcess:
-    """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one)."""
-    spawn = multiprocessing.get_context("spawn")
-    args = (str(path), str(state_path) if state_path else None, str(kubeconfig) if kubeconfig else None,
-            kube_context, os.getpid())
-    process = spawn.Process(target=_service_main, args=args, daemon=True, name="gpuquota-quota")
-    process.start()
-    return process
+                          kube_context: str | None = None) -> subprocess.Popen[bytes]:
+    """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one).
+
+    A fresh interpreter rather than multiprocessing: gunicorn forks its workers from this
+    process, and multiprocessing's bookkeeping of children would be copied into every worker
+    (whose exit hook then tries to join a process that is not its own).
+    """
+    command = [sys.executable, "-m", "webhook.quota_service", "--socket", str(path), "--parent-pid", str(os.getpid())]
+    if state_path is not None:
+        command += ["--state", str(state_path)]
+    if kubeconfig is not None:
+        command += ["--kubeconfig", str(kubeconfig)]
+    if kube_context is not None:
+        command += ["--context", kube_context]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m webhook.quota_service",
+                                     description="the quota service of one webhook server instance")
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--state", type=Path)
+    parser.add_argument("--kubeconfig", type=Path)
+    parser.add_argument("--context")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid)
+
+
+if __name__ == "__main__":
+    main()

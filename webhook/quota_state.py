@@ -11,6 +11,7 @@ from gpuquota_core.ledger import ReservationLedger
 from gpuquota_core.migration import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from gpuquota_core.quota import (
     POD_QUOTA_LABEL,
+    PodRecord,
     QuotaTree,
     UsageIndex,
     pod_is_counted,
@@ -21,18 +22,28 @@ from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, r
 from gpuquota_core.quota_review import review_quota
 from gpuquota_core.resources import add_lists
 
+from . import quota_metrics as metrics
 from .quota_port import ALLOW, PodAdmission, Verdict
+
+KINDS = ("Pod", "ElasticQuota")
+# How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
+# fails. Longer than a control-plane rolling restart, shorter than the time in which a cluster's
+# quota usage drifts far from what was last seen.
+DEFAULT_STALE_AFTER_SECONDS = 120.0
 
 
 class QuotaState:
-    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = 30.0) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = 30.0,
+                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS) -> None:
         self._lock = threading.Lock()  # every decision and every state change is serialised
         self._clock = clock
         self.tree = QuotaTree()
         self.usage = UsageIndex(self.tree)
         self.ledger = ReservationLedger(ttl_seconds)
         self.synced = False
+        self.stale_after_seconds = stale_after_seconds
         self._listed_kinds: set[str] = set()
+        self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace the whole state (offline manifests, or a full re-list)."""
@@ -40,12 +51,13 @@ class QuotaState:
         with self._lock:
             tree = QuotaTree.build(quota_from_object(o) for o in objects if o.get("kind") == "ElasticQuota")
             usage = UsageIndex(tree)
+            self.tree, self.usage = tree, usage
             for obj in objects:
-                if obj.get("kind") == "Pod" and pod_is_counted(obj):
-                    record = pod_record(obj)
-                    usage.upsert(record)
-                    self.ledger.release(record.key)
-            self.tree, self.usage, self.synced = tree, usage, True
+                if obj.get("kind") == "Pod":
+                    self._upsert_pod(obj)
+            self._listed_kinds.update(KINDS)
+            self.synced = True
+            self._publish()
 
     def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
@@ -62,25 +74,48 @@ class QuotaState:
                 for record in records:
                     self.usage.upsert(record)
             self._listed_kinds.add(kind)
-            self.synced = {"Pod", "ElasticQuota"} <= self._listed_kinds
+            self.synced = set(KINDS) <= self._listed_kinds
+            self._contact(kind)
+            self._publish()
 
     def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event, applied incrementally (cheap: only the fields the decision needs)."""
         with self._lock:
+            self._contact(kind)
+            metrics.WATCH_EVENTS.labels(kind, event_type).inc()
+            if event_type == "BOOKMARK":
+                return
             if kind == "Pod":
                 metadata = obj.get("metadata") or {}
                 key = f"{metadata.get('namespace')}/{metadata.get('name')}"
                 if event_type == "DELETED" or not pod_is_counted(obj):
-                    self.usage.discard(key)
+                    current = self.usage.get(key)
+                    # Only the pod that is there: a delete of an older pod of the same name must
+                    # not drop a newer one that the watch has already shown.
+                    if current is None or not current.uid or current.uid == str(metadata.get("uid") or ""):
+                        self.usage.discard(key)
                 else:
                     self._upsert_pod(obj)
-                return
-            quota = quota_from_object(obj)
-            if event_type == "DELETED":
-                self.tree.remove(quota.name)
             else:
-                self.tree.upsert(quota)
-            self.usage.rebuild()
+                quota = quota_from_object(obj)
+                moved = self.tree.remove(quota.name) if event_type == "DELETED" else self.tree.upsert(quota)
+                if moved:
+                    self.usage.rebuild()
+            self._publish()
+
+    def sync_failed(self, kind: str) -> None:
+        """The list or watch of ``kind`` broke; decisions go on from the last state until it is stale."""
+        with self._lock:
+            self._failing_since.setdefault(kind, self._clock())
+            self._publish()
+
+    def _contact(self, kind: str) -> None:
+        self._failing_since.pop(kind, None)
+        metrics.LAST_CONTACT.labels(kind).set(time.time())
+
+    def _stale_kinds(self) -> list[str]:
+        now = self._clock()
+        return sorted(kind for kind, since in self._failing_since.items() if now - since > self.stale_after_seconds)
 
     def _upsert_pod(self, obj: Mapping[str, Any]) -> None:
         if not pod_is_counted(obj):
@@ -90,10 +125,38 @@ class QuotaState:
         except ValueError:
             return  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
         self.usage.upsert(record)
-        self.ledger.release(record.key)  # the watched pod now counts instead of its reservation
+        self._confirm(record)
+
+    def _confirm(self, record: PodRecord) -> None:
+        # The watched pod now counts instead of its reservation, if it is the admitted one.
+        self.ledger.confirm(record.key, record.uid, self.usage.charged_to(record.key), record.requests)
+
+    def _watched(self, admission: PodAdmission) -> bool:
+        """Whether the pod being updated already counts in the usage (so only growth is new).
+
+        Not yet, when its create is still only a reservation: then the update is charged in full
+        and replaces that reservation, never less than what the pod will end up taking.
+        """
+        record = self.usage.get(f"{admission.namespace}/{admission.name}")
+        return record is not None and (not admission.pod_uid or record.uid in ("", admission.pod_uid))
+
+    def _publish(self) -> None:
+        metrics.SYNCED.set(1 if self.synced else 0)
+        metrics.STALE.set(1 if self._stale_kinds() else 0)
+        metrics.OBJECTS.labels("Pod").set(len(self.usage))
+        metrics.OBJECTS.labels("ElasticQuota").set(len(self.tree.quotas))
+        metrics.RESERVATIONS.set(len(self.ledger))
 
     def ready(self) -> tuple[bool, str]:
-        return (True, "quota state synced") if self.synced else (False, "quota state not synced yet")
+        with self._lock:
+            if not self.synced:
+                return False, "quota state not synced yet"
+            stale = self._stale_kinds()
+            metrics.STALE.set(1 if stale else 0)
+            if stale:
+                return False, (f"quota state is stale: the list/watch of {', '.join(stale)} has been failing "
+                               f"for more than {self.stale_after_seconds:g}s")
+            return True, "quota state synced"
 
     def review_elasticquota(self, quota: Mapping[str, Any]) -> Verdict:
         """Refuse invalid quotas; warn on legacy names and on a max below current usage."""
@@ -118,13 +181,19 @@ class QuotaState:
                 return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady")
             if old is not None and not needs_check(new, old, self.tree):
                 return ALLOW
-            self.ledger.expire(self._clock())
-            decision = decide(self.tree, self.usage, self.ledger, new, old)
+            expired = self.ledger.expire(self._clock())
+            if expired:
+                metrics.RESERVATIONS_EXPIRED.inc(len(expired))
+            decision = decide(self.tree, self.usage, self.ledger, new, old if self._watched(admission) else None)
             if not decision.allowed:
                 return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details)
-            if not admission.dry_run and admission.operation == "CREATE":
+            if not admission.dry_run and decision.quotas:
+                # CREATE and UPDATE alike: until the watch shows this version of the pod, what it
+                # adds (a relabel's new leaf, a resize's growth) is held here.
                 self.ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
-                                    new.requests, self._clock())
+                                    new.requests, self._clock(), pod_uid=admission.pod_uid,
+                                    charges=decision.charges)
+            metrics.RESERVATIONS.set(len(self.ledger))
             return ALLOW
 
 

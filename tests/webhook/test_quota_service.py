@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota_core.quantity import Quantity
+from gpuquota_core.quota import quota_from_object
 from webhook.quota_client import QuotaClient
 from webhook.quota_port import PodAdmission
 from webhook.quota_service import serve
@@ -88,3 +90,58 @@ def test_elasticquota_review_through_socket(client: QuotaClient) -> None:
     mixed = {"metadata": {"name": "m", "namespace": "team"}, "spec": {"max": {RATIO: "200", "nvidia.com/gpu": "2"}}}
     refused = client.review_elasticquota("CREATE", mixed, None, False)
     assert not refused.allowed and refused.code == 422 and "gpuquota migrate" in refused.message
+
+
+def pod_object(name: str, uid: str, ratio: str, quota: str = "team-a") -> dict[str, object]:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team", "uid": uid,
+                                        "labels": {"quota.scheduling.koordinator.sh/name": quota}},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {RATIO: ratio}}}]},
+            "status": {"phase": "Pending"}}
+
+
+def test_recreated_pod_keeps_its_reservation_until_the_new_pod_is_watched() -> None:
+    state = QuotaState()
+    state.load([QUOTA, pod_object("p", "old-uid", "600")])
+    # "p" is deleted and created again at once; the new one is admitted before the watch catches up.
+    new = PodAdmission(uid="adm", operation="CREATE", namespace="team", name="p", pod_uid="new-uid",
+                       labels={"quota.scheduling.koordinator.sh/name": "team-a"}, canonical_requests={RATIO: "400"})
+    assert state.admit_pod(new).allowed
+    # Late events of the old pod must neither release the new reservation nor drop a newer record.
+    state.apply_event("Pod", "MODIFIED", pod_object("p", "old-uid", "600"))
+    assert len(state.ledger) == 1
+    state.apply_event("Pod", "DELETED", pod_object("p", "old-uid", "600"))
+    assert len(state.ledger) == 1
+    assert not state.admit_pod(admission("other", "700")).allowed  # 400 reserved of 1000
+    state.apply_event("Pod", "ADDED", pod_object("p", "new-uid", "400"))
+    assert len(state.ledger) == 0 and state.usage.used("team-a")[RATIO] == Quantity.parse("400")
+    # A DELETED of the old pod arriving after the new one's ADDED leaves the new one counted.
+    state.apply_event("Pod", "DELETED", pod_object("p", "old-uid", "600"))
+    assert state.usage.used("team-a")[RATIO] == Quantity.parse("400")
+
+
+def test_relabel_update_reserves_the_new_quota_until_watched() -> None:
+    team_b = {"kind": "ElasticQuota", "metadata": {"name": "team-b", "namespace": "team"},
+              "spec": {"max": {RATIO: "500"}}}
+    state = QuotaState()
+    state.load([QUOTA, team_b, pod_object("p", "u1", "300")])
+    move = PodAdmission(uid="adm", operation="UPDATE", namespace="team", name="p", pod_uid="u1",
+                        labels={"quota.scheduling.koordinator.sh/name": "team-b"}, canonical_requests={RATIO: "300"},
+                        old_labels={"quota.scheduling.koordinator.sh/name": "team-a"},
+                        old_canonical_requests={RATIO: "300"})
+    assert state.admit_pod(move).allowed
+    assert state.ledger.used("team-b") == {RATIO: Quantity.parse("300")}
+    into_b = PodAdmission(uid="adm2", operation="CREATE", namespace="team", name="q", pod_uid="u2",
+                          labels={"quota.scheduling.koordinator.sh/name": "team-b"}, canonical_requests={RATIO: "300"})
+    denied = state.admit_pod(into_b)
+    assert not denied.allowed and denied.message.startswith("exceeded quota: team/team-b,")
+    state.apply_event("Pod", "MODIFIED", pod_object("p", "u1", "300", quota="team-b"))
+    assert len(state.ledger) == 0 and state.usage.used("team-b") == {RATIO: Quantity.parse("300")}
+
+
+def test_limit_only_quota_update_does_not_reindex() -> None:
+    state = QuotaState()
+    state.load([QUOTA, RUNNING])
+    raised = {**QUOTA, "spec": {"max": {RATIO: "2000"}}}
+    assert state.tree.upsert(quota_from_object(raised)) is False
+    moved = {**QUOTA, "metadata": {**QUOTA["metadata"], "labels": {"quota.scheduling.koordinator.sh/parent": "x"}}}
+    assert state.tree.upsert(quota_from_object(moved)) is True

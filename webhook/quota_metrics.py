@@ -1,0 +1,53 @@
+"""Prometheus metrics of the quota service process (cluster-state cache and reservation ledger).
+
+The service runs in its own process next to the gunicorn workers and writes to the same
+multiprocess directory (it inherits ``PROMETHEUS_MULTIPROC_DIR``), so one scrape of any worker's
+``/metrics`` shows them. There is exactly one such process per server instance, so its gauges use
+the ``max`` mode: the value of the one writer.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+SYNCED = Gauge(
+    "gpuquota_cluster_state_synced",
+    "1 once pods and ElasticQuotas have both been listed (offline: loaded), else 0.",
+    multiprocess_mode="max",
+)
+STALE = Gauge(
+    "gpuquota_cluster_state_stale",
+    "1 while the list/watch of some kind has been failing for longer than the staleness bound.",
+    multiprocess_mode="max",
+)
+LAST_CONTACT = Gauge(
+    "gpuquota_cluster_state_last_contact_timestamp_seconds",
+    "Unix time of the last list, watch event or bookmark received, by kind; time() minus it is the age.",
+    ["kind"],
+    multiprocess_mode="max",
+)
+OBJECTS = Gauge(
+    "gpuquota_cluster_state_objects",
+    "Objects held in the cache, by kind (counted pods and ElasticQuotas).",
+    ["kind"],
+    multiprocess_mode="max",
+)
+RESERVATIONS = Gauge(
+    "gpuquota_reservations",
+    "Admitted pods not yet seen by the watch, holding room in the reservation ledger.",
+    multiprocess_mode="max",
+)
+RESERVATIONS_EXPIRED = Counter(
+    "gpuquota_reservations_expired",
+    "Reservations released because no watched pod confirmed them before their TTL.",
+)
+WATCH_EVENTS = Counter(
+    "gpuquota_watch_events",
+    "Watch events applied to the cache, by kind and event type.",
+    ["kind", "type"],
+)
+RELISTS = Counter(
+    "gpuquota_relists",
+    "Full re-lists of a kind, by reason (initial, gone = 410 from the watch, error).",
+    ["kind", "reason"],
+)
