@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from kubeaccess.pki import generate_webhook_certs
+from kubeaccess.pki import generate_webhook_certs, write_client_cert
 
 from .errors import CommandError
 
 
 @click.group()
 def certs() -> None:
-    """Create the webhook's serving certificates."""
+    """Create the webhook's serving certificates and client certificates for its callers."""
 
 
 @certs.command("generate")
@@ -39,3 +39,22 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
                f"for {', '.join([*written.dns_names, *written.ip_addresses])}", err=True)
     # stdout carries only the caBundle, so scripts can capture it: CA=$(gpuquota certs generate ...)
     click.echo(written.ca_bundle)
+
+
+@certs.command("client")
+@click.option("--ca-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="Directory holding ca.crt and ca.key (e.g. the --out of 'certs generate').")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for client.crt and client.key.")
+@click.option("--name", "common_name", required=True, help="Common name of the client (e.g. kube-apiserver).")
+def client(ca_dir: Path, out_dir: Path, common_name: str) -> None:
+    """Sign a client certificate for a caller of a webhook served with --client-ca CA_DIR/ca.crt."""
+    if not common_name.strip():
+        raise CommandError("--name must not be empty")
+    try:
+        cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip())
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    except OSError as error:
+        raise CommandError(f"{error.filename or out_dir}: {error.strerror or error}") from None
+    click.echo(f"wrote {cert_path} and {key_path} for {common_name.strip()}, signed by {ca_dir / 'ca.crt'}", err=True)

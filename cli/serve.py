@@ -34,13 +34,18 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @click.option("--keepalive", type=click.IntRange(min=1), default=120, show_default=True,
               help="Seconds an idle keep-alive connection stays open; keep it above the API server's 90.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+# No exists=True: the server's own check says in one line whether the file is missing or not a CA.
+@click.option("--client-ca", "client_ca_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Mutual TLS: refuse clients without a certificate signed by this PEM CA "
+                   "(reloaded when it changes). Probes must then be tcpSocket or exec, see docs/security.md.")
 def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,
           host: str, port: int, config_path: Path | None, workers: int, threads: int, keepalive: int,
-          log_level: str) -> None:
+          log_level: str, client_ca_path: Path | None) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     try:
         run_server(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
                    kubeconfig_path=kubeconfig_path, context=context,
-                   workers=workers, threads=threads, keepalive=keepalive, log_level=log_level)
+                   workers=workers, threads=threads, keepalive=keepalive, log_level=log_level,
+                   client_ca_path=client_ca_path)
     except ServeError as error:
         raise CommandError(str(error)) from None

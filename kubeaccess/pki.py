@@ -33,6 +33,9 @@ CA_CERT_FILE = "ca.crt"
 CA_KEY_FILE = "ca.key"
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
+# A client certificate gets its own names, so writing it next to the serving pair never replaces it.
+CLIENT_CERT_FILE = "client.crt"
+CLIENT_KEY_FILE = "client.key"
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,47 @@ def generate_webhook_certs(
         ip_addresses=tuple(str(ip) for ip in _unique_ips(parse_ip_addresses(ip_addresses))),
     )
     return certs
+
+
+def load_ca(cert_path: Path, key_path: Path) -> CertificateAuthority:
+    """A CA from PEM files (e.g. the ca.crt/ca.key that :func:`generate_webhook_certs` wrote).
+
+    Raises ``ValueError`` with a one-line reason when the files are not a matching CA pair.
+    """
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except ValueError:
+        raise ValueError(f"{cert_path}: not a PEM certificate") from None
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except (ValueError, TypeError):
+        raise ValueError(f"{key_path}: not an unencrypted PEM private key") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{key_path}: expected an ECDSA key, as gpuquota certs generate writes")
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+        raise ValueError(f"{key_path} is not the key of {cert_path}")
+    try:
+        is_ca = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise ValueError(f"{cert_path}: not a CA certificate with a subject key identifier")
+    return CertificateAuthority(certificate=certificate, private_key=key)
+
+
+def write_client_cert(ca_dir: str | Path, out_dir: str | Path, common_name: str,
+                      organizations: Sequence[str] = ()) -> tuple[Path, Path]:
+    """Sign a client certificate with the CA in ``ca_dir`` (ca.crt, ca.key); returns (cert, key) paths.
+
+    This is what the API server presents to a webhook served with ``--client-ca``.
+    """
+    ca_directory, directory = Path(ca_dir), Path(out_dir)
+    ca = load_ca(ca_directory / CA_CERT_FILE, ca_directory / CA_KEY_FILE)
+    leaf = issue_client_cert(ca, common_name, organizations)
+    return (write_public_file(directory / CLIENT_CERT_FILE, leaf.cert_pem),
+            write_private_file(directory / CLIENT_KEY_FILE, leaf.key_pem))
 
 
 def _issue(

@@ -54,6 +54,8 @@ class WebhookProcess:
     work_dir: Path
     serve_args: Sequence[str] = ()
     port: int = 0
+    # (cert, key) this harness presents, for a server started with --client-ca.
+    client_cert: tuple[Path, Path] | None = None
     cert_dir: Path = field(init=False)
     ca_bundle: str = field(init=False, default="")
     log_path: Path = field(init=False)
@@ -76,7 +78,10 @@ class WebhookProcess:
         return self.cert_dir / "ca.crt"
 
     def ssl_context(self) -> ssl.SSLContext:
-        return self.context_for(self.ca_file)
+        context = self.context_for(self.ca_file)
+        if self.client_cert is not None:
+            context.load_cert_chain(str(self.client_cert[0]), str(self.client_cert[1]))
+        return context
 
     @staticmethod
     def context_for(ca_file: Path) -> ssl.SSLContext:

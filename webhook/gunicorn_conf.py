@@ -41,7 +41,7 @@ def _file_key(path: str) -> FileKey:
 
 
 class TlsContextCache:
-    """gunicorn's ``ssl_context`` hook: TLS 1.2+, rebuilt only when the cert or key file changes.
+    """gunicorn's ``ssl_context`` hook: TLS 1.2+, rebuilt only when the cert, key or client CA changes.
 
     gunicorn 27 asks for a new SSLContext for every accepted connection and rereads the key and
     certificate each time (0.6-0.7 ms of CPU per connection). That is what makes a rotated
@@ -49,28 +49,50 @@ class TlsContextCache:
     connection and the context rebuilt when either changed. Between changes one context serves
     all connections. If a rebuild fails (the cert and key are being replaced one after the other),
     the previous context keeps serving and the next connection tries again.
+
+    With ``client_ca`` (mutual TLS) every connection must present a certificate that chains to
+    that file's CAs, or the handshake fails; the CA file is watched like the cert and key, so a
+    rotated client CA is picked up the same way.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, client_ca: Path | None = None) -> None:
+        self._client_ca = client_ca
         self._lock = threading.Lock()
-        self._key: tuple[FileKey, FileKey] | None = None
+        self._key: tuple[FileKey, ...] | None = None
         self._context: ssl.SSLContext | None = None
 
     def __call__(self, conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        key = (_file_key(conf.certfile), _file_key(conf.keyfile))
+        key = (_file_key(conf.certfile), _file_key(conf.keyfile),
+               _file_key(str(self._client_ca)) if self._client_ca is not None else None)
         with self._lock:
             if self._context is not None and key == self._key:
                 return self._context
             try:
                 context = default_ssl_context_factory()
+                if self._client_ca is not None:
+                    require_client_certificates(context, self._client_ca)
             except (OSError, ssl.SSLError) as error:
                 if self._context is None:
                     raise
-                log.warning("could not load the rotated TLS certificate, still serving the previous one: %s", error)
+                log.warning("could not load the rotated TLS files, still serving with the previous ones: %s", error)
                 return self._context
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             self._key, self._context = key, context
             return context
+
+
+def require_client_certificates(context: ssl.SSLContext, client_ca: Path) -> None:
+    """Make a server context refuse every client without a certificate signed by ``client_ca``.
+
+    The trust store must hold ``client_ca`` and nothing else. gunicorn's default factory creates a
+    server-side context, which starts out with an empty store (Python loads the system roots only
+    for contexts that verify at creation); the check below keeps it that way should that change,
+    because a store with the system roots would let any publicly issued certificate in.
+    """
+    if context.verify_mode != ssl.CERT_NONE or context.get_ca_certs():
+        raise ssl.SSLError("the server context already trusts CAs; refusing to add the client CA to them")
+    context.load_verify_locations(cafile=str(client_ca))
+    context.verify_mode = ssl.CERT_REQUIRED
 
 
 class MetricsDirectory:
@@ -129,7 +151,7 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         "reuse_port": True,
         "certfile": str(settings.certfile),
         "keyfile": str(settings.keyfile),
-        "ssl_context": TlsContextCache(),
+        "ssl_context": TlsContextCache(settings.client_ca_path),
         "http_protocols": "h1",
         "control_socket_disable": True,
         "worker_tmp_dir": _worker_tmp_dir(),

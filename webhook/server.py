@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from cryptography import x509
 from gunicorn.app.base import BaseApplication
 
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConfigError, ConversionConfig, load_config
 
-from .gunicorn_conf import MetricsDirectory, gunicorn_options
+from .gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from .quota_port import NoQuota, QuotaDecider
 from .settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
 
@@ -129,6 +130,32 @@ def _check_tls_files(settings: Settings) -> None:
         raise ServeError(f"cannot load {settings.certfile} with {settings.keyfile}: {error}") from None
 
 
+def _check_client_ca(path: Path | None) -> None:
+    """Refuse a ``--client-ca`` that would make every handshake fail, or trust a leaf, at startup."""
+    if path is None:
+        return
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ServeError(f"{path}: cannot read the client CA: {error.strerror or error}") from None
+    try:
+        certificates = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise ServeError(f"{path}: not a PEM CA certificate (expected -----BEGIN CERTIFICATE-----)") from None
+    for certificate in certificates:
+        try:
+            is_ca = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise ServeError(f"{path}: {certificate.subject.rfc4514_string()} is not a CA certificate "
+                             "(no basicConstraints CA:TRUE); give the CA that signs the client certificates")
+    try:
+        require_client_certificates(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), path)
+    except (OSError, ssl.SSLError) as error:
+        raise ServeError(f"{path}: cannot load the client CA: {error}") from None
+
+
 def _metrics_directory(settings: Settings) -> MetricsDirectory:
     if settings.metrics_dir is not None:
         return MetricsDirectory(settings.metrics_dir, owned=False)
@@ -162,6 +189,7 @@ def run(settings: Settings) -> None:
         raise ServeError("--workers and --threads must be at least 1")
     config = load_conversion_config(settings.config_path)
     _check_tls_files(settings)
+    _check_client_ca(settings.client_ca_path)
     _check_cluster_source(settings)
     directory = _metrics_directory(settings)
     _enable_multiprocess_metrics(directory)
@@ -173,8 +201,13 @@ def run(settings: Settings) -> None:
 def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, cert_dir: Path | str = DEFAULT_CERT_DIR,
           state_path: Path | str | None = None, config_path: Path | str | None = None,
           kubeconfig_path: Path | str | None = None, context: str | None = None, workers: int = 2,
-          threads: int = 4, *, keepalive: int = 120, graceful_timeout: int = 30, log_level: str = "info") -> None:
-    """Serve the webhook over TLS on ``host:port`` with the certificates in ``cert_dir``."""
+          threads: int = 4, *, keepalive: int = 120, graceful_timeout: int = 30, log_level: str = "info",
+          client_ca_path: Path | str | None = None) -> None:
+    """Serve the webhook over TLS on ``host:port`` with the certificates in ``cert_dir``.
+
+    With ``client_ca_path`` only clients presenting a certificate signed by that CA get past the
+    TLS handshake (mutual TLS).
+    """
     run(Settings(
         host=host,
         port=port,
@@ -188,4 +221,5 @@ def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, cert_dir: Path | s
         keepalive=keepalive,
         graceful_timeout=graceful_timeout,
         log_level=log_level,
+        client_ca_path=Path(client_ca_path) if client_ca_path is not None else None,
     ))

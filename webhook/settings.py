@@ -48,6 +48,8 @@ class Settings:
     max_body_bytes: int = MAX_BODY_BYTES
     # Where prometheus_client's multiprocess files live; None = a fresh temporary directory.
     metrics_dir: Path | None = None
+    # PEM CA(s) that client certificates must chain to (mutual TLS); None = any client may connect.
+    client_ca_path: Path | None = None
 
     @property
     def certfile(self) -> Path:
