@@ -7,7 +7,6 @@ has to tell apart.
 
 from __future__ import annotations
 
-import http.client
 import socket
 import ssl
 from dataclasses import dataclass
@@ -47,24 +46,6 @@ def client_context(server_ca: Path, cert: tuple[Path, Path] | None = None,
     if cert is not None:
         context.load_cert_chain(str(cert[0]), str(cert[1]))
     return context
-
-
-def healthz_over(context: ssl.SSLContext, port: int) -> int | ssl.SSLError | OSError:
-    """GET /healthz; the status, or the error that ended the connection (handshake or first read).
-
-    In TLS 1.3 the client's handshake finishes before the server has judged the client
-    certificate, so a refusal can surface on the first read rather than in the handshake.
-    """
-    connection = http.client.HTTPSConnection(LOOPBACK, port, timeout=5, context=context)
-    try:
-        connection.request("GET", "/healthz")
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    except (ssl.SSLError, OSError) as error:
-        return error
-    finally:
-        connection.close()
 
 
 def handshake_error(context: ssl.SSLContext, port: int) -> ssl.SSLError | OSError | None:
