@@ -1,29 +1,46 @@
-"""The install manifests (manifests/base) render with kustomize and are accepted by a real apiserver.
+"""The install manifests (manifests/base and both overlays) render with kustomize and are accepted by
+a real apiserver; hack/install-self-managed-certs.sh runs against it end to end.
 
-Only the Namespace is created for real. Everything else goes through server-side dry-run: the
-apiserver validates and admits it but stores nothing. That matters most for the webhook
-configurations: stored for real, they would send every GPU pod of the shared test apiserver to a
-Service that has no endpoints.
+Only the Namespace is created for real by the manifest checks. Everything else goes through
+server-side dry-run: the apiserver validates and admits it but stores nothing. That matters most for
+the webhook configurations: stored for real, they would send every GPU pod of the shared test
+apiserver to a Service that has no endpoints. The certificate script needs real configurations to
+patch, so it gets uniquely named copies that select no namespace at all, deleted again afterwards.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from controlplane import REPO_ROOT, Api
+from cryptography import x509
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 BASE = REPO_ROOT / "manifests" / "base"
+OVERLAYS = REPO_ROOT / "manifests" / "overlays"
+CERT_MANAGER = OVERLAYS / "cert-manager"
+SELF_MANAGED = OVERLAYS / "self-managed"
+INSTALL_CERTS = REPO_ROOT / "hack" / "install-self-managed-certs.sh"
+CONTAINERFILE = REPO_ROOT / "Containerfile"
 NAMESPACE = "gpuquota-system"
 KUBECTL_TIMEOUT = 120.0
+SCRIPT_TIMEOUT = 180.0
+CERT_MANAGER_GROUP = "cert-manager.io"
+INJECT_CA_FROM = "cert-manager.io/inject-ca-from"
+WEBHOOK_CONFIGURATION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +58,39 @@ def run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProces
                           check=False, cwd=REPO_ROOT)
 
 
+def render(kubectl: str, directory: Path) -> list[dict[str, Any]]:
+    result = run([kubectl, "kustomize", str(directory)])
+    assert result.returncode == 0, f"kubectl kustomize {directory}:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
 @pytest.fixture(scope="module")
 def rendered(kubectl: str) -> list[dict[str, Any]]:
-    result = run([kubectl, "kustomize", str(BASE)])
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return render(kubectl, BASE)
+
+
+@pytest.fixture(scope="module")
+def cert_manager_rendered(kubectl: str) -> list[dict[str, Any]]:
+    return render(kubectl, CERT_MANAGER)
+
+
+@pytest.fixture(scope="module")
+def self_managed_rendered(kubectl: str) -> list[dict[str, Any]]:
+    return render(kubectl, SELF_MANAGED)
+
+
+@pytest.fixture(scope="module")
+def install_namespace(rendered: list[dict[str, Any]], api: Api) -> str:
+    """gpuquota-system, created for real: namespaced objects cannot even be dry-run into a missing one.
+
+    The webhook configurations exclude it by name, and nothing else in the suite uses it.
+    """
+    try:
+        api.core.create_namespace(find(rendered, "Namespace", NAMESPACE))
+    except ApiException as exc:
+        if exc.status != 409:  # an earlier run in this session created it
+            raise
+    return NAMESPACE
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -75,53 +120,55 @@ def printed_name(obj: dict[str, Any]) -> str:
     return f"{kind}.{group}/{obj['metadata']['name']}" if group else f"{kind}/{obj['metadata']['name']}"
 
 
+BASE_OBJECTS = [
+    ("Namespace", NAMESPACE),
+    ("ServiceAccount", "gpuquota-webhook"),
+    ("ClusterRole", "gpuquota-webhook"),
+    ("ClusterRole", "gpuquota-cli"),
+    ("ClusterRoleBinding", "gpuquota-webhook"),
+    ("Deployment", "gpuquota-webhook"),
+    ("Service", "gpuquota-webhook"),
+    ("PodDisruptionBudget", "gpuquota-webhook"),
+    ("NetworkPolicy", "gpuquota-webhook"),
+    ("ConfigMap", "gpuquota-config"),
+    ("CustomResourceDefinition", "elasticquotas.scheduling.sigs.k8s.io"),
+    ("MutatingWebhookConfiguration", "gpuquota-webhook"),
+    ("ValidatingWebhookConfiguration", "gpuquota-webhook"),
+]
+NAMESPACED_BASE_KINDS = {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy",
+                         "ConfigMap"}
+
+
 def test_kustomize_renders_every_listed_resource(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered)
-    assert kinds == sorted([
-        ("Namespace", NAMESPACE),
-        ("ServiceAccount", "gpuquota-webhook"),
-        ("ClusterRole", "gpuquota-webhook"),
-        ("ClusterRole", "gpuquota-cli"),
-        ("ClusterRoleBinding", "gpuquota-webhook"),
-        ("Deployment", "gpuquota-webhook"),
-        ("Service", "gpuquota-webhook"),
-        ("PodDisruptionBudget", "gpuquota-webhook"),
-        ("ConfigMap", "gpuquota-config"),
-        ("CustomResourceDefinition", "elasticquotas.scheduling.sigs.k8s.io"),
-        ("MutatingWebhookConfiguration", "gpuquota-webhook"),
-        ("ValidatingWebhookConfiguration", "gpuquota-webhook"),
-    ])
+    assert kinds == sorted(BASE_OBJECTS)
     # The kustomization's namespace reached every namespaced object.
     for obj in rendered:
-        if obj["kind"] in {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap"}:
+        if obj["kind"] in NAMESPACED_BASE_KINDS:
             assert obj["metadata"]["namespace"] == NAMESPACE, printed_name(obj)
 
 
-def test_apiserver_accepts_every_object(
-    rendered: list[dict[str, Any]], kubectl: str, kubeconfig_path: Path, api: Api,
-    elasticquota_crd: k8s.V1CustomResourceDefinition,
-) -> None:
-    # Namespaced objects cannot even be dry-run into a namespace that does not exist, so this one is
-    # real. The webhook configurations exclude it by name, and nothing else in the suite uses it.
-    namespace = find(rendered, "Namespace", NAMESPACE)
-    try:
-        api.core.create_namespace(namespace)
-    except ApiException as exc:
-        if exc.status != 409:  # an earlier run in this session created it
-            raise
-    rest = [o for o in rendered if o["kind"] != "Namespace"]
+def dry_run_apply(objects: list[dict[str, Any]], kubectl: str, kubeconfig_path: Path, api: Api) -> None:
+    """Server-side dry-run apply of ``objects``: every one must be accepted, and nothing stored."""
     before = stored_webhook_configurations(api)
     # The CRD already exists (elasticquota_crd); a dry-run apply over it is still validated in full.
     result = run([kubectl, "apply", "--dry-run=server", "--kubeconfig", str(kubeconfig_path), "-f", "-"],
-                 stdin=yaml.safe_dump_all(rest))
+                 stdin=yaml.safe_dump_all(objects))
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    for obj in rest:
+    for obj in objects:
         line = re.compile(rf"^{re.escape(printed_name(obj))} \S.*\(server dry run\)$", re.MULTILINE)
         assert line.search(result.stdout), f"{printed_name(obj)} missing from:\n{result.stdout}"
     # Dry-run really stored nothing: no configuration may route the suite's pods to a dead Service.
     # (Compared, not asserted absent: the webhook_server fixture registers loopback copies under
     # the same names when the whole suite runs.)
     assert stored_webhook_configurations(api) == before
+
+
+def test_apiserver_accepts_every_object(
+    rendered: list[dict[str, Any]], kubectl: str, kubeconfig_path: Path, api: Api, install_namespace: str,
+    elasticquota_crd: k8s.V1CustomResourceDefinition,
+) -> None:
+    dry_run_apply([o for o in rendered if o["kind"] != "Namespace"], kubectl, kubeconfig_path, api)
 
 
 def test_deployment_is_locked_down(rendered: list[dict[str, Any]]) -> None:
@@ -170,3 +217,319 @@ def test_webhook_role_is_read_only(rendered: list[dict[str, Any]]) -> None:
     find(rendered, "ClusterRole", "gpuquota-cli")
     bindings = [o for o in rendered if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}]
     assert [b["roleRef"]["name"] for b in bindings] == ["gpuquota-webhook"]
+
+
+# -- NetworkPolicy --------------------------------------------------------------------------------
+
+def container_ports(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    (container,) = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]["containers"]
+    ports: list[dict[str, Any]] = container["ports"]
+    return ports
+
+
+def test_networkpolicy_admits_control_plane_and_monitoring_to_the_deployments_port(
+    rendered: list[dict[str, Any]],
+) -> None:
+    policy = find(rendered, "NetworkPolicy", "gpuquota-webhook")["spec"]
+    pod_labels = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    control_plane, monitoring = policy["ingress"]
+    # Index 0 is the control plane: docs/deploy.md and the policy's comment tell overlays to replace
+    # /spec/ingress/0/from.
+    assert control_plane["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"component": "kube-apiserver"}},
+    }]
+    assert monitoring["from"] == [
+        {"namespaceSelector": {"matchLabels": {"gpuquota.koord-gpuquota.io/monitoring": "true"}}},
+    ]
+    # Every port a rule opens is one the webhook container listens on (by name or number); the
+    # container has exactly one, which carries admission and /metrics alike.
+    exposed = container_ports(rendered)
+    assert len(exposed) == 1
+    names_and_numbers = {exposed[0]["name"], exposed[0]["containerPort"]}
+    for rule in policy["ingress"]:
+        assert [(p["port"] in names_and_numbers, p["protocol"]) for p in rule["ports"]] == [(True, "TCP")]
+
+
+# -- the overlays ---------------------------------------------------------------------------------
+
+def is_cert_manager(obj: dict[str, Any]) -> bool:
+    return bool(obj["apiVersion"].partition("/")[0] == CERT_MANAGER_GROUP)
+
+
+def identities(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+
+
+def test_overlays_render_the_base_plus_their_certificates(
+    cert_manager_rendered: list[dict[str, Any]], self_managed_rendered: list[dict[str, Any]],
+) -> None:
+    assert identities(self_managed_rendered) == sorted(BASE_OBJECTS)
+    assert identities(cert_manager_rendered) == sorted([
+        *BASE_OBJECTS,
+        ("Issuer", "gpuquota-selfsigned"),
+        ("Certificate", "gpuquota-webhook-ca"),
+        ("Issuer", "gpuquota-webhook-ca"),
+        ("Certificate", "gpuquota-webhook"),
+    ])
+    for obj in cert_manager_rendered:
+        if is_cert_manager(obj):
+            assert obj["apiVersion"] == "cert-manager.io/v1", printed_name(obj)
+            assert obj["metadata"]["namespace"] == NAMESPACE, printed_name(obj)
+    # Self-managed configurations carry no caBundle: re-applying the overlay never overwrites the
+    # one the script patched in.
+    for kind in WEBHOOK_CONFIGURATION_KINDS:
+        for webhook in find(self_managed_rendered, kind, "gpuquota-webhook")["webhooks"]:
+            assert "caBundle" not in webhook["clientConfig"], webhook["name"]
+
+
+def test_cert_manager_overlay_wires_certificate_secret_service_and_webhooks(
+    cert_manager_rendered: list[dict[str, Any]],
+) -> None:
+    objects = cert_manager_rendered
+    service = find(objects, "Service", "gpuquota-webhook")
+    svc, ns = service["metadata"]["name"], service["metadata"]["namespace"]
+    certificates = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects
+                    if o["kind"] == "Certificate"}
+    issuers = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Issuer"}
+    injected = set()
+    for kind in WEBHOOK_CONFIGURATION_KINDS:
+        configuration = find(objects, kind, "gpuquota-webhook")
+        annotation = configuration["metadata"]["annotations"][INJECT_CA_FROM]
+        injected.add(annotation)
+        namespace, _, name = annotation.partition("/")
+        assert (namespace, name) in certificates, f"{kind}: {annotation} names no Certificate in the output"
+        for webhook in configuration["webhooks"]:
+            reference = webhook["clientConfig"]["service"]
+            assert (reference["namespace"], reference["name"]) == (ns, svc), webhook["name"]
+            assert reference["port"] == service["spec"]["ports"][0]["port"], webhook["name"]
+            assert "caBundle" not in webhook["clientConfig"], "cainjector's field; the overlay must not set it"
+    (annotation,) = injected
+    serving = certificates[tuple(annotation.split("/", 1))]["spec"]
+    assert serving["dnsNames"] == [f"{svc}.{ns}.svc", f"{svc}.{ns}.svc.cluster.local"]
+    assert serving.get("isCA", False) is False
+    # It writes the Secret the Deployment mounts.
+    volumes = find(objects, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]["volumes"]
+    (tls_volume,) = [v for v in volumes if v["name"] == "tls"]
+    assert serving["secretName"] == tls_volume["secret"]["secretName"] == "gpuquota-webhook-tls"
+    # The chain: serving Certificate <- CA Issuer <- CA Certificate <- selfSigned Issuer.
+    ca_issuer = issuers[serving["issuerRef"]["name"]]
+    assert serving["issuerRef"]["kind"] == "Issuer"
+    ca_secret = ca_issuer["spec"]["ca"]["secretName"]
+    (ca_certificate,) = [c for c in certificates.values() if c["spec"]["secretName"] == ca_secret]
+    assert ca_certificate["spec"]["isCA"] is True
+    # Kept across CA renewals, so serving certificates issued before one still verify after it.
+    assert ca_certificate["spec"]["privateKey"]["rotationPolicy"] == "Never"
+    assert issuers[ca_certificate["spec"]["issuerRef"]["name"]]["spec"] == {"selfSigned": {}}
+    assert ca_certificate["spec"]["issuerRef"]["kind"] == "Issuer"
+
+
+@pytest.mark.parametrize("overlay", ["cert-manager", "self-managed"])
+def test_apiserver_accepts_every_overlay_object(
+    overlay: str, kubectl: str, kubeconfig_path: Path, api: Api, install_namespace: str,
+    elasticquota_crd: k8s.V1CustomResourceDefinition,
+) -> None:
+    # cert-manager's CRDs are not installed in the test apiserver, so its four objects cannot be
+    # dry-run; the wiring test above checks what they must agree on.
+    objects = [o for o in render(kubectl, OVERLAYS / overlay) if o["kind"] != "Namespace" and not is_cert_manager(o)]
+    assert len(objects) == len(BASE_OBJECTS) - 1
+    dry_run_apply(objects, kubectl, kubeconfig_path, api)
+
+
+# -- Containerfile --------------------------------------------------------------------------------
+
+def containerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for line in CONTAINERFILE.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        pending += stripped
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        keyword, _, rest = pending.partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+        pending = ""
+    return instructions
+
+
+def test_containerfile_matches_the_deployment(rendered: list[dict[str, Any]]) -> None:
+    text = CONTAINERFILE.read_text(encoding="utf-8")
+    assert "NOT BUILT" in text.splitlines()[0]  # honest about never having been built
+    instructions = containerfile_instructions()
+    stages = [args for keyword, args in instructions if keyword == "FROM"]
+    assert stages == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE}"]
+    (base_image,) = [args for keyword, args in instructions if keyword == "ARG" and args.startswith("PYTHON_IMAGE=")]
+    assert re.fullmatch(r"PYTHON_IMAGE=\S*python:3\.11-slim\S*", base_image)
+    final_from = [index for index, (keyword, _) in enumerate(instructions) if keyword == "FROM"][-1]
+    builder, final = instructions[:final_from], instructions[final_from:]
+    assert any(k == "RUN" and "pip wheel" in a for k, a in builder)
+    # The final stage installs the builder's wheels offline and compiles nothing.
+    final_runs = " ".join(a for k, a in final if k == "RUN")
+    assert "from=builder" in final_runs and "--no-index" in final_runs
+    assert not re.search(r"\b(apt-get|gcc|build-essential)\b", final_runs)
+    # Every package setuptools packs into the wheel is copied into the builder.
+    copied = {args.split()[0].rstrip("/") for keyword, args in builder if keyword == "COPY"}
+    assert {"gpuquota_core", "kubeaccess", "webhook", "cli"} <= copied
+    # Non-root with the Deployment's numeric UID/GID; the entrypoint the Deployment spells out.
+    pod = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (user,) = [args for keyword, args in final if keyword == "USER"]
+    assert user == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    assert user.split(":")[0] == str(container["securityContext"]["runAsUser"])
+    (entrypoint,) = [args for keyword, args in final if keyword == "ENTRYPOINT"]
+    assert yaml.safe_load(entrypoint) == container["command"] == ["gpuquota", "serve"]
+    assert "serve" not in container["args"]
+    (exposed,) = [args for keyword, args in final if keyword == "EXPOSE"]
+    assert int(exposed) == container_ports(rendered)[0]["containerPort"]
+
+
+# -- hack/install-self-managed-certs.sh -----------------------------------------------------------
+
+def gpuquota_command() -> str:
+    beside_python = Path(sys.executable).parent / "gpuquota"
+    found = str(beside_python) if beside_python.exists() else shutil.which("gpuquota")
+    assert found, "the gpuquota command is not installed (make .venv/.installed)"
+    return found
+
+
+def run_install_certs(args: list[str], kubectl: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{Path(kubectl).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("GPUQUOTA", None)
+    return subprocess.run([str(INSTALL_CERTS), *args], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT,
+                          check=False, cwd=REPO_ROOT, env=env)
+
+
+@pytest.fixture
+def inert_configurations(
+    self_managed_rendered: list[dict[str, Any]], namespace: str, kubectl: str, kubeconfig_path: Path, api: Api,
+) -> Iterator[list[dict[str, Any]]]:
+    """The self-managed overlay's configurations, stored for real under a unique name, calling the
+    webhook Service in ``namespace``, and selecting no namespace at all.
+
+    Stored configurations are shared by every test of the session, and validation fails closed: a
+    copy that matched anything would refuse the suite's GPU pods. So every webhook requires a
+    namespace label nobody sets, and the copies are deleted again whatever the test does.
+    """
+    name = f"gpuquota-certs-{uuid.uuid4().hex[:8]}"
+    documents = []
+    for kind in WEBHOOK_CONFIGURATION_KINDS:
+        document = find(self_managed_rendered, kind, "gpuquota-webhook")
+        document = yaml.safe_load(yaml.safe_dump(document))  # a deep copy
+        document["metadata"]["name"] = name
+        for webhook in document["webhooks"]:
+            webhook["clientConfig"]["service"]["namespace"] = namespace
+            webhook["namespaceSelector"]["matchExpressions"].append(
+                {"key": "gpuquota-e2e.invalid/never-set", "operator": "Exists"})
+        documents.append(document)
+    try:
+        # Stored like a user's `kubectl apply -k` would, so the re-apply below is a real upgrade.
+        result = run([kubectl, "apply", "--kubeconfig", str(kubeconfig_path), "-f", "-"],
+                     stdin=yaml.safe_dump_all(documents))
+        assert result.returncode == 0, result.stderr
+        yield documents
+    finally:
+        for document in documents:
+            try:
+                if document["kind"] == "MutatingWebhookConfiguration":
+                    api.admissionregistration.delete_mutating_webhook_configuration(name)
+                else:
+                    api.admissionregistration.delete_validating_webhook_configuration(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def stored_ca_bundles(api: Api, name: str) -> dict[str, str | None]:
+    bundles: dict[str, str | None] = {}
+    mutating = api.admissionregistration.read_mutating_webhook_configuration(name)
+    validating = api.admissionregistration.read_validating_webhook_configuration(name)
+    for configuration in (mutating, validating):
+        for webhook in configuration.webhooks:
+            bundles[webhook.name] = webhook.client_config.ca_bundle
+    return bundles
+
+
+def test_install_self_managed_certs_end_to_end_and_idempotent(
+    inert_configurations: list[dict[str, Any]], namespace: str, kubectl: str, kubeconfig_path: Path, api: Api,
+) -> None:
+    name = inert_configurations[0]["metadata"]["name"]
+    webhook_names = {w["name"] for d in inert_configurations for w in d["webhooks"]}
+    assert len(webhook_names) == 3
+    args = ["--namespace", namespace, "--kubeconfig", str(kubeconfig_path), "--configuration", name,
+            "--gpuquota", gpuquota_command()]
+
+    def install() -> tuple[dict[str, bytes], subprocess.CompletedProcess[str]]:
+        result = run_install_certs(args, kubectl)
+        assert result.returncode == 0, f"{shlex.join(args)}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        secret = api.core.read_namespaced_secret("gpuquota-webhook-tls", namespace)
+        assert secret.type == "kubernetes.io/tls"
+        assert set(secret.data) == {"tls.crt", "tls.key", "ca.crt"}
+        data = {key: base64.b64decode(value) for key, value in secret.data.items()}
+        # The key never reaches the terminal, and no copy of it sits in a last-applied annotation.
+        key_body = b"".join(data["tls.key"].splitlines()[1:-1]).decode()
+        assert key_body and key_body[:40] not in result.stdout + result.stderr
+        assert "kubectl.kubernetes.io/last-applied-configuration" not in (secret.metadata.annotations or {})
+        # The serving certificate is for the Service, and signed by the CA in the Secret.
+        leaf = x509.load_pem_x509_certificate(data["tls.crt"])
+        ca = x509.load_pem_x509_certificate(data["ca.crt"])
+        leaf.verify_directly_issued_by(ca)
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert {f"gpuquota-webhook.{namespace}.svc", f"gpuquota-webhook.{namespace}.svc.cluster.local"} <= set(
+            sans.get_values_for_type(x509.DNSName))
+        return data, result
+
+    first, _ = install()
+    assert stored_ca_bundles(api, name) == dict.fromkeys(webhook_names, base64.b64encode(first["ca.crt"]).decode())
+
+    # Again: a new CA, and caBundle trusts it and the previous one while the pods reload.
+    second, result = install()
+    assert second["ca.crt"] != first["ca.crt"]
+    both = base64.b64encode(second["ca.crt"] + first["ca.crt"]).decode()
+    assert stored_ca_bundles(api, name) == dict.fromkeys(webhook_names, both)
+    assert "until the next run" in result.stderr
+
+    # An upgrade (`kubectl apply` of the overlay again) keeps the patched caBundle.
+    reapplied = run([kubectl, "apply", "--kubeconfig", str(kubeconfig_path), "-f", "-"],
+                    stdin=yaml.safe_dump_all(inert_configurations))
+    assert reapplied.returncode == 0, reapplied.stderr
+    assert stored_ca_bundles(api, name) == dict.fromkeys(webhook_names, both)
+
+    # The bundle never grows past two CAs: the oldest drops out on the next run.
+    third, _ = install()
+    assert stored_ca_bundles(api, name) == dict.fromkeys(
+        webhook_names, base64.b64encode(third["ca.crt"] + second["ca.crt"]).decode())
+
+
+def test_install_self_managed_certs_refuses_a_mismatched_service(
+    inert_configurations: list[dict[str, Any]], namespace: str, kubectl: str, kubeconfig_path: Path, api: Api,
+) -> None:
+    name = inert_configurations[0]["metadata"]["name"]
+    # The configurations call gpuquota-webhook in `namespace`; a certificate for another Service
+    # would never verify, so the script stops before generating or writing anything.
+    result = run_install_certs(["--namespace", namespace, "--kubeconfig", str(kubeconfig_path),
+                                "--configuration", name, "--service", "other", "--gpuquota", gpuquota_command()],
+                               kubectl)
+    assert result.returncode == 1, result.stderr
+    assert f"calls service '{namespace}/gpuquota-webhook', but the certificate would be for {namespace}/other" \
+        in result.stderr
+    with pytest.raises(ApiException) as missing:
+        api.core.read_namespaced_secret("gpuquota-webhook-tls", namespace)
+    assert missing.value.status == 404
+    assert set(stored_ca_bundles(api, name).values()) == {None}
+
+
+def test_install_self_managed_certs_usage(kubectl: str) -> None:
+    help_result = run_install_certs(["--help"], kubectl)
+    assert help_result.returncode == 0
+    for option in ("--namespace", "--kubeconfig", "--context"):
+        assert option in help_result.stdout
+    bad = run_install_certs(["--frobnicate"], kubectl)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert "unknown argument: --frobnicate" in bad.stderr
+    assert "--help" in bad.stderr
