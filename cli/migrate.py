@@ -1,10 +1,11 @@
-"""``gpuquota migrate plan|apply``: move ElasticQuota trees to canonical GPU keys, step by step."""
+"""``gpuquota migrate plan|apply|rollback``: move ElasticQuota trees to canonical GPU keys, step by step."""
 
 from __future__ import annotations
 
 import copy
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,12 @@ from gpuquota_core.migration import (
     MIGRATION_IN_PROGRESS_ANNOTATION,
     PRE_MIGRATION_SPEC_ANNOTATION,
     Plan,
+    RollbackSourceError,
     Step,
+    original_from_annotation,
+    originals_from_backup,
     plan_migration,
+    plan_rollback,
 )
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.kube import KubeAccessError, api_error_message, connect, list_cluster
@@ -50,17 +55,7 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
     if fmt != "diff":
         click.echo(document(result.as_dict(), fmt))
         return
-    for number, step in enumerate(result.steps, 1):
-        click.echo(f"# step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
-        for section in ("min", "max"):
-            before, after = step.before[section], step.after[section]
-            for key in sorted(set(before) | set(after)):
-                if before.get(key) == after.get(key):
-                    continue
-                if key in before:
-                    click.echo(f"-  {section}.{key}: {before[key]}")
-                if key in after:
-                    click.echo(f"+  {section}.{key}: {after[key]}")
+    _print_steps(result.steps)
     _print_blocked_and_revisit(result)
 
 
@@ -94,6 +89,70 @@ def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str,
 
 EQ = ("scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas")
 CONFLICT_EXIT = 1
+DRY_RUN_HELP = ("client: print the steps and write nothing; server: send every step as a server-side dry run "
+                "(the apiserver and its webhooks judge it), nothing is stored.")
+
+
+def _print_steps(steps: list[Step]) -> None:
+    for number, step in enumerate(steps, 1):
+        click.echo(f"# step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
+        for section in ("min", "max"):
+            before, after = step.before[section], step.after[section]
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) == after.get(key):
+                    continue
+                if key in before:
+                    click.echo(f"-  {section}.{key}: {before[key]}")
+                if key in after:
+                    click.echo(f"+  {section}.{key}: {after[key]}")
+
+
+def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
+                 current: dict[tuple[str, str], dict[str, Any]], dry_run: str,
+                 body_of: Callable[[dict[str, Any], Step], dict[str, Any]], recovery: str) -> None:
+    """One replace per step, each carrying the resourceVersion last read or written for that quota.
+
+    A quota changed by anyone else since is a 409 from the apiserver: the run stops at that step
+    (exit 1) and writes nothing further; ``recovery`` tells the user what to do next.
+    """
+    if dry_run == "client":
+        for number, step in enumerate(steps, 1):
+            click.echo(f"would apply step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
+        return
+    try:
+        api = connect(kubeconfig, context)
+    except KubeAccessError as error:
+        raise CommandError(str(error)) from None
+    custom = client.CustomObjectsApi(api)
+    try:
+        for number, step in enumerate(steps, 1):
+            key = (step.namespace, step.quota)
+            body = body_of(current[key], step)
+            try:
+                stored = custom.replace_namespaced_custom_object(
+                    EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body,
+                    dry_run="All" if dry_run == "server" else None)
+            except ApiException as error:
+                if error.status == 409:
+                    version = (current[key].get("metadata") or {}).get("resourceVersion")
+                    what = (f"conflict: ElasticQuota {step.namespace}/{step.quota} changed since it was read "
+                            f"(resourceVersion {version}); it was not overwritten")
+                else:
+                    what = api_error_message(error)
+                click.echo(f"step {number} ({step.phase} {step.namespace}/{step.quota}) refused: {what}", err=True)
+                click.echo(f"{number - 1} of {len(steps)} step(s) applied, nothing further written; {recovery}",
+                           err=True)
+                sys.exit(CONFLICT_EXIT)
+            current[key] = stored if isinstance(stored, dict) else body
+            verb = "would apply" if dry_run == "server" else "applied"
+            click.echo(f"{verb} step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def _quotas_by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {((o.get("metadata") or {}).get("namespace") or "", o["metadata"]["name"]): o
+            for o in objects if o.get("kind") == "ElasticQuota"}
 
 
 @migrate.command()
@@ -103,8 +162,8 @@ CONFLICT_EXIT = 1
               help="Only ElasticQuotas in this namespace (one tree at a time); default every namespace.")
 @click.option("--backup", "backup_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="New file that receives every quota to be changed, before the first write.")
-@click.option("--dry-run", "dry_run", type=click.Choice(["none", "server"]), default="none", show_default=True,
-              help="server: send every step as a server-side dry run; nothing is stored.")
+@click.option("--dry-run", "dry_run", type=click.Choice(["none", "client", "server"]), default="none",
+              show_default=True, help=DRY_RUN_HELP + " No backup is written with client.")
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
 def apply(kubeconfig: str | None, context: str | None, namespace: str | None, backup_path: Path, dry_run: str,
@@ -128,37 +187,19 @@ def apply(kubeconfig: str | None, context: str | None, namespace: str | None, ba
     if not result.steps:
         click.echo("nothing to migrate: every ElasticQuota already uses canonical GPU keys")
         return
-    current = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
-               for o in objects if o.get("kind") == "ElasticQuota"}
+    current = _quotas_by_key(objects)
     touched = [current[(step.namespace, step.quota)] for step in result.steps]
     unique = list({(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in touched}.values())
-    try:
-        backup_path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": unique}, sort_keys=False))
-    except OSError as error:
-        raise CommandError(f"{backup_path}: cannot write the backup: {error.strerror or error}") from None
-    click.echo(f"backup of {len(unique)} ElasticQuota(s) written to {backup_path}", err=True)
-    try:
-        api = connect(kubeconfig, context)
-    except KubeAccessError as error:
-        raise CommandError(str(error)) from None
-    custom = client.CustomObjectsApi(api)
-    for number, step in enumerate(result.steps, 1):
-        key = (step.namespace, step.quota)
-        body = _updated(current[key], step)
+    if dry_run != "client":
         try:
-            stored = custom.replace_namespaced_custom_object(
-                EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body,
-                dry_run="All" if dry_run == "server" else None)
-        except ApiException as error:
-            reason = api_error_message(error)
-            what = "conflict: it changed since it was read; re-run" if error.status == 409 else reason
-            click.echo(f"step {number} ({step.phase} {step.namespace}/{step.quota}) refused: {what}", err=True)
-            click.echo(f"{number - 1} of {len(result.steps)} step(s) applied; originals are in {backup_path}",
-                       err=True)
-            sys.exit(CONFLICT_EXIT)
-        current[key] = stored if isinstance(stored, dict) else body
-        verb = "would apply" if dry_run == "server" else "applied"
-        click.echo(f"{verb} step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
+            backup_path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": unique},
+                                                  sort_keys=False))
+        except OSError as error:
+            raise CommandError(f"{backup_path}: cannot write the backup: {error.strerror or error}") from None
+        click.echo(f"backup of {len(unique)} ElasticQuota(s) written to {backup_path}", err=True)
+    recovery = (f"originals are in {backup_path}; undo with `gpuquota migrate rollback -f {backup_path}`, "
+                "or re-run apply with a new backup file")
+    _write_steps(kubeconfig, context, result.steps, current, dry_run, _updated, recovery)
     _print_blocked_and_revisit(result)
 
 
@@ -175,4 +216,72 @@ def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
         annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS
     else:
         annotations.pop(MIGRATION_IN_PROGRESS_ANNOTATION, None)
+    return body
+
+
+@migrate.command()
+@click.option("-f", "--filename", "backup", default=None, type=click.Path(dir_okay=False),
+              help="Backup written by `migrate apply --backup`; without it, each quota's "
+                   f"{PRE_MIGRATION_SPEC_ANNOTATION} annotation.")
+@click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster.")
+@click.option("--context", default=None, help="Kubeconfig context to use.")
+@click.option("-n", "--namespace", default=None, help="Only ElasticQuotas in this namespace.")
+@click.option("--dry-run", "dry_run", type=click.Choice(["none", "client", "server"]), default="none",
+              show_default=True, help=DRY_RUN_HELP)
+def rollback(backup: str | None, kubeconfig: str | None, context: str | None, namespace: str | None,
+             dry_run: str) -> None:
+    """Put migrated ElasticQuotas back to their original spec, in the reverse of apply's order.
+
+    All or nothing up front: if any quota changed since the migration (its spec is neither the
+    original nor a state apply writes) or is gone, every such quota is named and nothing is
+    written (exit 1). Each update carries the resourceVersion just read, so a change during the
+    run is a conflict that stops it (exit 1); running rollback again continues from there.
+    """
+    originals: dict[tuple[str, str], dict[str, dict[str, str]]] | None = None
+    if backup is not None:
+        try:
+            originals = originals_from_backup(load_objects(backup))
+        except (ManifestError, RollbackSourceError) as error:
+            raise CommandError(str(error)) from None
+        if not originals:
+            raise CommandError(f"{backup}: no ElasticQuota in this file; is it a `migrate apply --backup` file?")
+    objects = _live_objects(kubeconfig, context)  # the whole tree: parents may live in other namespaces
+    try:
+        if originals is None:
+            originals = {key: spec for key, obj in _quotas_by_key(objects).items()
+                         if (spec := original_from_annotation(obj)) is not None}
+        if namespace:
+            originals = {key: spec for key, spec in originals.items() if key[0] == namespace}
+        result = plan_rollback(objects, originals)
+    except (RollbackSourceError, QuotaShapeError) as error:
+        raise CommandError(str(error)) from None
+    if result.refused:
+        for refusal in result.refused:
+            click.echo(f"REFUSED: ElasticQuota {refusal.namespace}/{refusal.quota}: {refusal.reason}", err=True)
+        click.echo("nothing written: restore the refused quotas by hand or leave them out with -n", err=True)
+        sys.exit(CONFLICT_EXIT)
+    for ref in result.unchanged:
+        click.echo(f"unchanged: ElasticQuota {ref} already has its original spec", err=True)
+    if not result.steps:
+        source = backup if backup is not None else f"the {PRE_MIGRATION_SPEC_ANNOTATION} annotation"
+        click.echo(f"nothing to roll back: no ElasticQuota differs from {source}")
+        return
+    if dry_run == "client":
+        _print_steps(result.steps)
+    recovery = "re-run `gpuquota migrate rollback` to continue from the current state"
+    _write_steps(kubeconfig, context, result.steps, _quotas_by_key(objects), dry_run, _restored, recovery)
+
+
+def _restored(obj: dict[str, Any], step: Step) -> dict[str, Any]:
+    body = copy.deepcopy(obj)
+    spec = body.setdefault("spec", {})
+    spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
+    annotations = body["metadata"].setdefault("annotations", {}) or {}
+    body["metadata"]["annotations"] = annotations
+    if step.phase == "re-add-legacy":
+        # Both GPU families again until the restore step: the webhook admits that only when marked.
+        annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS
+    else:
+        annotations.pop(MIGRATION_IN_PROGRESS_ANNOTATION, None)
+        annotations.pop(PRE_MIGRATION_SPEC_ANNOTATION, None)
     return body

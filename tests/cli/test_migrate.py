@@ -1,4 +1,4 @@
-"""``gpuquota migrate plan`` on manifest files: ordering, canonical values, blocked trees."""
+"""``gpuquota migrate plan`` on manifest files, and ``migrate rollback`` without a cluster."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -62,3 +63,114 @@ def test_usage_over_new_limit_is_blocked(tmp_path: Path) -> None:
     blocked = json.loads(result.stdout)["blocked"]
     assert any("quota team: canonical usage exceeds the limit: koordinator.sh/gpu-core 300 > 200" in b
                for b in blocked)
+
+
+# -- rollback, without a cluster -----------------------------------------------------------------
+
+PRE = "gpuquota.koord-gpuquota.io/pre-migration-spec"
+IN_PROGRESS = "gpuquota.koord-gpuquota.io/migration"
+CANONICAL_400 = {"koordinator.sh/gpu-core": "400", "koordinator.sh/gpu-memory-ratio": "400"}
+
+
+def migrated(obj: dict[str, Any], spec: dict[str, dict[str, str]]) -> dict[str, Any]:
+    annotations = {PRE: json.dumps(obj["spec"], sort_keys=True), "team.example/owner": "ml"}
+    return {**obj, "metadata": {**obj["metadata"], "annotations": annotations, "resourceVersion": "42"},
+            "spec": spec}
+
+
+def rollback(monkeypatch: pytest.MonkeyPatch, live: list[dict[str, Any]], *args: str) -> tuple[int, str, str]:
+    """``migrate rollback`` against ``live`` as the cluster listing (client dry run: nothing is sent)."""
+    monkeypatch.setattr("cli.migrate._live_objects", lambda kubeconfig, context: live)
+    result = CliRunner().invoke(cli, ["migrate", "rollback", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_rollback_client_dry_run_prints_the_reverse_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    org, team = TREE[0], TREE[1]
+    live = [migrated(org, {"min": CANONICAL_400, "max": CANONICAL_400}),
+            migrated(team, {"min": dict.fromkeys(CANONICAL_400, "200"), "max": dict.fromkeys(CANONICAL_400, "200")})]
+
+    code, out, err = rollback(monkeypatch, live, "--dry-run", "client")
+
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "# step 1: re-add-legacy ElasticQuota org/org",
+        "-  min.koordinator.sh/gpu-core: 400", "-  min.koordinator.sh/gpu-memory-ratio: 400",
+        "+  min.nvidia.com/gpu: 4", "+  max.nvidia.com/gpu: 4",
+        "# step 2: re-add-legacy ElasticQuota team/team",
+        "-  min.koordinator.sh/gpu-core: 200", "-  min.koordinator.sh/gpu-memory-ratio: 200",
+        "+  min.nvidia.com/gpu: 2", "+  max.nvidia.com/gpu: 2",
+        "# step 3: restore ElasticQuota team/team",
+        "-  max.koordinator.sh/gpu-core: 200", "-  max.koordinator.sh/gpu-memory-ratio: 200",
+        "# step 4: restore ElasticQuota org/org",
+        "-  max.koordinator.sh/gpu-core: 400", "-  max.koordinator.sh/gpu-memory-ratio: 400",
+        "would apply step 1: re-add-legacy ElasticQuota org/org",
+        "would apply step 2: re-add-legacy ElasticQuota team/team",
+        "would apply step 3: restore ElasticQuota team/team",
+        "would apply step 4: restore ElasticQuota org/org",
+    ]
+    # -n keeps only that namespace's quotas; the rest of the tree is still read, and a child cannot
+    # go back to nvidia.com/gpu under a parent that keeps canonical keys only.
+    code, out, err = rollback(monkeypatch, live, "--dry-run", "client", "-n", "team")
+    assert (code, out) == (1, "")
+    assert err.splitlines()[0].startswith(
+        "REFUSED: ElasticQuota team/team: its original max keys ['nvidia.com/gpu'] are not within those of its "
+        "parent org ['koordinator.sh/gpu-core', 'koordinator.sh/gpu-memory-ratio'], which is not rolled back")
+
+
+def test_rollback_refuses_everything_when_one_quota_changed(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    org, team = TREE[0], TREE[1]
+    backup = tmp_path / "backup.yaml"
+    backup.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [org, team]}))
+    live = [migrated(org, {"min": CANONICAL_400, "max": CANONICAL_400}),
+            {**team, "spec": {"min": {"nvidia.com/gpu": "2"}, "max": {"nvidia.com/gpu": "3"}}}]
+
+    code, out, err = rollback(monkeypatch, live, "-f", str(backup))
+
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        "REFUSED: ElasticQuota team/team: changed since the migration: its spec is min {nvidia.com/gpu: 2}; "
+        "max {nvidia.com/gpu: 3}, which is neither the original (min {nvidia.com/gpu: 2}; max {nvidia.com/gpu: 2}) "
+        "nor a state `gpuquota migrate apply` writes",
+        "nothing written: restore the refused quotas by hand or leave them out with -n"]
+
+
+def test_rollback_with_nothing_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert rollback(monkeypatch, TREE) == (
+        0, f"nothing to roll back: no ElasticQuota differs from the {PRE} annotation\n", "")
+    backup = tmp_path / "backup.yaml"
+    backup.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": TREE[:2]}))
+    assert rollback(monkeypatch, TREE, "-f", str(backup)) == (
+        0, f"nothing to roll back: no ElasticQuota differs from {backup}\n",
+        "unchanged: ElasticQuota org/org already has its original spec\n"
+        "unchanged: ElasticQuota team/team already has its original spec\n")
+
+
+def test_rollback_bad_backup_files_are_one_line_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    result = CliRunner().invoke(cli, ["migrate", "rollback", "-f", str(missing)])
+    assert (result.exit_code, result.stderr) == (2, f"Error: {missing}: no such file or directory\n")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(yaml.safe_dump({"kind": "List", "items": [TREE[2]]}))
+    result = CliRunner().invoke(cli, ["migrate", "rollback", "-f", str(empty)])
+    assert (result.exit_code, result.stderr) == (
+        2, f"Error: {empty}: no ElasticQuota in this file; is it a `migrate apply --backup` file?\n")
+    result = CliRunner().invoke(cli, ["migrate", "rollback", "--dry-run", "yes"])
+    assert result.exit_code == 2
+
+
+def test_rollback_request_bodies_mark_the_union_state_and_drop_the_annotations() -> None:
+    from cli.migrate import _restored
+    from gpuquota_core.migration import Step
+
+    live = migrated(TREE[0], {"min": CANONICAL_400, "max": CANONICAL_400})
+    union = {"min": {"nvidia.com/gpu": "4"}, "max": {"nvidia.com/gpu": "4", **CANONICAL_400}}
+    body = _restored(live, Step("org", "org", "re-add-legacy", live["spec"], union))
+    assert body["spec"] == union
+    assert body["metadata"]["resourceVersion"] == "42"  # the precondition: exactly the version read
+    assert body["metadata"]["annotations"] == {**live["metadata"]["annotations"], IN_PROGRESS: "in-progress"}
+    body = _restored(body, Step("org", "org", "restore", union, TREE[0]["spec"]))
+    assert body["spec"] == TREE[0]["spec"]
+    assert body["metadata"]["annotations"] == {"team.example/owner": "ml"}
+    assert live["metadata"]["annotations"][PRE]  # the listed object itself is not modified

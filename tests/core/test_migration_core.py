@@ -8,11 +8,20 @@ order (children before parents). Quotas outside such a tree get one ``convert`` 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from gpuquota_core.migration import Plan, Step, plan_migration
+from gpuquota_core.migration import (
+    Plan,
+    RollbackSourceError,
+    Step,
+    original_from_annotation,
+    originals_from_backup,
+    plan_migration,
+    plan_rollback,
+)
 from gpuquota_core.quota import QuotaShapeError
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
@@ -182,3 +191,129 @@ def test_as_dict_is_plain_data() -> None:
 def test_an_unreadable_quota_is_an_error_naming_it() -> None:
     with pytest.raises(QuotaShapeError, match=r"^ElasticQuota bad: spec\.max\[nvidia\.com/gpu\]: "):
         plan_migration([eq("bad", "bad", {"nvidia.com/gpu": "lots"})])
+
+
+# -- rollback ------------------------------------------------------------------------------------
+
+PRE = "gpuquota.koord-gpuquota.io/pre-migration-spec"
+IN_PROGRESS = "gpuquota.koord-gpuquota.io/migration"
+
+
+def at(obj: dict[str, Any], spec: dict[str, dict[str, str]] | None, in_progress: bool = False) -> dict[str, Any]:
+    """``obj`` as ``migrate apply`` leaves it: ``spec`` written, the original kept in the annotation."""
+    if spec is None:
+        return obj
+    annotations = {PRE: json.dumps({"min": obj["spec"]["min"], "max": obj["spec"]["max"]}, sort_keys=True)}
+    if in_progress:
+        annotations[IN_PROGRESS] = "in-progress"
+    return {**obj, "metadata": {**obj["metadata"], "annotations": annotations}, "spec": spec}
+
+
+ORG = eq("org", "ops", {"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "4"}, is_parent=True)
+TEAM = eq("team", "team", {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "2"}, parent="org")
+ORG_UNION = {"min": {"nvidia.com/gpu": "4"}, "max": canonical("800", **{"nvidia.com/gpu": "8"})}
+TEAM_UNION = {"min": {"nvidia.com/gpu": "2"}, "max": canonical("400", **{"nvidia.com/gpu": "4"})}
+ORG_DONE = {"min": canonical("400"), "max": canonical("800")}
+TEAM_DONE = {"min": canonical("200"), "max": canonical("400")}
+
+
+def originals(*objects: dict[str, Any]) -> dict[tuple[str, str], dict[str, dict[str, str]]]:
+    return originals_from_backup(objects)
+
+
+def test_rollback_of_a_gated_tree_is_apply_in_reverse() -> None:
+    live = [at(ORG, ORG_DONE), at(TEAM, TEAM_DONE)]
+    result = plan_rollback(live)  # originals from the annotations
+    assert [(s.phase, s.quota) for s in result.steps] == [
+        ("re-add-legacy", "org"), ("re-add-legacy", "team"), ("restore", "team"), ("restore", "org")]
+    steps = result.steps
+    assert (steps[0].before, steps[0].after) == (ORG_DONE, ORG_UNION)
+    assert (steps[1].before, steps[1].after) == (TEAM_DONE, TEAM_UNION)
+    assert (steps[2].before, steps[2].after) == (TEAM_UNION, {"min": {"nvidia.com/gpu": "2"},
+                                                              "max": {"nvidia.com/gpu": "4"}})
+    assert (steps[3].before, steps[3].after) == (ORG_UNION, {"min": {"nvidia.com/gpu": "4"},
+                                                             "max": {"nvidia.com/gpu": "8"}})
+    assert (result.refused, result.unchanged) == ([], [])
+    # The same steps from the backup (the objects as they were before apply).
+    assert plan_rollback(live, originals(ORG, TEAM)).steps == steps
+
+
+def test_rollback_keeps_child_max_keys_within_the_parent_at_every_step() -> None:
+    keys = {"org": set(ORG_DONE["max"]), "team": set(TEAM_DONE["max"])}
+    for step in plan_rollback([at(ORG, ORG_DONE), at(TEAM, TEAM_DONE)]).steps:
+        assert set(step.before["max"]) == keys[step.quota]
+        keys[step.quota] = set(step.after["max"])
+        assert keys["team"] <= keys["org"], step
+    assert keys == {"org": {"nvidia.com/gpu"}, "team": {"nvidia.com/gpu"}}
+
+
+def test_rollback_after_a_partial_apply_undoes_only_what_was_done() -> None:
+    # apply stopped after step 1 (add-canonical org): team was never written.
+    result = plan_rollback([at(ORG, ORG_UNION, in_progress=True), TEAM], originals(ORG, TEAM))
+    assert [(s.phase, s.quota, s.before, s.after) for s in result.steps] == [
+        ("restore", "org", ORG_UNION, {"min": {"nvidia.com/gpu": "4"}, "max": {"nvidia.com/gpu": "8"}})]
+    assert result.unchanged == ["team/team"]
+
+
+def test_rollback_of_a_single_step_quota_and_quantity_spelling() -> None:
+    solo = eq("solo", "solo", {"nvidia.com/gpu": "2"})
+    # The apiserver may store 400 as "0.4k"-style spellings; equal quantities are the same state.
+    stored = {"min": {}, "max": {CORE: "200", RATIO: "0.2k"}}
+    result = plan_rollback([at(solo, stored)])
+    assert [(s.phase, s.quota, s.after) for s in result.steps] == [
+        ("restore", "solo", {"min": {}, "max": {"nvidia.com/gpu": "2"}})]
+
+
+def test_rollback_refuses_a_quota_changed_since_the_migration_and_one_that_is_gone() -> None:
+    raised = {"min": canonical("200"), "max": canonical("500")}
+    result = plan_rollback([at(ORG, ORG_DONE), at(TEAM, raised)],
+                           originals(ORG, TEAM, eq("gone", "gone", {"nvidia.com/gpu": "1"})))
+    assert sorted((r.as_dict() for r in result.refused), key=lambda r: r["quota"]) == [
+        {"quota": "gone", "namespace": "gone", "reason": "not found in the cluster; nothing to restore it onto"},
+        # org alone cannot go back to nvidia.com/gpu while its child keeps canonical keys.
+        {"quota": "org", "namespace": "ops", "reason": (
+            f"its child team is not rolled back and keeps max keys ['{CORE}', '{RATIO}'], which are not within its "
+            "original ['nvidia.com/gpu']: Koordinator refuses that update; roll back the whole tree together, or "
+            "restore this quota by hand")},
+        {"quota": "team", "namespace": "team", "reason": (
+            f"changed since the migration: its spec is min {{{CORE}: 200, {RATIO}: 200}}; max {{{CORE}: 500, "
+            f"{RATIO}: 500}}, which is neither the original (min {{nvidia.com/gpu: 2}}; max {{nvidia.com/gpu: 4}}) "
+            "nor a state `gpuquota migrate apply` writes")}]
+    assert [r.quota for r in result.refused] == ["gone", "org", "team"]
+    assert [s.quota for s in result.steps] == ["org", "org"]  # shown, but the CLI writes nothing
+
+
+def test_rollback_of_part_of_a_tree_is_refused_both_ways() -> None:
+    live = [at(ORG, ORG_DONE), at(TEAM, TEAM_DONE)]
+    only_team = plan_rollback(live, originals(TEAM))
+    assert [r.as_dict() for r in only_team.refused] == [{"quota": "team", "namespace": "team", "reason": (
+        f"its original max keys ['nvidia.com/gpu'] are not within those of its parent org ['{CORE}', '{RATIO}'], "
+        "which is not rolled back: Koordinator refuses that update; roll back the whole tree together, or restore "
+        "this quota by hand")}]
+    only_org = plan_rollback(live, originals(ORG))
+    assert [r.quota for r in only_org.refused] == ["org"]
+    assert only_org.refused[0].reason.startswith("its child team is not rolled back")
+    # A child that is not rolled back is fine when its max keys fit the parent's restored ones.
+    cpu_child = eq("cpu", "cpu", {}, parent="org")
+    assert plan_rollback([at(ORG, ORG_DONE), cpu_child], originals(ORG)).refused == []
+
+
+def test_rollback_with_nothing_to_do_and_annotation_only_cleanup() -> None:
+    assert plan_rollback([ORG, TEAM], originals(ORG, TEAM)).as_dict() == {
+        "steps": [], "refused": [], "unchanged": ["ops/org", "team/team"]}
+    assert plan_rollback([ORG, TEAM]).as_dict() == {"steps": [], "refused": [], "unchanged": []}
+    # Spec already back (by hand) but the annotation is still there: one update that drops it.
+    marked = at(TEAM, {"min": {"nvidia.com/gpu": "2"}, "max": {"nvidia.com/gpu": "4"}})
+    steps = plan_rollback([marked]).steps
+    assert [(s.phase, s.quota) for s in steps] == [("restore", "team")]
+    assert steps[0].before == steps[0].after == {"min": {"nvidia.com/gpu": "2"}, "max": {"nvidia.com/gpu": "4"}}
+
+
+def test_rollback_sources_that_cannot_be_read_name_the_quota() -> None:
+    broken = {**TEAM, "metadata": {**TEAM["metadata"], "annotations": {PRE: "{not json"}}}
+    with pytest.raises(RollbackSourceError, match=rf"^ElasticQuota team/team: annotation {PRE} is not a JSON"):
+        plan_rollback([broken])
+    assert original_from_annotation(TEAM) is None
+    with pytest.raises(RollbackSourceError, match=r"an ElasticQuota in the backup has no metadata\.name"):
+        originals_from_backup([{"kind": "ElasticQuota", "metadata": {}, "spec": {}}])
+    assert originals_from_backup([{"kind": "ConfigMap", "metadata": {"name": "x"}}]) == {}

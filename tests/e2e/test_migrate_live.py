@@ -1,4 +1,4 @@
-"""``gpuquota migrate apply`` on the real apiserver, with the project's webhook validating each step."""
+"""``gpuquota migrate apply|rollback`` on the real apiserver, with the project's webhook validating each step."""
 
 from __future__ import annotations
 
@@ -108,3 +108,108 @@ def test_an_existing_backup_file_is_never_overwritten(kubeconfig_path: Path, tmp
     assert err == (f"Error: {tmp_path}/backup.yaml exists; choose a new backup file "
                    "(an old backup is never overwritten)\n")
     assert (tmp_path / "backup.yaml").read_text() == "precious"
+
+
+# -- rollback ------------------------------------------------------------------------------------
+
+PRE_MIGRATION = "gpuquota.koord-gpuquota.io/pre-migration-spec"
+IN_PROGRESS = "gpuquota.koord-gpuquota.io/migration"
+
+
+def rollback(kubeconfig: Path, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["migrate", "rollback", "--kubeconfig", str(kubeconfig), *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def originals(api: Api, namespace: str, *names: str) -> dict[str, dict[str, Any]]:
+    """What rollback must bring back: spec, labels and annotations exactly."""
+    found = {}
+    for name in names:
+        stored = eq(api, namespace, name)
+        found[name] = {"spec": stored["spec"], "labels": stored["metadata"].get("labels"),
+                       "annotations": stored["metadata"].get("annotations", {})}
+    return found
+
+
+def assert_restored(api: Api, namespace: str, expected: dict[str, dict[str, Any]]) -> None:
+    assert originals(api, namespace, *expected) == expected
+
+
+@pytest.mark.parametrize("source", ["backup", "annotation"])
+def test_apply_then_rollback_restores_the_exact_original_spec(
+        kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str], tmp_path: Path, source: str) -> None:
+    namespace, parent, child = legacy_tree
+    before = originals(api, namespace, parent, child)
+    assert before[parent]["spec"] == {"max": {"nvidia.com/gpu": "8"}, "min": {"nvidia.com/gpu": "4"}}
+    backup = tmp_path / "backup.yaml"
+    assert migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--update-resource-key-gate")[0] == 0
+    assert eq(api, namespace, parent)["spec"]["max"] == dict.fromkeys(CANONICAL, "800")
+
+    code, out, err = rollback(kubeconfig_path, "-n", namespace, *(["-f", str(backup)] if source == "backup" else []))
+
+    assert (code, err) == (0, "")
+    # The reverse of apply's order: legacy keys back top-down, then canonical keys gone bottom-up.
+    assert out.splitlines() == [
+        f"applied step 1: re-add-legacy ElasticQuota {namespace}/{parent}",
+        f"applied step 2: re-add-legacy ElasticQuota {namespace}/{child}",
+        f"applied step 3: restore ElasticQuota {namespace}/{child}",
+        f"applied step 4: restore ElasticQuota {namespace}/{parent}",
+    ]
+    assert_restored(api, namespace, before)
+
+    again = rollback(kubeconfig_path, "-n", namespace)
+    assert again == (0, f"nothing to roll back: no ElasticQuota differs from the {PRE_MIGRATION} annotation\n", "")
+
+
+def test_rollback_refuses_a_quota_changed_since_the_migration_and_writes_nothing(
+        kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str], tmp_path: Path) -> None:
+    namespace, parent, child = legacy_tree
+    backup = tmp_path / "backup.yaml"
+    assert migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--update-resource-key-gate")[0] == 0
+    api.custom.patch_namespaced_custom_object(
+        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, child,
+        {"spec": {"max": dict.fromkeys(CANONICAL, "500")}})
+    versions = [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)]
+
+    code, out, err = rollback(kubeconfig_path, "-f", str(backup))
+
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"REFUSED: ElasticQuota {namespace}/{parent}: its child {child} is not rolled back and keeps max keys "
+        "['koordinator.sh/gpu-core', 'koordinator.sh/gpu-memory-ratio'], which are not within its original "
+        "['nvidia.com/gpu']: Koordinator refuses that update; roll back the whole tree together, or restore this "
+        "quota by hand",
+        f"REFUSED: ElasticQuota {namespace}/{child}: changed since the migration: its spec is "
+        "min {koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200}; "
+        "max {koordinator.sh/gpu-core: 500, koordinator.sh/gpu-memory-ratio: 500}, which is neither the original "
+        "(min {nvidia.com/gpu: 2}; max {nvidia.com/gpu: 4}) nor a state `gpuquota migrate apply` writes",
+        "nothing written: restore the refused quotas by hand or leave them out with -n",
+    ]
+    assert [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)] == versions
+
+
+@pytest.mark.parametrize("mode", ["client", "server"])
+def test_rollback_dry_runs_store_nothing(kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str],
+                                         tmp_path: Path, mode: str) -> None:
+    namespace, parent, child = legacy_tree
+    assert migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "b.yaml"),
+                   "--update-resource-key-gate")[0] == 0
+    versions = [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)]
+
+    code, out, err = rollback(kubeconfig_path, "-n", namespace, "--dry-run", mode)
+
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("would apply")] == [
+        f"would apply step 1: re-add-legacy ElasticQuota {namespace}/{parent}",
+        f"would apply step 2: re-add-legacy ElasticQuota {namespace}/{child}",
+        f"would apply step 3: restore ElasticQuota {namespace}/{child}",
+        f"would apply step 4: restore ElasticQuota {namespace}/{parent}",
+    ]
+    if mode == "client":
+        # Back to the union state of apply's add-canonical step: legacy min, both families in max.
+        assert lines[:5] == [f"# step 1: re-add-legacy ElasticQuota {namespace}/{parent}",
+                             "-  min.koordinator.sh/gpu-core: 400", "-  min.koordinator.sh/gpu-memory-ratio: 400",
+                             "+  min.nvidia.com/gpu: 4", "+  max.nvidia.com/gpu: 8"]
+    assert [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)] == versions
+
