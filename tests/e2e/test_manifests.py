@@ -35,6 +35,7 @@ CERT_MANAGER = OVERLAYS / "cert-manager"
 SELF_MANAGED = OVERLAYS / "self-managed"
 INSTALL_CERTS = REPO_ROOT / "hack" / "install-self-managed-certs.sh"
 CONTAINERFILE = REPO_ROOT / "Containerfile"
+DEPLOY_DOC = REPO_ROOT / "docs" / "deploy.md"
 NAMESPACE = "gpuquota-system"
 KUBECTL_TIMEOUT = 120.0
 SCRIPT_TIMEOUT = 180.0
@@ -251,6 +252,29 @@ def test_networkpolicy_admits_control_plane_and_monitoring_to_the_deployments_po
     names_and_numbers = {exposed[0]["name"], exposed[0]["containerPort"]}
     for rule in policy["ingress"]:
         assert [(p["port"] in names_and_numbers, p["protocol"]) for p in rule["ports"]] == [(True, "TCP")]
+
+
+def test_documented_networkpolicy_override_renders_and_is_accepted(
+    kubectl: str, kubeconfig_path: Path, api: Api, install_namespace: str, tmp_path: Path,
+    elasticquota_crd: k8s.V1CustomResourceDefinition,
+) -> None:
+    """The example overlay of docs/deploy.md, step 0, pointed at the real overlay directory."""
+    text = DEPLOY_DOC.read_text(encoding="utf-8")
+    match = re.search(r"```yaml\n# my-cluster/kustomization.yaml\n(.*?)```", text, re.DOTALL)
+    assert match, "docs/deploy.md lost its example overlay"
+    kustomization = yaml.safe_load(match.group(1))
+    assert kustomization["resources"] == ["../manifests/overlays/cert-manager"]
+    # kustomize refuses absolute paths, but a relative one may climb out of the overlay's root.
+    kustomization["resources"] = [os.path.relpath(CERT_MANAGER, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+    objects = render(kubectl, tmp_path)
+    policy = find(objects, "NetworkPolicy", "gpuquota-webhook")["spec"]
+    assert policy["ingress"][0]["from"] == [{"ipBlock": {"cidr": f"10.20.0.{n}/32"}} for n in (11, 12, 13)]
+    assert policy["ingress"][1]["from"][0]["namespaceSelector"]  # the monitoring rule is untouched
+    (container,) = find(objects, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/platform/koord-gpuquota:0.1.0"
+    dry_run_apply([o for o in objects if o["kind"] != "Namespace" and not is_cert_manager(o)],
+                  kubectl, kubeconfig_path, api)
 
 
 # -- the overlays ---------------------------------------------------------------------------------
