@@ -10,6 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from kubernetes import client as k8s
 from webhookproc import WebhookProcess
 
 from cli.main import cli
@@ -213,3 +214,58 @@ def test_rollback_dry_runs_store_nothing(kubeconfig_path: Path, api: Api, legacy
                              "+  min.nvidia.com/gpu: 4", "+  max.nvidia.com/gpu: 8"]
     assert [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)] == versions
 
+
+def test_a_conflict_mid_apply_stops_names_the_quota_and_the_backup_rolls_back(
+        kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone edits the child between the plan and step 2: the apiserver answers 409 to step 2."""
+    namespace, parent, child = legacy_tree
+    before = originals(api, namespace, parent, child)
+    backup = tmp_path / "backup.yaml"
+    real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
+    sent: list[str] = []
+    seen: dict[str, str] = {}
+
+    def replace_after_a_concurrent_edit(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        name = args[4]
+        sent.append(name)
+        if len(sent) == 2:
+            edited = api.custom.patch_namespaced_custom_object(
+                ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, child,
+                {"metadata": {"labels": {"edited-by": "someone-else"}}})
+            seen["child"] = edited["metadata"]["resourceVersion"]
+            seen["parent"] = eq(api, namespace, parent)["metadata"]["resourceVersion"]
+        return real_replace(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object", replace_after_a_concurrent_edit)
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--update-resource-key-gate")
+
+    assert code == 1
+    assert out.splitlines() == [f"applied step 1: add-canonical ElasticQuota {namespace}/{parent}"]
+    listed_version = yaml.safe_load(backup.read_text())["items"][1]["metadata"]["resourceVersion"]
+    assert err.splitlines() == [
+        f"backup of 2 ElasticQuota(s) written to {backup}",
+        f"step 2 (add-canonical {namespace}/{child}) refused: conflict: ElasticQuota {namespace}/{child} changed "
+        f"since it was read (resourceVersion {listed_version}); it was not overwritten",
+        f"1 of 4 step(s) applied, nothing further written; originals are in {backup}; undo with "
+        f"`gpuquota migrate rollback -f {backup}`, or re-run apply with a new backup file",
+    ]
+    assert sent == [parent, child]  # nothing was sent after the conflict
+    assert eq(api, namespace, child)["metadata"]["resourceVersion"] == seen["child"]
+    assert eq(api, namespace, parent)["metadata"]["resourceVersion"] == seen["parent"]
+    assert eq(api, namespace, child)["spec"] == before[child]["spec"]
+    stored_parent = eq(api, namespace, parent)
+    assert stored_parent["spec"]["max"] == {"nvidia.com/gpu": "8", **dict.fromkeys(CANONICAL, "800")}
+    assert stored_parent["metadata"]["annotations"][IN_PROGRESS] == "in-progress"
+    # The backup holds both quotas as they were before the run: enough to roll back.
+    saved = {item["metadata"]["name"]: item for item in yaml.safe_load(backup.read_text())["items"]}
+    assert {name: item["spec"] for name, item in saved.items()} == {n: before[n]["spec"] for n in (parent, child)}
+    monkeypatch.undo()
+
+    code, out, err = rollback(kubeconfig_path, "-f", str(backup))
+
+    assert (code, out) == (0, f"applied step 1: restore ElasticQuota {namespace}/{parent}\n")
+    assert err == f"unchanged: ElasticQuota {namespace}/{child} already has its original spec\n"
+    before[child]["labels"]["edited-by"] = "someone-else"  # the other writer's change is kept
+    assert_restored(api, namespace, before)
