@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from webhook.server import ServeError
-from webhook.server import serve as run_server
-from webhook.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT
+from webhook.server import ServeError, run
+from webhook.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
 
 from .errors import CommandError
 
@@ -38,14 +37,26 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @click.option("--client-ca", "client_ca_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Mutual TLS: refuse clients without a certificate signed by this PEM CA "
                    "(reloaded when it changes). Probes must then be tcpSocket or exec, see docs/security.md.")
+@click.option("--accounting", type=click.Choice(["local", "strict"]), default="local", show_default=True,
+              help="Quota reservations per server instance (local), or shared by all replicas through a "
+                   "ConfigMap written before each admission (strict; see README 'Several replicas').")
+@click.option("--ledger-namespace", default="",
+              help="Namespace of strict accounting's ledger ConfigMaps (default: the pod's own namespace).")
+@click.option("--stale-after", "stale_after_seconds", type=click.FloatRange(min=1), default=120.0,
+              show_default=True, help="Seconds a failing list/watch may last before /readyz reports the quota "
+                                      "view stale (decisions continue from the last state meanwhile).")
+@click.option("--reservation-ttl", "reservation_ttl_seconds", type=click.FloatRange(min=1), default=30.0,
+              show_default=True, help="Seconds an admitted pod holds quota room until the watch shows it.")
 def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,
           host: str, port: int, config_path: Path | None, workers: int, threads: int, keepalive: int,
-          log_level: str, client_ca_path: Path | None) -> None:
+          log_level: str, client_ca_path: Path | None, accounting: str, ledger_namespace: str,
+          stale_after_seconds: float, reservation_ttl_seconds: float) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     try:
-        run_server(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
-                   kubeconfig_path=kubeconfig_path, context=context,
-                   workers=workers, threads=threads, keepalive=keepalive, log_level=log_level,
-                   client_ca_path=client_ca_path)
+        run(Settings(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
+                     kubeconfig_path=kubeconfig_path, context=context, workers=workers, threads=threads,
+                     keepalive=keepalive, log_level=log_level, client_ca_path=client_ca_path,
+                     accounting=accounting, ledger_namespace=ledger_namespace,
+                     stale_after_seconds=stale_after_seconds, reservation_ttl_seconds=reservation_ttl_seconds))
     except ServeError as error:
         raise CommandError(str(error)) from None

@@ -11,13 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 from kubernetes import client
-
-from kubeaccess.kube import connect
 
 from . import quota_metrics as metrics
 from .quota_state import KINDS, QuotaState
@@ -104,10 +101,8 @@ def _lines(response: Any) -> Iterator[bytes]:
         yield buffer
 
 
-def start_live_sync(state: QuotaState, kubeconfig: Path | None, context: str | None,
-                    watch_seconds: int = WATCH_SECONDS) -> threading.Event:
+def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int = WATCH_SECONDS) -> threading.Event:
     stop = threading.Event()
-    api = connect(str(kubeconfig) if kubeconfig else None, context)
     for kind in KINDS:
         threading.Thread(target=sync_kind, args=(state, lister_for(api, kind), kind, stop, watch_seconds),
                          daemon=True, name=f"sync-{kind}").start()

@@ -8,7 +8,7 @@ the ``max`` mode: the value of the one writer.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 SYNCED = Gauge(
     "gpuquota_cluster_state_synced",
@@ -50,4 +50,14 @@ RELISTS = Counter(
     "gpuquota_relists",
     "Full re-lists of a kind, by reason (initial, gone = 410 from the watch, error).",
     ["kind", "reason"],
+)
+LEDGER_WRITES = Counter(
+    "gpuquota_ledger_writes",
+    "Writes of the shared reservation ledger (strict accounting), by result (ok, conflict, error).",
+    ["result"],
+)
+LEDGER_BATCH = Histogram(
+    "gpuquota_ledger_batch_size",
+    "Reservations carried by one successful ledger write (strict accounting's group commit).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )

@@ -18,17 +18,21 @@ import tempfile
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
 from .quota_port import PodAdmission, Verdict
-from .quota_state import QuotaState
+from .quota_state import DEFAULT_STALE_AFTER_SECONDS, QuotaState
 from .quota_wire import recv_frame, send_frame
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
+# Accounting modes (README "Several replicas"): the reservation ledger in this process's memory,
+# or shared by all replicas through the API server.
+LOCAL, STRICT = "local", "strict"
 
 
 def private_socket_path() -> Path:
@@ -40,13 +44,17 @@ def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
     return asdict(verdict)
 
 
-def handle(state: QuotaState, message: Any) -> dict[str, Any]:
+class PodAdmitter(Protocol):
+    def admit_pod(self, admission: PodAdmission) -> Verdict: ...
+
+
+def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None) -> dict[str, Any]:
     op = message.get("op") if isinstance(message, dict) else None
     if op == "ready":
         ready, reason = state.ready()
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
-        return verdict_to_wire(state.admit_pod(PodAdmission(**message["admission"])))
+        return verdict_to_wire((admitter or state).admit_pod(PodAdmission(**message["admission"])))
     if op == "review_elasticquota":
         try:
             return verdict_to_wire(state.review_elasticquota(message["quota"]))
@@ -55,20 +63,21 @@ def handle(state: QuotaState, message: Any) -> dict[str, Any]:
     return {"error": f"unknown operation {op!r}"}
 
 
-def serve_connection(state: QuotaState, conn: socket.socket) -> None:
+def serve_connection(state: QuotaState, conn: socket.socket, admitter: PodAdmitter | None = None) -> None:
     with conn:
         while True:
             try:
                 message = recv_frame(conn)
                 if message is None:
                     return
-                send_frame(conn, handle(state, message))
+                send_frame(conn, handle(state, message, admitter))
             except (OSError, ValueError, TypeError, KeyError) as error:
                 log.warning("quota service: dropping connection: %s", error)
                 return
 
 
-def serve(state: QuotaState, path: Path, stop: threading.Event | None = None) -> socket.socket:
+def serve(state: QuotaState, path: Path, stop: threading.Event | None = None,
+          admitter: PodAdmitter | None = None) -> socket.socket:
     """Listen on ``path`` and serve each connection in a thread; returns the listening socket."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -81,23 +90,38 @@ def serve(state: QuotaState, path: Path, stop: threading.Event | None = None) ->
                 conn, _ = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=serve_connection, args=(state, conn), daemon=True).start()
+            threading.Thread(target=serve_connection, args=(state, conn, admitter), daemon=True).start()
 
     threading.Thread(target=accept_loop, daemon=True, name="quota-accept").start()
     return listener
 
 
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
-                parent_pid: int) -> None:
+                parent_pid: int, accounting: str = LOCAL, ledger_namespace: str = "",
+                stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+                reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS) -> None:
     """The service process's main: serve, load or start syncing, and exit when the parent does."""
-    state = QuotaState()
-    serve(state, path)
+    state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds)
     if state_path is not None:
+        serve(state, path)
         state.load(load_objects(str(state_path)))
     else:
+        from kubeaccess.kube import connect
+
         from .cluster_state import start_live_sync
 
-        start_live_sync(state, kubeconfig, context)
+        api = connect(str(kubeconfig) if kubeconfig else None, context)
+        admitter: PodAdmitter | None = None
+        if accounting == STRICT:
+            from .strict_accounting import LedgerStore, StrictAccounting
+
+            strict = StrictAccounting(state, LedgerStore(api, ledger_namespace))
+            threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
+                                                                threading.Event()),
+                             daemon=True, name="ledger-reconciler").start()
+            admitter = strict
+        serve(state, path, admitter=admitter)
+        start_live_sync(state, api)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     stopped = threading.Event()
     while os.getppid() == parent_pid:
@@ -105,7 +129,10 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
 
 
 def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,
-                          kube_context: str | None = None) -> subprocess.Popen[bytes]:
+                          kube_context: str | None = None, accounting: str = LOCAL,
+                          ledger_namespace: str = "",
+                          stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+                          reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS) -> subprocess.Popen[bytes]:
     """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one).
 
     A fresh interpreter rather than multiprocessing: gunicorn forks its workers from this
@@ -119,6 +146,8 @@ def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path 
         command += ["--kubeconfig", str(kubeconfig)]
     if kube_context is not None:
         command += ["--context", kube_context]
+    command += ["--accounting", accounting, "--ledger-namespace", ledger_namespace,
+                "--stale-after", str(stale_after_seconds), "--reservation-ttl", str(reservation_ttl_seconds)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
 
@@ -130,9 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=Path)
     parser.add_argument("--kubeconfig", type=Path)
     parser.add_argument("--context")
+    parser.add_argument("--accounting", choices=(LOCAL, STRICT), default=LOCAL)
+    parser.add_argument("--ledger-namespace", default="")
+    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_SECONDS)
+    parser.add_argument("--reservation-ttl", type=float, default=DEFAULT_TTL_SECONDS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid)
+    run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid, args.accounting,
+                args.ledger_namespace, args.stale_after, args.reservation_ttl)
 
 
 if __name__ == "__main__":

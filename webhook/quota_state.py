@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core import shared_ledger
+from gpuquota_core.ledger import Reservation, ReservationLedger
 from gpuquota_core.migration import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from gpuquota_core.quota import (
     POD_QUOTA_LABEL,
@@ -169,6 +170,42 @@ class QuotaState:
         return Verdict(True, warnings=review.warnings)
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
+        """Local accounting: decide and reserve in this instance's own ledger."""
+        with self._lock:
+            expired = self.ledger.expire(self._clock())
+            if expired:
+                metrics.RESERVATIONS_EXPIRED.inc(len(expired))
+            verdict, _ = self._judge(admission, self.ledger, self._clock())
+            metrics.RESERVATIONS.set(len(self.ledger))
+            return verdict
+
+    def tree_of(self, admission: PodAdmission) -> str | None:
+        """The quota tree whose shared ledger a pod's admission writes to (strict accounting)."""
+        with self._lock:
+            resolution = self.tree.resolve(admission.namespace, admission.labels.get(POD_QUOTA_LABEL, ""))
+            if resolution.quota is None or resolution.quota not in self.tree.quotas:
+                return None
+            return shared_ledger.tree_of(self.tree, resolution.quota)
+
+    def judge_batch(self, admissions: list[PodAdmission], stored: Mapping[str, shared_ledger.StoredReservation],
+                    now: float) -> list[tuple[Verdict, Reservation | None]]:
+        """Strict accounting: decide a batch against the shared ledger as stored (``now`` is wall time).
+
+        Each admission sees the ones before it in the batch, so one write can carry them all.
+        Returns, per admission, the verdict and the reservation to store (None: nothing to write).
+        """
+        with self._lock:
+            ledger = shared_ledger.holding_room(stored, self.usage, now, self.ledger.ttl_seconds)
+            return [self._judge(admission, ledger, now) for admission in admissions]
+
+    def pruned(self, stored: Mapping[str, shared_ledger.StoredReservation],
+               now: float) -> dict[str, shared_ledger.StoredReservation]:
+        with self._lock:
+            return shared_ledger.pruned(stored, self.usage, now)
+
+    def _judge(self, admission: PodAdmission, ledger: ReservationLedger,
+               now: float) -> tuple[Verdict, Reservation | None]:
+        """Decide one admission against ``ledger`` and reserve in it when admitted (lock held)."""
         new = PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),
                               requests_of(admission.canonical_requests), admission.unknown_gpu_memory)
         old = None
@@ -176,25 +213,20 @@ class QuotaState:
             old = PodQuotaRequest(admission.namespace, admission.name,
                                   (admission.old_labels or {}).get(POD_QUOTA_LABEL, ""),
                                   requests_of(admission.old_canonical_requests))
-        with self._lock:
-            if not self.synced:
-                return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady")
-            if old is not None and not needs_check(new, old, self.tree):
-                return ALLOW
-            expired = self.ledger.expire(self._clock())
-            if expired:
-                metrics.RESERVATIONS_EXPIRED.inc(len(expired))
-            decision = decide(self.tree, self.usage, self.ledger, new, old if self._watched(admission) else None)
-            if not decision.allowed:
-                return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details)
-            if not admission.dry_run and decision.quotas:
-                # CREATE and UPDATE alike: until the watch shows this version of the pod, what it
-                # adds (a relabel's new leaf, a resize's growth) is held here.
-                self.ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
-                                    new.requests, self._clock(), pod_uid=admission.pod_uid,
-                                    charges=decision.charges)
-            metrics.RESERVATIONS.set(len(self.ledger))
-            return ALLOW
+        if not self.synced:
+            return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
+        if old is not None and not needs_check(new, old, self.tree):
+            return ALLOW, None
+        decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None)
+        if not decision.allowed:
+            return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
+        if admission.dry_run or not decision.quotas:
+            return ALLOW, None
+        # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
+        # relabel's new leaf, a resize's growth) is held in the ledger.
+        reservation = ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
+                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges)
+        return ALLOW, reservation
 
 
 def _migrating(quota: Mapping[str, Any]) -> bool:

@@ -32,7 +32,7 @@ from gpuquota_core.conversion import DEFAULT_CONFIG, ConfigError, ConversionConf
 
 from .gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from .quota_port import NoQuota, QuotaDecider
-from .settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
+from .settings import Settings
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -57,8 +57,33 @@ def start_shared_services(settings: Settings) -> None:
     from .quota_service import private_socket_path, start_service_process
 
     path = private_socket_path()
-    start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context)
+    start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
+                          accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
+                          stale_after_seconds=settings.stale_after_seconds,
+                          reservation_ttl_seconds=settings.reservation_ttl_seconds)
     os.environ[QUOTA_SOCKET_ENV] = str(path)
+
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def ledger_namespace(settings: Settings) -> str:
+    """Where strict accounting keeps its ledger: the flag, else the namespace this pod runs in."""
+    if settings.ledger_namespace:
+        return settings.ledger_namespace
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def _check_accounting(settings: Settings) -> None:
+    if settings.accounting not in ("local", "strict"):
+        raise ServeError(f"--accounting must be local or strict, not {settings.accounting!r}")
+    if settings.accounting == "strict" and settings.state_path is not None:
+        raise ServeError("--accounting strict records reservations in the cluster; it cannot run with --state")
+    if settings.accounting == "strict" and not ledger_namespace(settings):
+        raise ServeError("--accounting strict needs --ledger-namespace (outside a pod there is no own namespace)")
 
 
 def build_quota_decider(settings: Settings) -> QuotaDecider:
@@ -191,35 +216,9 @@ def run(settings: Settings) -> None:
     _check_tls_files(settings)
     _check_client_ca(settings.client_ca_path)
     _check_cluster_source(settings)
+    _check_accounting(settings)
     directory = _metrics_directory(settings)
     _enable_multiprocess_metrics(directory)
     configure_logging(settings.log_level)
     options = gunicorn_options(settings, directory, start_shared_services)
     WebhookApplication(settings, config, options).run()
-
-
-def serve(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, cert_dir: Path | str = DEFAULT_CERT_DIR,
-          state_path: Path | str | None = None, config_path: Path | str | None = None,
-          kubeconfig_path: Path | str | None = None, context: str | None = None, workers: int = 2,
-          threads: int = 4, *, keepalive: int = 120, graceful_timeout: int = 30, log_level: str = "info",
-          client_ca_path: Path | str | None = None) -> None:
-    """Serve the webhook over TLS on ``host:port`` with the certificates in ``cert_dir``.
-
-    With ``client_ca_path`` only clients presenting a certificate signed by that CA get past the
-    TLS handshake (mutual TLS).
-    """
-    run(Settings(
-        host=host,
-        port=port,
-        cert_dir=Path(cert_dir),
-        state_path=Path(state_path) if state_path is not None else None,
-        config_path=Path(config_path) if config_path is not None else None,
-        kubeconfig_path=Path(kubeconfig_path) if kubeconfig_path is not None else None,
-        context=context,
-        workers=workers,
-        threads=threads,
-        keepalive=keepalive,
-        graceful_timeout=graceful_timeout,
-        log_level=log_level,
-        client_ca_path=Path(client_ca_path) if client_ca_path is not None else None,
-    ))

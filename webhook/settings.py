@@ -50,6 +50,16 @@ class Settings:
     metrics_dir: Path | None = None
     # PEM CA(s) that client certificates must chain to (mutual TLS); None = any client may connect.
     client_ca_path: Path | None = None
+    # Quota accounting across replicas: "local" (each server instance's own ledger; a burst
+    # spread over N replicas can admit up to N times the room) or "strict" (every admission is
+    # recorded in a shared ConfigMap in ledger_namespace first; one API write per admitted batch).
+    accounting: str = "local"
+    ledger_namespace: str = ""
+    # Seconds a failing list/watch may last before /readyz reports the quota view stale.
+    stale_after_seconds: float = 120.0
+    # How long an admitted pod holds room before the watch must have shown it (30 s: pod creates
+    # finish well within the API server's request timeout).
+    reservation_ttl_seconds: float = 30.0
 
     @property
     def certfile(self) -> Path:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from kubeaccess.kube import connect
 from webhook.cluster_state import EQ_GROUP, EQ_PLURAL, EQ_VERSION, start_live_sync
 from webhook.quota_port import PodAdmission
 from webhook.quota_state import QuotaState
@@ -29,7 +30,7 @@ def wait_until(condition: Callable[[], bool], what: str, seconds: float = 20.0) 
 @pytest.fixture
 def live_state(kubeconfig_path: Path, elasticquota_crd: Any) -> Iterator[QuotaState]:
     state = QuotaState()
-    stop = start_live_sync(state, kubeconfig_path, None)
+    stop = start_live_sync(state, connect(str(kubeconfig_path), None))
     wait_until(lambda: state.ready()[0], "first full sync")
     yield state
     stop.set()

@@ -1,0 +1,138 @@
+"""Strict accounting against a real apiserver: three replicas' states, one shared ledger object.
+
+Each replica is a QuotaState with its own client, list+watch and StrictAccounting, as in three
+quota service processes; the HAProxy test (test_replicas.py) runs the same through three real
+webhook servers. Here the admissions are asked directly, so the numbers are exact and fast.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+
+from gpuquota_core import shared_ledger
+from kubeaccess.kube import connect
+from webhook.cluster_state import start_live_sync
+from webhook.quota_port import PodAdmission
+from webhook.quota_state import QuotaState
+from webhook.strict_accounting import LedgerStore, StrictAccounting
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
+DEADLINE = 20.0
+
+
+def eventually(condition: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < end, f"not true after {DEADLINE:.0f}s: {what}"
+        time.sleep(0.05)  # polling a condition with a deadline
+
+
+@dataclass
+class Replica:
+    state: QuotaState
+    accounting: StrictAccounting
+    stop: threading.Event
+
+
+@dataclass
+class World:
+    namespace: str
+    org: str
+    leaves: tuple[str, str]
+    replicas: list[Replica]
+    clock: list[float]
+
+
+def create_quota(api: Api, namespace: str, name: str, ratio: str, parent: str = "") -> None:
+    labels = {PARENT_LABEL: parent} if parent else {}
+    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                               ELASTICQUOTA_PLURAL, {
+        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"max": {RATIO: ratio}, "min": {}}})
+
+
+@pytest.fixture
+def world(api: Api, namespace: str, kubeconfig_path: Path, elasticquota_crd: object) -> Iterator[World]:
+    # Room for 50 pods of one card in the parent; each leaf alone could take 40.
+    org, leaves = f"org-{namespace}", (f"a-{namespace}", f"b-{namespace}")
+    create_quota(api, namespace, org, "5000")
+    for leaf in leaves:
+        create_quota(api, namespace, leaf, "4000", parent=org)
+    clock = [time.time()]
+    replicas = []
+    for index in range(3):
+        client = connect(str(kubeconfig_path), None)
+        state = QuotaState()
+        stop = start_live_sync(state, client)
+        accounting = StrictAccounting(state, LedgerStore(client, namespace), replica=f"replica-{index}",
+                                      clock=lambda: clock[0])
+        replicas.append(Replica(state, accounting, stop))
+    for replica in replicas:
+        eventually(lambda r=replica: r.state.ready()[0] and all(q in r.state.tree.quotas for q in (org, *leaves)),
+                   "replica synced with the quota tree")
+    yield World(namespace, org, leaves, replicas, clock)
+    for replica in replicas:
+        replica.stop.set()
+
+
+def admission(world: World, name: str, leaf: str, ratio: str = "100", dry_run: bool = False) -> PodAdmission:
+    return PodAdmission(uid="adm-" + name, operation="CREATE", namespace=world.namespace, name=name,
+                        pod_uid="uid-" + name, labels={QUOTA_LABEL: leaf}, canonical_requests={RATIO: ratio},
+                        dry_run=dry_run)
+
+
+def stored_reservations(api: Api, world: World) -> dict[str, shared_ledger.StoredReservation]:
+    config_map = api.core.read_namespaced_config_map(shared_ledger.ledger_object_name(world.org), world.namespace)
+    return shared_ledger.decode(config_map.data)
+
+
+def test_burst_over_three_replicas_admits_exactly_the_room(api: Api, world: World) -> None:
+    def ask(index: int) -> bool:
+        replica = world.replicas[index % 3]
+        leaf = world.leaves[index % 2]
+        return replica.accounting.admit_pod(admission(world, f"p{index}", leaf)).allowed
+
+    with ThreadPoolExecutor(max_workers=30) as pool:
+        results = list(pool.map(ask, range(200)))
+    assert results.count(True) == 50
+    # What was admitted is exactly what the shared object records (which replica won how much
+    # of the room depends on how the batches fell).
+    admitted = {f"{world.namespace}/p{index}" for index, allowed in enumerate(results) if allowed}
+    assert set(stored_reservations(api, world)) == admitted
+    # Every replica now refuses, with the parent named: the room is gone for all of them.
+    for number, replica in enumerate(world.replicas):
+        verdict = replica.accounting.admit_pod(admission(world, f"late-{number}", world.leaves[0]))
+        assert not verdict.allowed and verdict.code == 403
+        assert verdict.message.startswith(f"exceeded quota: {world.namespace}/{world.org}, ")
+
+
+def test_dry_run_never_writes_and_expired_reservations_are_released(api: Api, world: World) -> None:
+    accounting = world.replicas[0].accounting
+    assert accounting.admit_pod(admission(world, "dry", world.leaves[0], ratio="4000", dry_run=True)).allowed
+    with pytest.raises(Exception, match="Not Found"):
+        stored_reservations(api, world)
+    assert accounting.admit_pod(admission(world, "ghost", world.leaves[0], ratio="4000")).allowed
+    assert not world.replicas[1].accounting.admit_pod(admission(world, "x", world.leaves[1], ratio="2000")).allowed
+    # "ghost" is never created (a later webhook refused it): once its TTL is over the next write drops it.
+    world.clock[0] += 31
+    assert world.replicas[2].accounting.admit_pod(admission(world, "real", world.leaves[1], ratio="2000")).allowed
+    assert set(stored_reservations(api, world)) == {f"{world.namespace}/real"}
+
+
+def test_ledger_that_cannot_be_written_refuses_instead_of_admitting(kubeconfig_path: Path, world: World) -> None:
+    state = world.replicas[0].state
+    broken = StrictAccounting(state, LedgerStore(connect(str(kubeconfig_path), None), "no-such-namespace"))
+    verdict = broken.admit_pod(admission(world, "p", world.leaves[0]))
+    assert not verdict.allowed and verdict.code == 503 and verdict.reason == "LedgerUnavailable"
+    assert "cannot write ConfigMap no-such-namespace/gpuquota-ledger-" in verdict.message
