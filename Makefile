@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit e2e control-plane certs bench fuzz clean
+.PHONY: run test lint unit e2e control-plane test-tools certs bench fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,14 +35,18 @@ lint: $(STAMP)
 control-plane:
 	hack/build-control-plane.sh
 
+## test-tools: processes the e2e suite runs besides the control plane (HAProxy), installed if missing
+test-tools:
+	hack/install-test-tools.sh
+
 ## test: lint, type-check, build the control plane, then every test (unit, TLS, e2e, fuzz budget)
-test: lint control-plane
+test: lint control-plane test-tools
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(BIN)/pytest tests --ignore=tests/e2e $(PYTEST_ARGS)
 
-e2e: $(STAMP) control-plane
+e2e: $(STAMP) control-plane test-tools
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 bench: $(STAMP)

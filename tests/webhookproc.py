@@ -152,6 +152,14 @@ class WebhookProcess:
             self._log = None
         return code
 
+    def kill(self) -> None:
+        """SIGKILL the whole process tree at once: a replica dying, not shutting down."""
+        if self._popen is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._popen.pid, signal.SIGKILL)
+        self._popen.wait()
+
     def _exit_code(self) -> int | None:
         return self._popen.poll() if self._popen is not None else None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -37,7 +38,11 @@ from .quota_port import PodAdmission, Verdict
 from .quota_state import QuotaState
 
 log = logging.getLogger("gpuquota.quota")
-MAX_ATTEMPTS = 8
+# Conflicts are the normal case under a burst spread over replicas: retry with jittered backoff,
+# within a budget well under the webhook timeout the API server gives us (a few seconds).
+MAX_ATTEMPTS = 40
+RETRY_BUDGET_SECONDS = 3.0
+MAX_BACKOFF_SECONDS = 0.05
 FIELD_MANAGER = "gpuquota-webhook"
 MANAGED_BY_LABEL, MANAGED_BY = "app.kubernetes.io/managed-by", "koord-gpuquota"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
@@ -54,6 +59,7 @@ class LedgerUnavailable(Exception):
 class _Job:
     admission: PodAdmission
     verdict: Verdict | None = None
+    submitted: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -175,8 +181,13 @@ class StrictAccounting:
     def _commit(self, tree_root: str, batch: list[_Job]) -> None:
         admissions = [job.admission for job in batch]
         fresh = False
+        # Counted from the oldest job's arrival: time spent queued behind the previous commit is
+        # part of the budget, so no admission outlives the API server's webhook timeout.
+        give_up_at = min(job.submitted for job in batch) + RETRY_BUDGET_SECONDS
         try:
-            for _ in range(MAX_ATTEMPTS):
+            for attempt in range(MAX_ATTEMPTS):
+                if attempt and time.monotonic() > give_up_at:
+                    break
                 version, stored = self.store.read(tree_root, fresh)
                 now = self.clock()
                 results = self.state.judge_batch(admissions, stored, now)
@@ -194,7 +205,10 @@ class StrictAccounting:
                     return
                 metrics.LEDGER_WRITES.labels("conflict").inc()
                 fresh = True
-            reason = f"the shared quota ledger of tree {tree_root} kept changing ({MAX_ATTEMPTS} conflicts in a row)"
+                # Jitter, so the replicas that just collided do not collide again in lockstep.
+                time.sleep(random.uniform(0, min(MAX_BACKOFF_SECONDS, 0.002 * 2 ** attempt)))
+            reason = (f"the shared quota ledger of tree {tree_root} kept changing ({attempt + 1} conflicts "
+                      f"in {RETRY_BUDGET_SECONDS:g}s)")
         except LedgerUnavailable as error:
             metrics.LEDGER_WRITES.labels("error").inc()
             reason = str(error)

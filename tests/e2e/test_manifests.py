@@ -127,6 +127,8 @@ BASE_OBJECTS = [
     ("ClusterRole", "gpuquota-webhook"),
     ("ClusterRole", "gpuquota-cli"),
     ("ClusterRoleBinding", "gpuquota-webhook"),
+    ("Role", "gpuquota-webhook-ledger"),
+    ("RoleBinding", "gpuquota-webhook-ledger"),
     ("Deployment", "gpuquota-webhook"),
     ("Service", "gpuquota-webhook"),
     ("PodDisruptionBudget", "gpuquota-webhook"),
@@ -137,7 +139,7 @@ BASE_OBJECTS = [
     ("ValidatingWebhookConfiguration", "gpuquota-webhook"),
 ]
 NAMESPACED_BASE_KINDS = {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy",
-                         "ConfigMap"}
+                         "ConfigMap", "Role", "RoleBinding"}
 
 
 def test_kustomize_renders_every_listed_resource(rendered: list[dict[str, Any]]) -> None:
@@ -207,7 +209,7 @@ def test_pdb_keeps_two_replicas(rendered: list[dict[str, Any]]) -> None:
     assert find(rendered, "PodDisruptionBudget", "gpuquota-webhook")["spec"]["minAvailable"] == 2
 
 
-def test_webhook_role_is_read_only(rendered: list[dict[str, Any]]) -> None:
+def test_webhook_role_reads_and_writes_only_its_ledger(rendered: list[dict[str, Any]]) -> None:
     role = find(rendered, "ClusterRole", "gpuquota-webhook")
     verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
     assert verbs == {"get", "list", "watch"}
@@ -217,7 +219,15 @@ def test_webhook_role_is_read_only(rendered: list[dict[str, Any]]) -> None:
     # The CLI role exists but is bound to nobody by the base: operators bind it themselves.
     find(rendered, "ClusterRole", "gpuquota-cli")
     bindings = [o for o in rendered if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}]
-    assert [b["roleRef"]["name"] for b in bindings] == ["gpuquota-webhook"]
+    assert sorted(b["roleRef"]["name"] for b in bindings) == ["gpuquota-webhook", "gpuquota-webhook-ledger"]
+    # Its one write permission: strict accounting's ledger ConfigMaps, in its own namespace only.
+    ledger = find(rendered, "Role", "gpuquota-webhook-ledger")
+    assert ledger["metadata"]["namespace"] == NAMESPACE
+    assert ledger["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                                "verbs": ["get", "list", "create", "update"]}]
+    (container,) = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]["containers"]
+    assert "--accounting" in container["args"]
+    assert container["args"][container["args"].index("--accounting") + 1] == "strict"
 
 
 # -- NetworkPolicy --------------------------------------------------------------------------------

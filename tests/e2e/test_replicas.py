@@ -1,0 +1,245 @@
+"""Three webhook replicas behind HAProxy, strict accounting: never more than the quota.
+
+The apiserver calls the webhook through a real round-robin TCP load balancer (HAProxy, TLS passed
+through), so a burst of pod creates spreads over three ``gpuquota serve`` processes, each with its
+own cache and quota service. Only the shared ledger keeps them from each admitting the same room.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from admissionchain import delete_webhook_configurations, local_webhook_configurations, register_webhook_configurations
+from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, LOOPBACK, Api, free_ports
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from reviews import body, pod, review
+from webhookproc import WebhookProcess, generate_certs
+
+from gpuquota_core import shared_ledger
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+TEST_LABEL = "gpuquota.koord-gpuquota.io/replicas-test"
+# The session's own webhook (local accounting) must not see these namespaces: it would cap the
+# burst by itself and hide what the replicas do.
+IGNORE_LABEL = "gpuquota.koord-gpuquota.io/ignore"
+RESERVATION_TTL = 5
+ROOM_PODS, BURST = 50, 200
+DEADLINE = 60.0
+
+
+def eventually(condition: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"not true after {deadline:.0f}s: {what}"
+        time.sleep(0.1)  # polling a condition with a deadline
+
+
+class HAProxy:
+    def __init__(self, work_dir: Path, backends: list[int]) -> None:
+        self.port = free_ports(1)[0]
+        self.config = work_dir / "haproxy.cfg"
+        servers = "\n".join(f"  server r{i} {LOOPBACK}:{port} check inter 300ms fall 1 rise 2"
+                            for i, port in enumerate(backends))
+        # TCP mode: TLS goes through untouched, so the apiserver verifies the webhook's own
+        # certificate. Round robin per connection; a refused connect is retried on another server.
+        self.config.write_text(f"""global
+  maxconn 2000
+defaults
+  mode tcp
+  timeout connect 1s
+  timeout client 130s
+  timeout server 130s
+  retries 3
+  option redispatch
+frontend webhook
+  bind {LOOPBACK}:{self.port}
+  default_backend replicas
+backend replicas
+  balance roundrobin
+{servers}
+""", encoding="utf-8")
+        haproxy = shutil.which("haproxy")
+        assert haproxy, "haproxy is not installed: run hack/install-test-tools.sh (make test does)"
+        check = subprocess.run([haproxy, "-c", "-f", str(self.config)], capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.process = subprocess.Popen([haproxy, "-db", "-f", str(self.config)], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @property
+    def url(self) -> str:
+        return f"https://{LOOPBACK}:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@dataclass
+class Replicas:
+    servers: list[WebhookProcess]
+    balancer: HAProxy
+    ledger_namespace: str
+    selector_value: str
+
+
+def admits_quota(server: WebhookProcess, namespace: str, quota: str) -> bool:
+    """Whether ``server``'s cache knows ``quota`` (a dry-run review straight to it, no reservation)."""
+    document = review(pod("probe", namespace, labels={QUOTA_LABEL: quota}, resources={RATIO: "1"}), dry_run=True)
+    request = urllib.request.Request(server.url + "/validate-pods", data=body(document),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5, context=server.ssl_context()) as response:
+        answer = json.loads(response.read())["response"]
+    return bool(answer["allowed"])
+
+
+@pytest.fixture(scope="module")
+def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    ledger_namespace = f"ledger-{uuid.uuid4().hex[:6]}"
+    api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))
+    base = tmp_path_factory.mktemp("replicas")
+    servers: list[WebhookProcess] = []
+    serve_args = ["--kubeconfig", str(kubeconfig_path), "--workers", "1", "--threads", "8", "--accounting", "strict",
+                  "--ledger-namespace", ledger_namespace, "--reservation-ttl", str(RESERVATION_TTL)]
+    cert_dir = base / "certs"
+    ca_bundle = generate_certs(cert_dir)  # one certificate for all three: the apiserver trusts one caBundle
+    for index in range(3):
+        server = WebhookProcess(base / f"r{index}", serve_args=serve_args)
+        server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
+        servers.append(server)
+    balancer: HAProxy | None = None
+    documents: list[dict[str, Any]] = []
+    try:
+        for server in servers:
+            server.start()
+        balancer = HAProxy(base, [server.port for server in servers])
+        eventually(lambda: _healthy_through(balancer, servers[0]), "HAProxy forwards to the replicas")
+        value = uuid.uuid4().hex[:8]
+        documents = local_webhook_configurations(balancer.url, servers[0].ca_bundle, name_suffix=f"-replicas-{value}",
+                                                 namespace_selector={"matchLabels": {TEST_LABEL: value}})
+        register_webhook_configurations(api, documents)
+        yield Replicas(servers, balancer, ledger_namespace, value)
+    finally:
+        delete_webhook_configurations(api, documents)
+        if balancer is not None:
+            balancer.stop()
+        for server in servers:
+            server.stop()
+
+
+def _healthy_through(balancer: HAProxy, server: WebhookProcess) -> bool:
+    try:
+        with urllib.request.urlopen(balancer.url + "/healthz", timeout=2, context=server.ssl_context()) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def burst_namespace(api: Api, replicas: Replicas) -> tuple[str, str]:
+    """A namespace only the replicas see, with a quota of room for ROOM_PODS one-card pods."""
+    namespace = f"burst-{uuid.uuid4().hex[:6]}"
+    api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(
+        name=namespace, labels={TEST_LABEL: replicas.selector_value, IGNORE_LABEL: "true"})))
+    quota = f"room-{namespace}"
+    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                               ELASTICQUOTA_PLURAL, {
+        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+        "metadata": {"name": quota, "namespace": namespace},
+        "spec": {"max": {RATIO: str(100 * ROOM_PODS)}, "min": {}}})
+    for server in replicas.servers:
+        if server.alive():
+            eventually(lambda s=server: admits_quota(s, namespace, quota), f"replica {server.port} sees {quota}")
+    # And the apiserver calls the replicas for this namespace (it picks configurations up asynchronously).
+    eventually(lambda: _mutated(api, namespace, quota), "the apiserver calls the replicas")
+    return namespace, quota
+
+
+def _mutated(api: Api, namespace: str, quota: str) -> bool:
+    stored = api.core.create_namespaced_pod(namespace, whole_card_pod("probe", quota), dry_run="All")
+    return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
+
+
+def whole_card_pod(name: str, quota: str) -> dict[str, Any]:
+    gpu = {"nvidia.com/gpu": "1"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUOTA_LABEL: quota}},
+            "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
+                                     "resources": {"requests": gpu, "limits": gpu}}]}}
+
+
+def create_burst(api: Api, namespace: str, quota: str, during: Callable[[int], None] | None = None
+                 ) -> list[str | None]:
+    """BURST concurrent creates; None for a stored pod, else the apiserver's refusal message."""
+    def create(index: int) -> str | None:
+        if during is not None:
+            during(index)
+        try:
+            api.core.create_namespaced_pod(namespace, whole_card_pod(f"p{index}", quota))
+        except ApiException as error:
+            return str(json.loads(error.body)["message"])
+        return None
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        return list(pool.map(create, range(BURST)))
+
+
+def stored_pods(api: Api, namespace: str) -> int:
+    return len(api.core.list_namespaced_pod(namespace).items)
+
+
+@pytest.mark.parametrize("round_", [1, 2, 3])
+def test_burst_through_three_replicas_stores_exactly_the_room(api: Api, replicas: Replicas, round_: int) -> None:
+    namespace, quota = burst_namespace(api, replicas)
+    results = create_burst(api, namespace, quota)
+    refusals = [message for message in results if message is not None]
+    assert stored_pods(api, namespace) == ROOM_PODS == results.count(None)
+    assert len(refusals) == BURST - ROOM_PODS
+    quota_message = f"exceeded quota: {namespace}/{quota}, requested: {RATIO}=100, "
+    others = Counter(message[:160] for message in refusals if quota_message not in message)
+    assert not others, f"refusals other than the quota's: {others}"
+
+
+def test_replica_killed_mid_burst_never_over_admits_and_its_room_comes_back(api: Api, replicas: Replicas) -> None:
+    namespace, quota = burst_namespace(api, replicas)
+    victim = replicas.servers[2]
+    killed = threading.Event()
+
+    def kill_at_a_quarter(index: int) -> None:
+        if index == BURST // 4 and not killed.is_set():
+            killed.set()
+            victim.kill()
+
+    results = create_burst(api, namespace, quota, during=kill_at_a_quarter)
+    assert killed.is_set() and not victim.alive()
+    stored = stored_pods(api, namespace)
+    assert stored == results.count(None) and stored <= ROOM_PODS
+    # Reservations of admissions whose pods never landed (the dead replica's included) expire and
+    # the reconciler drops them: the ledger empties and the whole remaining room is usable again.
+    name = shared_ledger.ledger_object_name(quota)
+
+    def ledger_empty() -> bool:
+        data = api.core.read_namespaced_config_map(name, replicas.ledger_namespace).data
+        return not shared_ledger.decode(data)
+
+    eventually(ledger_empty, "the reconciler emptied the ledger")
+    rest = [f"rest{i}" for i in range(ROOM_PODS - stored)]
+    for pod_name in rest:
+        api.core.create_namespaced_pod(namespace, whole_card_pod(pod_name, quota))
+    with pytest.raises(ApiException) as refused:
+        api.core.create_namespaced_pod(namespace, whole_card_pod("one-too-many", quota))
+    assert f"exceeded quota: {namespace}/{quota}, " in json.loads(refused.value.body)["message"]
+    assert stored_pods(api, namespace) == ROOM_PODS
