@@ -195,6 +195,11 @@ def test_health_readiness_and_metrics(offline_webhook: WebhookProcess, session: 
     assert 'gpuquota_admission_requests_total{endpoint="/mutate-pods",operation="CREATE",result="patched"}' \
         in metrics
     assert 'gpuquota_rewrites_total{resource="nvidia.com/gpu"}' in metrics
+    # The quota service's own metrics come through the same scrape (it writes to the same directory).
+    assert "gpuquota_cluster_state_synced 1.0" in metrics
+    assert "gpuquota_cluster_state_stale 0.0" in metrics
+    assert 'gpuquota_cluster_state_objects{kind="ElasticQuota"} 3.0' in metrics
+    assert 'gpuquota_cluster_state_objects{kind="Pod"} 3.0' in metrics
 
 
 def test_connection_is_kept_alive_across_requests(offline_webhook: WebhookProcess) -> None:
