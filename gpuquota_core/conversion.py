@@ -14,6 +14,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import Any
 
+from .enforcement import DEFAULT_ENFORCEMENT, EnforcementConfig, EnforcementError, load_enforcement
 from .quantity import QuantityError, parse_quantity
 from .resources import (
     AMD_GPU,
@@ -27,7 +28,8 @@ from .resources import (
 )
 
 GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
-CONFIG_KEYS: tuple[str, ...] = ("transformations", "gpuMemoryByModel", "gpuModelLabel", "renameDeprecated")
+CONFIG_KEYS: tuple[str, ...] = ("transformations", "gpuMemoryByModel", "gpuModelLabel", "renameDeprecated",
+                                 "enforcement")
 RULE_KEYS: tuple[str, ...] = ("input", "outputs", "strategy", "wholeUnitsOnly")
 
 
@@ -70,6 +72,9 @@ class ConversionConfig:
     gpu_memory_by_model: Mapping[str, int] = field(default_factory=dict)
     model_label: str = GPU_MODEL_LABEL
     rename_deprecated: bool = True
+    # Per-check enforce / warn / dry-run of /validate-pods (gpuquota_core.enforcement); it lives in
+    # the same file so one reload swaps the table and the modes together.
+    enforcement: EnforcementConfig = DEFAULT_ENFORCEMENT
 
     def rule_for(self, name: str) -> ConversionRule | None:
         for rule in self.rules:
@@ -89,7 +94,8 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
     """Build a config from its YAML form; absent sections keep the defaults.
 
     ``transformations: [{input, outputs: {name: qty}, strategy: Replace|Retain}]`` replaces the
-    default table; ``gpuMemoryByModel: {model: 80Gi}`` enables bytes → ratio for pinned models.
+    default table; ``gpuMemoryByModel: {model: 80Gi}`` enables bytes → ratio for pinned models;
+    ``enforcement: {default: enforce, checks: {QuotaExceeded: warn}}`` sets the enforcement modes.
     """
     if document is None:
         return DEFAULT_CONFIG
@@ -117,7 +123,11 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
     model_label = document.get("gpuModelLabel", GPU_MODEL_LABEL)
     if not isinstance(model_label, str) or not model_label:
         raise ConfigError("gpuModelLabel must be a non-empty string")
-    return ConversionConfig(rules, models, model_label, rename)
+    try:
+        enforcement = load_enforcement(document.get("enforcement"))
+    except EnforcementError as error:
+        raise ConfigError(str(error)) from None
+    return ConversionConfig(rules, models, model_label, rename, enforcement)
 
 
 def _mapping(value: object, where: str) -> Mapping[Any, Any]:

@@ -3,7 +3,9 @@
 Each admission route reads the body (capped), decodes it with :mod:`webhook.admission`, hands the
 typed request to one method of :class:`AdmissionHandlers` and encodes what comes back. All
 protocol rules are in the codec, all GPU rules in :mod:`gpuquota_core`, all quota rules behind
-:class:`~webhook.quota_port.QuotaDecider`; what is left here is mapping between them.
+:class:`~webhook.quota_port.QuotaDecider`; what is left here is mapping between them, and the
+enforcement modes (:mod:`gpuquota_core.enforcement`): a pod check in ``warn`` or ``dry-run`` turns
+its denial into an allow here, after the quota service refused (and so reserved nothing).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,6 +22,7 @@ from flask import Flask, Response, request
 
 from gpuquota_core.canonical import canonicalize_pod
 from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.podspec import PodShapeError, as_mapping, pod_requests, read_containers
 from gpuquota_core.quota import QuotaShapeError
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
@@ -36,6 +40,7 @@ from .admission import (
     patched,
     status_body,
 )
+from .config_source import ConfigSource
 from .quota_port import PodAdmission, QuotaDecider, Verdict
 from .settings import MAX_BODY_BYTES
 
@@ -55,6 +60,8 @@ class Outcome:
 
     response: AdmissionResponse
     note: str
+    # Denials that a check in warn or dry-run mode let pass (logged and counted by the route).
+    relaxed: tuple[Relaxed, ...] = ()
 
 
 def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
@@ -72,9 +79,14 @@ def _problem_text(problem: GpuRequestProblem) -> str:
 class AdmissionHandlers:
     """The decisions, one method per endpoint, free of HTTP so tests can call them directly."""
 
-    def __init__(self, config: ConversionConfig, quota: QuotaDecider) -> None:
-        self.config = config
+    def __init__(self, config: ConversionConfig | ConfigSource, quota: QuotaDecider) -> None:
+        self.source = config if isinstance(config, ConfigSource) else ConfigSource(config)
         self.quota = quota
+
+    @property
+    def config(self) -> ConversionConfig:
+        """The config for a new request (re-read when the file changed); take it once per request."""
+        return self.source.current()
 
     # -- /mutate-pods ------------------------------------------------------------------------
 
@@ -105,24 +117,47 @@ class AdmissionHandlers:
         pod = req.object
         if pod is None:
             return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+        config = self.config
+        enforcement = config.enforcement
+        relaxed: list[Relaxed] = []
         try:
             problems = self._gpu_problems(pod)
             warnings: list[str] = []
             if problems:
                 if not self._grandfathered(req, problems):
                     message = "; ".join(_problem_text(p) for p in problems)
-                    return Outcome(denied(req, message, code=422, reason="Invalid"),
-                                   ",".join(sorted({p.rule for p in problems})))
-                # The pod was already stored with this request (created before the webhook, or by
-                # a path that skipped it). Refusing every later update would also refuse the
-                # finalizer and status changes needed to delete it, so only warn.
-                warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
-                            for p in problems]
-            admission = self._pod_admission(req, pod)
+                    mode = enforcement.mode_for(INVALID)
+                    if mode is Mode.ENFORCE:
+                        return Outcome(denied(req, message, code=422, reason=INVALID),
+                                       ",".join(sorted({p.rule for p in problems})))
+                    # Relaxed: the quota check below still runs, and may still deny.
+                    relaxed.append(Relaxed(INVALID, mode, message))
+                else:
+                    # The pod was already stored with this request (created before the webhook, or
+                    # by a path that skipped it). Refusing every later update would also refuse the
+                    # finalizer and status changes needed to delete it, so only warn.
+                    warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
+                                for p in problems]
+            admission = self._pod_admission(req, pod, config)
         except PodShapeError as error:
             return self._unreadable(req, error)
         verdict = self.quota.admit_pod(admission)
-        return self._from_verdict(req, verdict, warnings)
+        # mode_for answers enforce for every reason that is not a check (NotReady,
+        # QuotaServiceDown, LedgerUnavailable, ...): an unavailable quota view keeps denying.
+        if not verdict.allowed and verdict.reason != INVALID:
+            mode = enforcement.mode_for(verdict.reason)
+            if mode is not Mode.ENFORCE:
+                # The quota service refused, so it reserved nothing: the pod is admitted without
+                # holding room (it is over quota anyway) and counts once the watch shows it.
+                relaxed.append(Relaxed(verdict.reason, mode, verdict.message))
+                verdict = Verdict(True, warnings=verdict.warnings)
+        warnings += [r.warning for r in relaxed if r.mode is Mode.WARN]
+        outcome = self._from_verdict(req, verdict, warnings)
+        if not relaxed:
+            return outcome
+        would = ", ".join(f"{r.check} ({r.mode.value})" for r in relaxed)
+        note = f"would-deny {would}" if outcome.response.allowed else f"{outcome.note}; would-deny {would}"
+        return Outcome(outcome.response, note, tuple(relaxed))
 
     def _gpu_problems(self, pod: Mapping[str, Any]) -> list[GpuRequestProblem]:
         spec = as_mapping(pod.get("spec"), "spec")
@@ -138,20 +173,21 @@ class AdmissionHandlers:
             return False
         return {p.message for p in problems} <= {p.message for p in old_problems}
 
-    def _canonical_requests(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        canonical = canonicalize_pod(pod, self.config).obj
+    @staticmethod
+    def _canonical_requests(pod: Mapping[str, Any], config: ConversionConfig) -> dict[str, str]:
+        canonical = canonicalize_pod(pod, config).obj
         requests = pod_requests(as_mapping(canonical.get("spec"), "spec"))
         return {name: str(requests[name]) for name in sorted(requests)}
 
-    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any]) -> PodAdmission:
+    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], config: ConversionConfig) -> PodAdmission:
         metadata = as_mapping(pod.get("metadata"), "metadata")
-        requests = self._canonical_requests(pod)
+        requests = self._canonical_requests(pod, config)
         old_labels: dict[str, str] | None = None
         old_requests: dict[str, str] | None = None
         if req.operation == "UPDATE" and req.old_object is not None:
             old_labels = _labels(as_mapping(req.old_object.get("metadata"), "oldObject.metadata"))
             try:
-                old_requests = self._canonical_requests(req.old_object)
+                old_requests = self._canonical_requests(req.old_object, config)
             except PodShapeError:
                 # The stored object is the API server's own; if even it cannot be read, say
                 # "unknown" rather than refusing an update of something we cannot interpret.
@@ -236,11 +272,15 @@ def read_body(limit: int) -> bytes:
 
 
 def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
-               logger: logging.Logger | None = None) -> Flask:
-    """A WSGI app serving the admission endpoints, health, readiness and metrics."""
+               logger: logging.Logger | None = None, config_path: Path | None = None) -> Flask:
+    """A WSGI app serving the admission endpoints, health, readiness and metrics.
+
+    ``config`` is in force from the start; with ``config_path`` the file is re-read when it
+    changes (checked at most once a second) and a version that does not load is logged and ignored.
+    """
     app = Flask("gpuquota-webhook")
-    handlers = AdmissionHandlers(config, quota)
     log = logger or logging.getLogger(LOGGER_NAME)
+    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota)
     app.extensions["gpuquota.handlers"] = handlers
 
     def admission_route(endpoint: str, handle: Callable[[AdmissionRequest], Outcome]) -> Callable[[], Response]:
@@ -270,9 +310,11 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
             metrics.observe(endpoint, operation, response.decision, elapsed)
             if not response.allowed:
                 metrics.DENIALS.labels(endpoint, response.reason).inc()
+            for relaxed in outcome.relaxed:
+                metrics.WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
             _log_decision(log, endpoint=endpoint, uid=uid, namespace=namespace, name=name or _object_name(req),
                           operation=operation, decision=response.decision, reason=outcome.note,
-                          code=response.code, dry_run=req.dry_run, elapsed=elapsed)
+                          code=response.code, dry_run=req.dry_run, elapsed=elapsed, would_deny=outcome.relaxed)
             return Response(payload, status=200, mimetype=JSON)
 
         view.__name__ = endpoint.strip("/").replace("-", "_")
@@ -323,10 +365,13 @@ def _refuse(endpoint: str, code: int, reason: str, message: str, started: float,
 
 
 def _log_decision(log: logging.Logger, *, endpoint: str, uid: str, namespace: str, name: str, operation: str,
-                  decision: str, reason: str, code: int, dry_run: bool, elapsed: float) -> None:
+                  decision: str, reason: str, code: int, dry_run: bool, elapsed: float,
+                  would_deny: tuple[Relaxed, ...] = ()) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
+    # would_deny: what warn / dry-run let pass, with the message the user would have seen.
     record = {"event": "admission", "endpoint": endpoint, "uid": uid, "namespace": namespace, "name": name,
               "operation": operation, "decision": decision, "code": code, "reason": reason,
-              "dry_run": dry_run, "latency_ms": round(elapsed * 1000, 3)}
+              "dry_run": dry_run, "latency_ms": round(elapsed * 1000, 3),
+              "would_deny": [{"check": r.check, "mode": r.mode.value, "message": r.message} for r in would_deny]}
     log.info("%s", orjson.dumps(record).decode())

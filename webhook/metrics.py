@@ -40,6 +40,17 @@ DENIALS = Counter(
     ["endpoint", "reason"],
 )
 
+WOULD_DENY = Counter(
+    "gpuquota_would_deny",
+    "Pod denials that a check in warn or dry-run mode let pass, by endpoint, reason (the check) and mode.",
+    ["endpoint", "reason", "mode"],
+)
+CONFIG_RELOADS = Counter(
+    "gpuquota_config_reloads",
+    "Changes of the config file seen by a worker: loaded, or error (the previous config stays in force).",
+    ["result"],
+)
+
 
 def observe(endpoint: str, operation: str, result: str, seconds: float) -> None:
     REQUESTS.labels(endpoint, operation or "-", result).inc()

@@ -24,12 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from cryptography import x509
 from gunicorn.app.base import BaseApplication
 
-from gpuquota_core.conversion import DEFAULT_CONFIG, ConfigError, ConversionConfig, load_config
+from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 
+from .config_source import ConfigFileError, read_config_file
 from .gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from .quota_port import NoQuota, QuotaDecider
 from .settings import Settings
@@ -97,19 +97,17 @@ def build_quota_decider(settings: Settings) -> QuotaDecider:
 
 
 def load_conversion_config(path: Path | None) -> ConversionConfig:
-    """The conversion table from a YAML file, or the built-in defaults without one."""
+    """The conversion table and enforcement modes from a YAML file, or the built-in defaults without one.
+
+    Read once at startup so a bad file stops the server with one line; workers then re-read the
+    file when it changes (:class:`~webhook.config_source.ConfigSource`).
+    """
     if path is None:
         return DEFAULT_CONFIG
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ServeError(f"{path}: cannot read the conversion config: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        raise ServeError(f"{path}: not valid YAML: {error}") from None
-    try:
-        return load_config(document)
-    except ConfigError as error:
-        raise ServeError(f"{path}: {error}") from None
+        return read_config_file(path)
+    except ConfigFileError as error:
+        raise ServeError(str(error)) from None
 
 
 def configure_logging(level: str) -> None:
@@ -140,7 +138,8 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
         # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.metrics).
         from .app import create_app
 
-        return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes)
+        return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
+                          config_path=self.settings.config_path)
 
 
 def _check_tls_files(settings: Settings) -> None:

@@ -194,7 +194,7 @@ def test_a_bad_conversion_config_exits_2_naming_the_key(tmp_path: Path) -> None:
 
     assert (code, out) == (2, "")
     assert err == (f"Error: {tmp_path}/c.yaml: the conversion config: unknown key 'transformation' (expected one of "
-                   "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated)\n")
+                   "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated, enforcement)\n")
 
 
 def test_a_conversion_config_with_card_memory_turns_bytes_into_a_ratio(tmp_path: Path) -> None:

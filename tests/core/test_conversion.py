@@ -78,7 +78,8 @@ def test_transformations_replace_the_whole_default_table() -> None:
 CONFIG_ERRORS = [
     pytest.param([], "the conversion config must be a mapping", id="not-a-mapping"),
     pytest.param({"transformation": []}, "the conversion config: unknown key 'transformation' (expected one of "
-                 "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated)", id="misspelt-section"),
+                 "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated, enforcement)",
+                 id="misspelt-section"),
     pytest.param({"transformations": {}}, "transformations must be a list", id="transformations-not-list"),
     pytest.param({"transformations": ["x"]}, "transformations[0] must be a mapping", id="rule-not-mapping"),
     pytest.param({"transformations": [{"outputs": {}}]}, "transformations[0].input must be a resource name",

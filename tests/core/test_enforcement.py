@@ -1,0 +1,122 @@
+"""The enforcement section of the config file: modes per check, and what can never be relaxed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuquota_core import enforcement, quota_decision
+from gpuquota_core.conversion import DEFAULT_CONFIG, ConfigError, load_config
+from gpuquota_core.enforcement import (
+    ALWAYS_ENFORCED,
+    CHECKS,
+    DEFAULT_ENFORCEMENT,
+    EnforcementConfig,
+    EnforcementError,
+    Mode,
+    Relaxed,
+    load_enforcement,
+)
+
+
+def test_without_a_section_every_check_is_enforced() -> None:
+    assert load_config({}).enforcement == DEFAULT_ENFORCEMENT
+    assert DEFAULT_CONFIG.enforcement == DEFAULT_ENFORCEMENT
+    assert load_enforcement(None) is DEFAULT_ENFORCEMENT
+    assert {DEFAULT_ENFORCEMENT.mode_for(check) for check in CHECKS} == {Mode.ENFORCE}
+
+
+def test_checks_are_the_reasons_the_webhook_denies_pods_with() -> None:
+    # Spelt out in enforcement (an import would be circular); they must stay the decision's reasons.
+    assert list(CHECKS) == ["Invalid", quota_decision.QUOTA_EXCEEDED, quota_decision.QUOTA_NOT_FOUND,
+                            quota_decision.PARENT_QUOTA, quota_decision.UNKNOWN_GPU_MEMORY]
+    assert (enforcement.QUOTA_EXCEEDED, enforcement.QUOTA_NOT_FOUND, enforcement.PARENT_QUOTA,
+            enforcement.UNKNOWN_GPU_MEMORY) == (quota_decision.QUOTA_EXCEEDED, quota_decision.QUOTA_NOT_FOUND,
+                                                quota_decision.PARENT_QUOTA, quota_decision.UNKNOWN_GPU_MEMORY)
+
+
+def test_a_default_with_per_check_overrides() -> None:
+    config = load_config(yaml.safe_load("""
+enforcement:
+  default: dry-run
+  checks:
+    QuotaExceeded: warn
+    Invalid: enforce
+"""))
+
+    modes = {check: config.enforcement.mode_for(check) for check in CHECKS}
+    assert modes == {"Invalid": Mode.ENFORCE, "QuotaExceeded": Mode.WARN, "QuotaNotFound": Mode.DRY_RUN,
+                     "ParentQuota": Mode.DRY_RUN, "UnknownGpuMemory": Mode.DRY_RUN}
+    assert config.enforcement.describe() == "default=dry-run Invalid=enforce QuotaExceeded=warn"
+    # The rest of the file is still the conversion table.
+    assert config.rules == DEFAULT_CONFIG.rules
+
+
+@pytest.mark.parametrize("reason", [*ALWAYS_ENFORCED, "InternalError", "Forbidden", ""])
+def test_availability_failures_and_unknown_reasons_always_deny(reason: str) -> None:
+    relaxed_everywhere = EnforcementConfig(Mode.DRY_RUN, {})
+
+    assert relaxed_everywhere.mode_for(reason) is Mode.ENFORCE
+
+
+def test_only_checks_is_enough_and_empty_checks_is_fine() -> None:
+    assert load_enforcement({"checks": {"ParentQuota": "warn"}}) == EnforcementConfig(
+        Mode.ENFORCE, {"ParentQuota": Mode.WARN})
+    assert load_enforcement({"default": "warn", "checks": None}) == EnforcementConfig(Mode.WARN, {})
+    assert load_enforcement({}) == DEFAULT_ENFORCEMENT
+
+
+def test_the_warning_names_the_check_and_carries_the_denial_message() -> None:
+    relaxed = Relaxed("QuotaExceeded", Mode.WARN, "exceeded quota: a/b, requested: x=1")
+
+    assert relaxed.warning == ("gpuquota would deny (QuotaExceeded, enforcement: warn): "
+                               "exceeded quota: a/b, requested: x=1")
+
+
+ENFORCEMENT_ERRORS: list[Any] = [
+    pytest.param({"checks": {"QuotaExceded": "warn"}},
+                 "enforcement.checks: unknown check 'QuotaExceded' (expected one of Invalid, QuotaExceeded, "
+                 "QuotaNotFound, ParentQuota, UnknownGpuMemory)", id="misspelt-check"),
+    pytest.param({"checks": {"NotReady": "dry-run"}},
+                 "enforcement.checks: NotReady (the quota view has not synced yet) always denies and has no "
+                 "mode; checks are Invalid, QuotaExceeded, QuotaNotFound, ParentQuota, UnknownGpuMemory",
+                 id="not-ready"),
+    pytest.param({"checks": {"QuotaServiceDown": "warn"}},
+                 "enforcement.checks: QuotaServiceDown (the quota service is unreachable) always denies and has "
+                 "no mode; checks are Invalid, QuotaExceeded, QuotaNotFound, ParentQuota, UnknownGpuMemory",
+                 id="service-down"),
+    pytest.param({"checks": {"LedgerUnavailable": "warn"}},
+                 "enforcement.checks: LedgerUnavailable (the shared reservation ledger cannot be written) always "
+                 "denies and has no mode; checks are Invalid, QuotaExceeded, QuotaNotFound, ParentQuota, "
+                 "UnknownGpuMemory", id="ledger"),
+    pytest.param({"checks": {"BadRequest": "warn"}},
+                 "enforcement.checks: BadRequest (a request the webhook cannot read) always denies and has no "
+                 "mode; checks are Invalid, QuotaExceeded, QuotaNotFound, ParentQuota, UnknownGpuMemory",
+                 id="bad-request"),
+    pytest.param({"default": "audit"}, "enforcement.default: unknown mode 'audit' (expected one of enforce, warn, "
+                 "dry-run)", id="unknown-default"),
+    pytest.param({"default": "dryrun"}, "enforcement.default: unknown mode 'dryrun' (expected one of enforce, "
+                 "warn, dry-run)", id="dry-run-without-dash"),
+    pytest.param({"checks": {"QuotaExceeded": False}},
+                 "enforcement.checks.QuotaExceeded: unknown mode False (expected one of enforce, warn, dry-run)",
+                 id="yaml-off-is-false"),
+    pytest.param({"checks": ["QuotaExceeded"]}, "enforcement.checks must be a mapping of check name to mode",
+                 id="checks-list"),
+    pytest.param({"defaults": "warn"}, "enforcement: unknown key 'defaults' (expected one of default, checks)",
+                 id="unknown-key"),
+    pytest.param("warn", "enforcement must be a mapping with default and checks", id="not-mapping"),
+]
+
+
+@pytest.mark.parametrize(("section", "message"), ENFORCEMENT_ERRORS)
+def test_enforcement_errors_are_one_line_naming_the_entry(section: Any, message: str) -> None:
+    with pytest.raises(EnforcementError) as direct:
+        load_enforcement(section)
+    with pytest.raises(ConfigError) as through_the_file:
+        load_config({"enforcement": section})
+
+    assert str(direct.value) == message
+    assert str(through_the_file.value) == message
+    assert "\n" not in message
