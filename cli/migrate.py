@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core.migration import (
+    DETACH_PHASES,
     IN_PROGRESS,
     MIGRATION_IN_PROGRESS_ANNOTATION,
     PRE_MIGRATION_SPEC_ANNOTATION,
@@ -22,16 +23,20 @@ from gpuquota_core.migration import (
     RollbackSourceError,
     Step,
     original_from_annotation,
+    original_parents_from_backup,
     originals_from_backup,
     plan_migration,
     plan_rollback,
 )
-from gpuquota_core.quota import QuotaShapeError
+from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
 from kubeaccess.kube import KubeAccessError, api_error_message, connect, list_cluster
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError
 from .output import document
+
+ALL_AT_ONCE_HELP = ("ElasticQuotaEnableUpdateResourceKey is off: migrate multi-level trees in one maintenance "
+                    "window, detaching each quota from its parent while its keys change (see docs/cli.md).")
 
 
 @click.group()
@@ -47,11 +52,13 @@ def migrate() -> None:
 @click.option("-o", "--output", "fmt", default="diff", type=click.Choice(["diff", "json", "yaml"]))
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
+@click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
 def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fmt: str,
-         update_resource_key_gate: bool) -> None:
+         update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Show every change, per quota, with before/after in canonical units."""
+    _check_modes(update_resource_key_gate, all_at_once)
     objects = load_objects_or_fail(paths) if paths else _live_objects(kubeconfig, context)
-    result = _plan(objects, update_resource_key_gate)
+    result = _plan(objects, update_resource_key_gate, all_at_once)
     if fmt != "diff":
         click.echo(document(result.as_dict(), fmt))
         return
@@ -59,7 +66,15 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
     _print_blocked_and_revisit(result)
 
 
+def _check_modes(update_resource_key_gate: bool, all_at_once: bool) -> None:
+    if update_resource_key_gate and all_at_once:
+        raise CommandError("--all-at-once is for ElasticQuotaEnableUpdateResourceKey off; with the gate on the "
+                           "step-by-step plan needs no maintenance window: drop one of the two flags")
+
+
 def _print_blocked_and_revisit(result: Plan) -> None:
+    for line in result.window:
+        click.echo(f"WINDOW: {line}")
     for reason in result.blocked:
         click.echo(f"BLOCKED: {reason}")
     for item in result.revisit:
@@ -73,9 +88,9 @@ def load_objects_or_fail(paths: tuple[str, ...]) -> list[dict[str, Any]]:
         raise CommandError(str(error)) from None
 
 
-def _plan(objects: list[dict[str, Any]], gate: bool) -> Plan:
+def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False) -> Plan:
     try:
-        return plan_migration(objects, gate)
+        return plan_migration(objects, gate, all_at_once=all_at_once)
     except QuotaShapeError as error:
         raise CommandError(str(error)) from None
 
@@ -105,6 +120,9 @@ def _print_steps(steps: list[Step]) -> None:
                     click.echo(f"-  {section}.{key}: {before[key]}")
                 if key in after:
                     click.echo(f"+  {section}.{key}: {after[key]}")
+        if step.parent_after is not None:
+            click.echo(f"-  metadata.labels.{PARENT_LABEL}: {step.parent_before}")
+            click.echo(f"+  metadata.labels.{PARENT_LABEL}: {step.parent_after}")
 
 
 def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
@@ -166,20 +184,22 @@ def _quotas_by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[
               show_default=True, help=DRY_RUN_HELP + " No backup is written with client.")
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
+@click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
 def apply(kubeconfig: str | None, context: str | None, namespace: str | None, backup_path: Path, dry_run: str,
-          update_resource_key_gate: bool) -> None:
+          update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Write the plan to the cluster, one optimistic-concurrency update per step.
 
     Nothing is written when the plan is blocked. Every update carries the resourceVersion the plan
     was computed from, so a quota changed by someone else since is a conflict that stops the run
     (exit 1) instead of being overwritten. The original spec stays in an annotation for rollback.
     """
+    _check_modes(update_resource_key_gate, all_at_once)
     if backup_path.exists():
         raise CommandError(f"{backup_path} exists; choose a new backup file (an old backup is never overwritten)")
     objects = _live_objects(kubeconfig, context)
     if namespace:
         objects = [o for o in objects if (o.get("metadata") or {}).get("namespace") in (None, "", namespace)]
-    result = _plan(objects, update_resource_key_gate)
+    result = _plan(objects, update_resource_key_gate, all_at_once)
     if result.blocked:
         _print_blocked_and_revisit(result)
         click.echo("nothing written: the plan is blocked", err=True)
@@ -199,8 +219,23 @@ def apply(kubeconfig: str | None, context: str | None, namespace: str | None, ba
         click.echo(f"backup of {len(unique)} ElasticQuota(s) written to {backup_path}", err=True)
     recovery = (f"originals are in {backup_path}; undo with `gpuquota migrate rollback -f {backup_path}`, "
                 "or re-run apply with a new backup file")
-    _write_steps(kubeconfig, context, result.steps, current, dry_run, _updated, recovery)
-    _print_blocked_and_revisit(result)
+    body_of = _updated
+    if all_at_once:
+        for line in result.window:
+            click.echo(f"WINDOW: {line}", err=True)
+        recovery = (f"the maintenance window is still open: quotas marked {MIGRATION_IN_PROGRESS_ANNOTATION}="
+                    f"{IN_PROGRESS} are detached from their parent. Resume with `gpuquota migrate apply "
+                    "--all-at-once --backup NEW_FILE` (it re-plans from the current state and reattaches every "
+                    "detached quota under the parent recorded in its "
+                    f"{PRE_MIGRATION_SPEC_ANNOTATION} annotation), or undo with `gpuquota migrate rollback "
+                    f"-f {backup_path}`")
+        body_of = _updated_all_at_once
+    _write_steps(kubeconfig, context, result.steps, current, dry_run, body_of, recovery)
+    if not all_at_once:
+        _print_blocked_and_revisit(result)
+    else:
+        for item in result.revisit:
+            click.echo(f"REVISIT: {item['kind']} {item['namespace']}/{item['name']}: {item['message']}")
 
 
 def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
@@ -219,6 +254,33 @@ def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
     return body
 
 
+def _set_parent(body: dict[str, Any], step: Step) -> None:
+    if step.parent_after is not None:
+        labels = body["metadata"].setdefault("labels", {}) or {}
+        body["metadata"]["labels"] = labels
+        labels[PARENT_LABEL] = step.parent_after
+
+
+def _updated_all_at_once(obj: dict[str, Any], step: Step) -> dict[str, Any]:
+    """A step of ``apply --all-at-once``: spec and parent label; the original spec and parent recorded."""
+    body = copy.deepcopy(obj)
+    spec = body.setdefault("spec", {})
+    spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
+    _set_parent(body, step)
+    annotations = body["metadata"].setdefault("annotations", {}) or {}
+    body["metadata"]["annotations"] = annotations
+    original_parent = ((obj.get("metadata") or {}).get("labels") or {}).get(PARENT_LABEL) or ROOT_QUOTA
+    annotations.setdefault(PRE_MIGRATION_SPEC_ANNOTATION, json.dumps(
+        {"min": obj.get("spec", {}).get("min", {}), "max": obj.get("spec", {}).get("max", {}),
+         "parent": original_parent}, sort_keys=True))
+    if step.phase in DETACH_PHASES:
+        # Detached from its parent until its reattach step: the window is open for this quota.
+        annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS
+    else:
+        annotations.pop(MIGRATION_IN_PROGRESS_ANNOTATION, None)
+    return body
+
+
 @migrate.command()
 @click.option("-f", "--filename", "backup", default=None, type=click.Path(dir_okay=False),
               help="Backup written by `migrate apply --backup`; without it, each quota's "
@@ -228,8 +290,10 @@ def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
 @click.option("-n", "--namespace", default=None, help="Only ElasticQuotas in this namespace.")
 @click.option("--dry-run", "dry_run", type=click.Choice(["none", "client", "server"]), default="none",
               show_default=True, help=DRY_RUN_HELP)
+@click.option("--all-at-once", is_flag=True,
+              help="Undo `apply --all-at-once` (detected from the quotas when not given).")
 def rollback(backup: str | None, kubeconfig: str | None, context: str | None, namespace: str | None,
-             dry_run: str) -> None:
+             dry_run: str, all_at_once: bool) -> None:
     """Put migrated ElasticQuotas back to their original spec, in the reverse of apply's order.
 
     All or nothing up front: if any quota changed since the migration (its spec is neither the
@@ -238,10 +302,13 @@ def rollback(backup: str | None, kubeconfig: str | None, context: str | None, na
     run is a conflict that stops it (exit 1); running rollback again continues from there.
     """
     originals: dict[tuple[str, str], dict[str, dict[str, str]]] | None = None
+    parents: dict[tuple[str, str], str] | None = None
     if backup is not None:
         try:
-            originals = originals_from_backup(load_objects(backup))
-        except (ManifestError, RollbackSourceError) as error:
+            saved = load_objects(backup)
+            originals = originals_from_backup(saved)
+            parents = original_parents_from_backup(saved)
+        except (ManifestError, RollbackSourceError, QuotaShapeError) as error:
             raise CommandError(str(error)) from None
         if not originals:
             raise CommandError(f"{backup}: no ElasticQuota in this file; is it a `migrate apply --backup` file?")
@@ -252,7 +319,7 @@ def rollback(backup: str | None, kubeconfig: str | None, context: str | None, na
                          if (spec := original_from_annotation(obj)) is not None}
         if namespace:
             originals = {key: spec for key, spec in originals.items() if key[0] == namespace}
-        result = plan_rollback(objects, originals)
+        result = plan_rollback(objects, originals, original_parents=parents, all_at_once=all_at_once or None)
     except (RollbackSourceError, QuotaShapeError) as error:
         raise CommandError(str(error)) from None
     if result.refused:
@@ -276,9 +343,10 @@ def _restored(obj: dict[str, Any], step: Step) -> dict[str, Any]:
     body = copy.deepcopy(obj)
     spec = body.setdefault("spec", {})
     spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
+    _set_parent(body, step)
     annotations = body["metadata"].setdefault("annotations", {}) or {}
     body["metadata"]["annotations"] = annotations
-    if step.phase == "re-add-legacy":
+    if step.phase == "re-add-legacy" or step.phase in DETACH_PHASES:
         # Both GPU families again until the restore step: the webhook admits that only when marked.
         annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS
     else:

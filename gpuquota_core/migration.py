@@ -4,7 +4,9 @@ Koordinator's quota webhook requires a child's max keys to equal its parent's on
 (koordinator.md §4.2); with ``ElasticQuotaEnableUpdateResourceKey`` only child ⊆ parent. So with
 the gate the plan goes top-down adding canonical keys (legacy kept), then bottom-up dropping the
 legacy keys: every intermediate state satisfies child ⊆ parent. Without the gate a tree below a
-non-root parent cannot be changed one quota at a time, and the plan says so.
+non-root parent cannot be changed one quota at a time, and the plan says so; ``all_at_once``
+plans the maintenance-window procedure instead (detach, convert, reattach: see the section
+"all at once" below).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import PodShapeError, parse_resource_list
-from .quota import ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
+from .quantity import Quantity
+from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
 from .resources import ResourceList
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
@@ -32,14 +35,21 @@ IN_PROGRESS = "in-progress"
 class Step:
     quota: str
     namespace: str
-    phase: str  # "add-canonical" or "drop-legacy"
+    phase: str  # "convert", "add-canonical", "drop-legacy", "detach-convert", "reattach", ... (see below)
     before: Mapping[str, Mapping[str, str]]  # {"min": {...}, "max": {...}}
     after: Mapping[str, Mapping[str, str]]
+    # Only the all-at-once procedure moves quotas: the parent label before and after this step
+    # (None when the step leaves the label alone).
+    parent_before: str | None = None
+    parent_after: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"quota": self.quota, "namespace": self.namespace, "phase": self.phase,
-                "before": {k: dict(v) for k, v in self.before.items()},
-                "after": {k: dict(v) for k, v in self.after.items()}}
+        result: dict[str, Any] = {"quota": self.quota, "namespace": self.namespace, "phase": self.phase,
+                                  "before": {k: dict(v) for k, v in self.before.items()},
+                                  "after": {k: dict(v) for k, v in self.after.items()}}
+        if self.parent_after is not None:
+            result["parent"] = {"before": self.parent_before, "after": self.parent_after}
+        return result
 
 
 @dataclass(slots=True)
@@ -47,9 +57,15 @@ class Plan:
     steps: list[Step]
     blocked: list[str]  # why a tree must be changed at once
     revisit: list[dict[str, Any]] = field(default_factory=list)  # workloads / ResourceQuotas to update
+    # --all-at-once only: which steps form the maintenance window and which limits do not hold during it.
+    window: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"steps": [s.as_dict() for s in self.steps], "blocked": self.blocked, "revisit": self.revisit}
+        result: dict[str, Any] = {"steps": [s.as_dict() for s in self.steps], "blocked": self.blocked,
+                                  "revisit": self.revisit}
+        if self.window:
+            result["window"] = self.window
+        return result
 
 
 def _text(resources: Mapping[str, Any]) -> dict[str, str]:
@@ -66,8 +82,12 @@ def _depth(quota: QuotaInfo, by_name: Mapping[str, QuotaInfo]) -> int:
 
 
 def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gate: bool = False,
-                   config: ConversionConfig = DEFAULT_CONFIG) -> Plan:
+                   config: ConversionConfig = DEFAULT_CONFIG, all_at_once: bool = False) -> Plan:
+    """The steps of the migration. ``all_at_once`` (gate off only): the detach/convert/reattach
+    procedure for multi-level trees instead of a blocked plan (see ``sequence_all_at_once``)."""
     objects = list(objects)
+    if all_at_once and not update_resource_key_gate:
+        return _plan_all_at_once(objects, config)
     quotas = [quota_from_object(o) for o in objects if o.get("kind") == "ElasticQuota"]
     by_name = {q.name: q for q in quotas}
     legacy = [q for q in quotas if legacy_gpu_names(set(q.min) | set(q.max))]
@@ -87,8 +107,8 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
     if nested and not update_resource_key_gate:
         blocked.append("quotas " + ", ".join(q.name for q in nested) + " are in a multi-level tree: with "
                        "ElasticQuotaEnableUpdateResourceKey off Koordinator requires identical max keys between "
-                       "parent and child on every update, so these quotas must be changed at once (or enable the "
-                       "gate and re-plan)")
+                       "parent and child on every update, so these quotas must be changed at once (re-plan with "
+                       "--all-at-once for the maintenance-window procedure, or enable the gate and re-plan)")
     for quota in order:
         before = {"min": _text(quota.min), "max": _text(quota.max)}
         new_min, new_max = converted[quota.name]
@@ -106,16 +126,22 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
             steps.append(Step(quota.name, quota.namespace, "drop-legacy",
                               {"min": _text(quota.min), "max": _text(union_max)},
                               {"min": _text(new_min), "max": _text(new_max)}))
-    # The same checks as `gpuquota audit`, so plan and audit agree on what else must change.
-    report = audit_objects(objects, ("workloads", "resourcequotas"), config)
+    blocked.extend(_over_limit(objects, set(converted), config))
+    return Plan(steps, blocked, _revisit(objects, config))
+
+
+def _over_limit(objects: list[Mapping[str, Any]], migrated: set[str], config: ConversionConfig) -> list[str]:
     # Usage is computed in canonical units, i.e. against exactly the limits the plan writes.
     usage = audit_objects(objects, ("quotas",), config)
-    for finding in usage.findings:
-        if finding.check == "quota-over-limit" and finding.name in converted:
-            blocked.append(f"quota {finding.name}: {finding.message}; raise the limit before migrating")
-    revisit = [{"kind": f.kind, "namespace": f.namespace, "name": f.name, "check": f.check, "message": f.message}
-               for f in report.findings]
-    return Plan(steps, blocked, revisit)
+    return [f"quota {finding.name}: {finding.message}; raise the limit before migrating"
+            for finding in usage.findings if finding.check == "quota-over-limit" and finding.name in migrated]
+
+
+def _revisit(objects: list[Mapping[str, Any]], config: ConversionConfig) -> list[dict[str, Any]]:
+    # The same checks as `gpuquota audit`, so plan and audit agree on what else must change.
+    report = audit_objects(objects, ("workloads", "resourcequotas"), config)
+    return [{"kind": f.kind, "namespace": f.namespace, "name": f.name, "check": f.check, "message": f.message}
+            for f in report.findings]
 
 
 # -- rollback ------------------------------------------------------------------------------------
@@ -237,13 +263,20 @@ def _describe(spec: Spec) -> str:
 
 def plan_rollback(objects: Iterable[Mapping[str, Any]],
                   originals: Mapping[tuple[str, str], Spec] | None = None,
-                  config: ConversionConfig = DEFAULT_CONFIG) -> RollbackPlan:
+                  config: ConversionConfig = DEFAULT_CONFIG,
+                  original_parents: Mapping[tuple[str, str], str] | None = None,
+                  all_at_once: bool | None = None) -> RollbackPlan:
     """The steps that bring live quotas back to their original spec, in the reverse of apply's order.
 
     ``objects``: the live cluster (all ElasticQuotas, for the tree). ``originals``: (namespace,
     name) -> {"min", "max"} from a backup; without it, every quota's pre-migration annotation.
     A quota whose spec is not one of the states ``migrate apply`` leaves (someone changed it since)
     is refused; the caller writes nothing when any quota is refused.
+
+    ``all_at_once``: undo ``migrate apply --all-at-once`` (gate off) with the same
+    detach/restore/reattach procedure; None decides from the quotas: a pre-migration annotation
+    that recorded the parent, or a parent label that differs from ``original_parents`` (the
+    backup's), means the all-at-once procedure wrote them.
     """
     objects = list(objects)
     live = {_key(o): o for o in objects if o.get("kind") == "ElasticQuota"}
@@ -257,8 +290,16 @@ def plan_rollback(objects: Iterable[Mapping[str, Any]],
             wanted[key] = original
         else:
             refused.append(Refusal(key[1], key[0], "not found in the cluster; nothing to restore it onto"))
+    parents = dict(original_parents or {})
+    if all_at_once is None:
+        live_parents = {key: quota_from_object(live[key]).parent for key in wanted}
+        all_at_once = any(recorded_parent(live[key]) is not None
+                          or parents.get(key, live_parents[key]) != live_parents[key] for key in wanted)
+    if all_at_once:
+        return _rollback_all_at_once(objects, live, wanted, parents, refused, config)
     # The world as it was before apply, so the forward plan (and its intermediate states) is
-    # recomputed exactly; the gate is assumed on, since without it apply never touches a tree.
+    # recomputed exactly; the gate is assumed on: without it apply only touches a tree with
+    # --all-at-once, which is handled above.
     before_world = [_with_spec(o, wanted[_key(o)]) if _key(o) in wanted else o for o in objects]
     forward = [s for s in plan_migration(before_world, True, config).steps if (s.namespace, s.quota) in wanted]
     states: dict[tuple[str, str], list[Spec]] = {key: [spec] for key, spec in wanted.items()}
@@ -329,3 +370,358 @@ def _key_relation_refusals(live: Mapping[tuple[str, str], Mapping[str, Any]],
                     "roll back the whole tree together, or restore this quota by hand")))
                 break
     return refusals
+
+
+# -- all at once (ElasticQuotaEnableUpdateResourceKey off) ---------------------------------------
+#
+# With the gate off, Koordinator's ElasticQuota webhook (koordinator.md §4.2, validateQuotaTopology)
+# judges every create or update of a quota Q against Q's current neighbours, and only Q:
+#   * Q's parent is the root quota and Q is not is-parent: no topology check at all;
+#   * otherwise Q's max keys must be identical to its parent's (unless that is the root quota)
+#     and to each current child's.
+# In a tree of two or more attached quotas with the same keys, whichever quota changes keys first
+# then differs from an attached neighbour, so no order of spec updates alone is accepted. What the
+# rules do accept: a quota whose parent label says root (and, if it is a parent, whose children
+# are all elsewhere) may change its keys freely, and a quota may be attached under a parent whose
+# keys equal its own. The procedure, depth first, children before their parent:
+#   * a legacy quota whose parent is legacy too is moved to the root and converted in one update
+#     ("detach-convert"); its own children were already put back under it, so a converted subtree
+#     stays whole and only its link upward is cut;
+#   * a quota whose parent keeps its keys (or whose parent is the root) converts in place ("convert");
+#   * right after a quota is converted, its detached children go back under it ("reattach").
+# Each link is cut from the child's conversion to its parent's, the shortest these rules allow.
+# While cut, the child's pods are bounded by its own subtree only: neither Koordinator nor
+# koord-gpuquota's webhook apply the parent's (or any ancestor's) limit to them. ``_window`` says
+# so in the plan, in canonical units.
+
+FORWARD_PHASES: Mapping[str, str] = {"detach": "detach-convert", "in-place": "convert", "reattach": "reattach"}
+ROLLBACK_PHASES: Mapping[str, str] = {"detach": "detach-restore", "in-place": "restore", "reattach": "reattach"}
+DETACH_PHASES = frozenset({"detach-convert", "detach-restore"})
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What Koordinator's topology check looks at for one quota."""
+
+    parent: str
+    is_parent: bool
+    max_keys: frozenset[str]
+    tree_id: str = ""
+
+
+def placement_of(quota: QuotaInfo) -> Placement:
+    return Placement(quota.parent, quota.is_parent, frozenset(quota.max), quota.tree_id)
+
+
+def koordinator_topology_refusal(world: Mapping[str, Placement], name: str,
+                                 update_resource_key_gate: bool = False) -> str | None:
+    """Koordinator's ElasticQuota webhook on an update that leaves ``world[name]`` as given.
+
+    Only the topology checks of koordinator.md §4.2 a migration can trip (parent present and
+    is-parent, tree id, max keys equal to the parent's and every child's; child ⊆ parent with the
+    gate), with Koordinator's wording. None when the update would be accepted.
+    """
+    quota = world[name]
+    if quota.parent == ROOT_QUOTA and not quota.is_parent:
+        return None
+
+    def key_problem(child: str, parent: str) -> str | None:
+        child_keys, parent_keys = world[child].max_keys, world[parent].max_keys
+        if update_resource_key_gate:
+            if child_keys <= parent_keys:
+                return None
+            relation = "are not all included in"
+        else:
+            if child_keys == parent_keys:
+                return None
+            relation = "are not the same with"
+        return (f"failed to check sub and parent group quotaKey, err: checkSubAndParentGroupQuotaKey failed: "
+                f"{child}'s max keys {relation} {parent}'s")
+
+    if quota.parent != ROOT_QUOTA:
+        parent = world.get(quota.parent)
+        if parent is None:
+            return f"{name} has parentName {quota.parent} but not find parentInfo in quotaInfoMap"
+        if not parent.is_parent:
+            return f"{name} has parentName {quota.parent} but the parentQuotaInfo's IsParent is false"
+        if parent.tree_id != quota.tree_id:
+            return f"{name} tree id is different from parent {quota.parent}, [{quota.tree_id}] vs [{parent.tree_id}]"
+        problem = key_problem(name, quota.parent)
+        if problem:
+            return problem
+    for child in sorted(n for n, p in world.items() if p.parent == name and n != name):
+        problem = key_problem(child, name)
+        if problem:
+            return problem
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A quota's spec and parent label, before or after the procedure."""
+
+    spec: Spec
+    parent: str
+
+
+def sequence_all_at_once(namespaces: Mapping[str, str], current: Mapping[str, Placed],
+                         target: Mapping[str, Placed], phases: Mapping[str, str] = FORWARD_PHASES) -> list[Step]:
+    """The detach/convert/reattach order that takes every quota from ``current`` to ``target``.
+
+    Keys of all three mappings are quota names (names are cluster-wide in Koordinator). The tree
+    walked is ``target``'s (the parents the quotas end under); a quota whose target equals its
+    current state gets no step, except a reattach when it sits detached below a parent that moves.
+    """
+    names = set(current)
+
+    def keys_change(name: str) -> bool:
+        return set(current[name].spec["max"]) != set(target[name].spec["max"])
+
+    children: dict[str, list[str]] = {}
+    for name in sorted(names):
+        children.setdefault(target[name].parent, []).append(name)
+    steps: list[Step] = []
+    detached: set[str] = set()
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for child in children.get(name, []):
+            visit(child)
+        now, goal = current[name], target[name]
+        # Post-order: the parent has not been written yet, so it still has its current keys.
+        parent_moves = goal.parent in names and keys_change(goal.parent)
+        detach = parent_moves and (keys_change(name) or now.parent != goal.parent)
+        where = ROOT_QUOTA if detach else goal.parent
+        spec_changes = not _same(now.spec, goal.spec)
+        moved = now.parent != where
+        if spec_changes or moved:
+            kind = "detach" if detach else ("in-place" if spec_changes else "reattach")
+            steps.append(Step(name, namespaces[name], phases[kind], now.spec, goal.spec,
+                              now.parent if moved else None, where if moved else None))
+        if detach:
+            detached.add(name)
+        for child in children.get(name, []):
+            if child in detached:
+                steps.append(Step(child, namespaces[child], phases["reattach"], target[child].spec,
+                                  target[child].spec, ROOT_QUOTA, name))
+
+    for root in sorted(n for n in names if target[n].parent not in names):
+        visit(root)
+    for rest in sorted(names - seen):  # a parent cycle: no root to start from
+        visit(rest)
+    return steps
+
+
+def simulate_koordinator(placements: Mapping[str, Placement], steps: Iterable[Step],
+                         update_resource_key_gate: bool = False) -> list[str]:
+    """Every step Koordinator's ElasticQuota webhook would refuse, replaying ``steps`` in order."""
+    world = dict(placements)
+    refusals: list[str] = []
+    for number, step in enumerate(steps, 1):
+        old = world[step.quota]
+        world[step.quota] = Placement(step.parent_after if step.parent_after is not None else old.parent,
+                                      old.is_parent, frozenset(step.after["max"]), old.tree_id)
+        refusal = koordinator_topology_refusal(world, step.quota, update_resource_key_gate)
+        if refusal:
+            refusals.append(f"step {number} ({step.phase} {step.namespace}/{step.quota}) would be refused by "
+                            f"Koordinator's ElasticQuota webhook: {refusal}")
+    return refusals
+
+
+def recorded_parent(obj: Mapping[str, Any]) -> str | None:
+    """The parent label ``migrate apply --all-at-once`` recorded with the original spec, if any."""
+    raw = _annotations(obj).get(PRE_MIGRATION_SPEC_ANNOTATION)
+    try:
+        loaded = json.loads(str(raw)) if raw is not None else None
+    except ValueError:
+        return None
+    parent = loaded.get("parent") if isinstance(loaded, Mapping) else None
+    return parent if isinstance(parent, str) and parent else None
+
+
+def _in_progress(obj: Mapping[str, Any]) -> bool:
+    return _annotations(obj).get(MIGRATION_IN_PROGRESS_ANNOTATION) == IN_PROGRESS
+
+
+def _plan_all_at_once(objects: list[Mapping[str, Any]], config: ConversionConfig) -> Plan:
+    quota_objects = [o for o in objects if o.get("kind") == "ElasticQuota"]
+    infos = {info.name: info for info in (quota_from_object(o) for o in quota_objects)}
+    current: dict[str, Placed] = {}
+    target: dict[str, Placed] = {}
+    migrated: set[str] = set()
+    for obj in quota_objects:
+        info = infos[_key(obj)[1]]
+        before = {"min": _text(info.min), "max": _text(info.max)}
+        after = before
+        if legacy_gpu_names(set(info.min) | set(info.max)):
+            new_min, _ = canonical_resource_list(info.min, config, info.name)
+            new_max, _ = canonical_resource_list(info.max, config, info.name)
+            after = {"min": _text(new_min), "max": _text(new_max)}
+            migrated.add(info.name)
+        # A quota an earlier, stopped run left detached goes back under the parent it recorded.
+        parent = info.parent
+        if parent == ROOT_QUOTA and _in_progress(obj) and (recorded := recorded_parent(obj)) is not None:
+            parent = recorded
+        current[info.name] = Placed(before, info.parent)
+        target[info.name] = Placed(after, parent)
+    steps = sequence_all_at_once({n: i.namespace for n, i in infos.items()}, current, target)
+    blocked = [f"quota {step.quota} has tree-id {infos[step.quota].tree_id!r}: Koordinator requires a quota's tree "
+               "id to equal its parent's and never lets it change, so it cannot be detached to the root quota; the "
+               "all-at-once procedure cannot migrate this tree (enable ElasticQuotaEnableUpdateResourceKey and use "
+               "the step-by-step plan)"
+               for step in steps if step.phase in DETACH_PHASES and infos[step.quota].tree_id]
+    if not blocked:
+        placements = {n: placement_of(i) for n, i in infos.items()}
+        blocked.extend(simulate_koordinator(placements, steps))
+    blocked.extend(_over_limit(objects, migrated, config))
+    return Plan(steps, blocked, _revisit(objects, config), _window(steps, infos, target))
+
+
+def _sum_max(specs: Iterable[Spec], names: Iterable[str]) -> dict[str, Quantity]:
+    wanted = set(names)
+    total: dict[str, Quantity] = {}
+    for spec in specs:
+        for name, quantity in parse_resource_list(dict(spec["max"]), "spec.max").items():
+            if name in wanted:
+                total[name] = total[name] + quantity if name in total else quantity
+    return total
+
+
+def _braces(resources: Mapping[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(resources.items())) + "}"
+
+
+def _window(steps: list[Step], infos: Mapping[str, QuotaInfo], target: Mapping[str, Placed]) -> list[str]:
+    """The maintenance window of an all-at-once plan: which limits do not hold, in canonical units."""
+    spans: dict[str, tuple[int, int]] = {}
+    for number, step in enumerate(steps, 1):
+        if step.phase in DETACH_PHASES or (step.parent_after == ROOT_QUOTA and step.quota not in spans):
+            spans[step.quota] = (number, number)
+        elif step.phase == "reattach" and step.quota in spans:
+            spans[step.quota] = (spans[step.quota][0], number)
+    if not spans:
+        return []
+    first, last = min(s for s, _ in spans.values()), max(e for _, e in spans.values())
+    lines = [f"steps {first}-{last} are one maintenance window: with ElasticQuotaEnableUpdateResourceKey off, "
+             "Koordinator refuses any update that leaves an attached parent and child with different max keys, so "
+             f"{', '.join(sorted(spans))} leave their parent (parent label {ROOT_QUOTA}) while keys change and are "
+             "reattached right after; run the whole plan with `gpuquota migrate apply --all-at-once` and let "
+             "nothing else edit these quotas until it ends"]
+
+    def ancestors(name: str) -> list[str]:
+        chain, seen = [], {name}
+        parent = target[name].parent
+        while parent in target and parent not in seen:
+            chain.append(parent)
+            seen.add(parent)
+            parent = target[parent].parent
+        return chain
+
+    for name, (start, end) in sorted(spans.items(), key=lambda item: item[1]):
+        chain = ancestors(name)
+        parent = chain[0] if chain else target[name].parent
+        above = f" nor by {', '.join(chain[1:])} above it" if len(chain) > 1 else ""
+        lines.append(f"steps {start}-{end}: {name} is detached from {parent}: pods in its subtree are limited by its "
+                     f"own max {_braces(target[name].spec['max'])} (canonical units) and not by {parent}'s max "
+                     f"{_braces(target[parent].spec['max']) if parent in target else '{}'}{above}")
+    children: dict[str, list[str]] = {}
+    for name in sorted(target):
+        children.setdefault(target[name].parent, []).append(name)
+
+    def reach(name: str, key: str, seen: frozenset[str]) -> Quantity | None:
+        """How much of ``key`` pods under ``name`` can hold during the window (None: unbounded).
+
+        Conservatively, a quota detached at any time in the window counts as detached throughout.
+        """
+        own = parse_resource_list(dict(target[name].spec["max"]), "spec.max").get(key)
+        kids = [c for c in children.get(name, []) if c not in seen]
+        if not kids:
+            return own
+        attached: Quantity | None = Quantity.parse(0)
+        loose: Quantity | None = Quantity.parse(0)
+        for kid in kids:
+            bound = reach(kid, key, seen | {name})
+            if kid in spans:
+                loose = None if loose is None or bound is None else loose + bound
+            else:
+                attached = None if attached is None or bound is None else attached + bound
+        capped = own if attached is None else attached if own is None else min(own, attached)
+        return None if capped is None or loose is None else capped + loose
+
+    for parent in sorted({a for n in spans for a in ancestors(n)}):
+        limit = parse_resource_list(dict(target[parent].spec["max"]), "spec.max")
+        reached = {key: reach(parent, key, frozenset()) for key in limit}
+        over = {key: "unbounded" if q is None else q - limit[key] for key, q in reached.items()
+                if q is None or limit[key] < q}
+        shown = {key: "unbounded" if q is None else q for key, q in reached.items()}
+        if not over:
+            lines.append(f"{parent}: its max {_braces(limit)} still holds during the window: with every detached "
+                         f"quota held to its own max, pods under {parent} can use at most {_braces(shown)}")
+        else:
+            lines.append(f"{parent}: during the window pods under {parent} can use up to {_braces(shown)}, above "
+                         f"its max {_braces(limit)} by {_braces(over)}: keep the window short, or lower the "
+                         "children's max first")
+    return lines
+
+
+def _with_parent(obj: Mapping[str, Any], parent: str) -> dict[str, Any]:
+    metadata = dict(_meta_of(obj))
+    labels = metadata.get("labels")
+    metadata["labels"] = {**(labels if isinstance(labels, Mapping) else {}), PARENT_LABEL: parent}
+    return {**obj, "metadata": metadata}
+
+
+def _rollback_all_at_once(objects: list[Mapping[str, Any]], live: Mapping[tuple[str, str], Mapping[str, Any]],
+                          wanted: Mapping[tuple[str, str], Spec], parents: Mapping[tuple[str, str], str],
+                          refused: list[Refusal], config: ConversionConfig) -> RollbackPlan:
+    """Undo ``migrate apply --all-at-once``: back to the original spec and parent, gate off."""
+    infos = {key: quota_from_object(obj) for key, obj in live.items()}
+
+    def original_parent(key: tuple[str, str]) -> str:
+        return parents.get(key) or recorded_parent(live[key]) or infos[key].parent
+
+    # The world before apply, so its states (original, canonical) are recomputed exactly.
+    before_world = [_with_parent(_with_spec(o, wanted[_key(o)]), original_parent(_key(o)))
+                    if _key(o) in wanted else o for o in objects]
+    forward = [s for s in _plan_all_at_once(before_world, config).steps if (s.namespace, s.quota) in wanted]
+    states: dict[tuple[str, str], list[Spec]] = {key: [spec] for key, spec in wanted.items()}
+    for step in forward:
+        if not _same(step.after, states[(step.namespace, step.quota)][-1]):
+            states[(step.namespace, step.quota)].append(step.after)
+    position: dict[tuple[str, str], int] = {}
+    unchanged: list[str] = []
+    for key, sequence in states.items():
+        current = _spec_of(live[key])
+        matches = [index for index, state in enumerate(sequence) if _same(current, state)]
+        if not matches:
+            refused.append(Refusal(key[1], key[0], (
+                f"changed since the migration: its spec is {_describe(current)}, which is neither the original "
+                f"({_describe(sequence[0])}) nor a state `gpuquota migrate apply --all-at-once` writes")))
+            continue
+        position[key] = matches[-1]
+        if matches[-1] == 0 and infos[key].parent == original_parent(key) and not has_migration_annotations(live[key]):
+            unchanged.append(f"{key[0]}/{key[1]}")
+    settled = {key: _with_parent(obj, original_parent(key)) if key in position else obj for key, obj in live.items()}
+    refused.extend(_key_relation_refusals(settled, {key: states[key][0] for key in position}))
+    by_name = {info.name: key for key, info in infos.items()}
+    current_places = {info.name: Placed(_spec_of(live[key]), info.parent) for key, info in infos.items()}
+    target_places = dict(current_places)
+    for key in position:
+        target_places[infos[key].name] = Placed(states[key][0], original_parent(key))
+    steps = sequence_all_at_once({n: k[0] for n, k in by_name.items()}, current_places, target_places,
+                                 ROLLBACK_PHASES)
+    written = {(s.namespace, s.quota) for s in steps}
+    for key in sorted(position):
+        if key not in written and has_migration_annotations(live[key]):
+            # Back at its original spec and parent but still marked: one update that only drops the annotations.
+            steps.append(Step(key[1], key[0], "restore", states[key][0], states[key][0]))
+    refused.sort(key=lambda r: (r.namespace, r.quota))
+    return RollbackPlan(steps, refused, sorted(unchanged))
+
+
+def original_parents_from_backup(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
+    """(namespace, name) -> parent label (root when none), from the List ``migrate apply --backup`` wrote."""
+    return {_key(obj): quota_from_object(obj).parent for obj in objects if obj.get("kind") == "ElasticQuota"}

@@ -28,7 +28,7 @@ CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 MULTI_LEVEL = ("are in a multi-level tree: with ElasticQuotaEnableUpdateResourceKey off Koordinator requires "
                "identical max keys between parent and child on every update, so these quotas must be changed at "
-               "once (or enable the gate and re-plan)")
+               "once (re-plan with --all-at-once for the maintenance-window procedure, or enable the gate and re-plan)")
 
 
 def eq(name: str, namespace: str, max_: dict[str, str], min_: dict[str, str] | None = None,

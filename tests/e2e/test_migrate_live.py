@@ -269,3 +269,184 @@ def test_a_conflict_mid_apply_stops_names_the_quota_and_the_backup_rolls_back(
     assert err == f"unchanged: ElasticQuota {namespace}/{child} already has its original spec\n"
     before[child]["labels"]["edited-by"] = "someone-else"  # the other writer's change is kept
     assert_restored(api, namespace, before)
+
+
+# -- all at once: a three-level tree, ElasticQuotaEnableUpdateResourceKey off ----------------------
+
+ROOT_QUOTA = "koordinator-root-quota"
+
+
+@pytest.fixture
+def three_level_tree(webhook_server: WebhookProcess, api: Api, namespace: str) -> tuple[str, list[str]]:
+    """org (8 cards, min 4) > dept (6, min 2) > team (4, min 1), every quota in nvidia.com/gpu only."""
+    org, dept, team = f"org-{namespace}", f"dept-{namespace}", f"team-{namespace}"
+    for name, labels, max_cards, min_cards in (
+            (org, {IS_PARENT_LABEL: "true"}, "8", "4"),
+            (dept, {IS_PARENT_LABEL: "true", PARENT_LABEL: org}, "6", "2"),
+            (team, {PARENT_LABEL: dept}, "4", "1")):
+        api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                                   ELASTICQUOTA_PLURAL, {
+            "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"max": {"nvidia.com/gpu": max_cards}, "min": {"nvidia.com/gpu": min_cards}}})
+    return namespace, [org, dept, team]
+
+
+def koordinator_judges_every_stored_step(api: Api, namespace: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """After each replace, judge the stored state with our model of Koordinator's topology check (gate off).
+
+    Returns the refusals (empty when Koordinator's ElasticQuota webhook would have accepted every step).
+    """
+    from gpuquota_core.migration import koordinator_topology_refusal, placement_of
+    from gpuquota_core.quota import quota_from_object
+
+    real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
+    refusals: list[str] = []
+
+    def judged_replace(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        stored = real_replace(self, *args, **kwargs)
+        listed = api.custom.list_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                                          ELASTICQUOTA_PLURAL)["items"]
+        world = {q.name: placement_of(q) for q in (quota_from_object(o) for o in listed)}
+        refusal = koordinator_topology_refusal(world, args[4])
+        if refusal:
+            refusals.append(refusal)
+        return stored
+
+    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object", judged_replace)
+    return refusals
+
+
+def test_all_at_once_migrates_a_three_level_tree_and_rollback_restores_it_exactly(
+        kubeconfig_path: Path, api: Api, three_level_tree: tuple[str, list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace, (org, dept, team) = three_level_tree
+    before = originals(api, namespace, org, dept, team)
+    backup = tmp_path / "backup.yaml"
+    refusals = koordinator_judges_every_stored_step(api, namespace, monkeypatch)
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--all-at-once")
+
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"applied step 1: detach-convert ElasticQuota {namespace}/{team}",
+        f"applied step 2: detach-convert ElasticQuota {namespace}/{dept}",
+        f"applied step 3: reattach ElasticQuota {namespace}/{team}",
+        f"applied step 4: convert ElasticQuota {namespace}/{org}",
+        f"applied step 5: reattach ElasticQuota {namespace}/{dept}",
+    ]
+    assert refusals == []  # every stored intermediate state passes Koordinator's key-equality rule
+    assert err.splitlines()[0] == f"backup of 3 ElasticQuota(s) written to {backup}"
+    assert err.splitlines()[1].startswith("WINDOW: steps 1-5 are one maintenance window")
+    for name, max_cards, min_cards in ((org, 8, 4), (dept, 6, 2), (team, 4, 1)):
+        stored = eq(api, namespace, name)
+        assert stored["spec"] == {"max": {key: str(100 * max_cards) for key in CANONICAL},
+                                  "min": {key: str(100 * min_cards) for key in CANONICAL}}
+        assert stored["metadata"]["labels"] == before[name]["labels"]  # back under the same parent
+        annotations = stored["metadata"]["annotations"]
+        assert IN_PROGRESS not in annotations
+        assert json.loads(annotations[PRE_MIGRATION]) == {
+            **before[name]["spec"], "parent": before[name]["labels"].get(PARENT_LABEL, ROOT_QUOTA)}
+    again = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "again.yaml"), "--all-at-once")
+    assert again[:2] == (0, "nothing to migrate: every ElasticQuota already uses canonical GPU keys\n")
+
+    code, out, err = rollback(kubeconfig_path, "-n", namespace, "-f", str(backup))
+
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"applied step 1: detach-restore ElasticQuota {namespace}/{team}",
+        f"applied step 2: detach-restore ElasticQuota {namespace}/{dept}",
+        f"applied step 3: reattach ElasticQuota {namespace}/{team}",
+        f"applied step 4: restore ElasticQuota {namespace}/{org}",
+        f"applied step 5: reattach ElasticQuota {namespace}/{dept}",
+    ]
+    assert refusals == []
+    assert_restored(api, namespace, before)  # spec, labels and annotations exactly as before
+
+
+def test_all_at_once_stopped_by_a_conflict_says_how_to_resume_and_rolls_back(
+        kubeconfig_path: Path, api: Api, three_level_tree: tuple[str, list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone edits team while it is detached: step 3 (its reattach) is a 409 and the run stops there."""
+    namespace, (org, dept, team) = three_level_tree
+    before = originals(api, namespace, org, dept, team)
+    backup = tmp_path / "backup.yaml"
+    real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
+    sent: list[str] = []
+
+    def replace_after_a_concurrent_edit(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        sent.append(args[4])
+        if len(sent) == 3:
+            api.custom.patch_namespaced_custom_object(
+                ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, team,
+                {"metadata": {"labels": {"edited-by": "someone-else"}}})
+        return real_replace(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object", replace_after_a_concurrent_edit)
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--all-at-once")
+
+    assert code == 1
+    assert out.splitlines() == [f"applied step 1: detach-convert ElasticQuota {namespace}/{team}",
+                                f"applied step 2: detach-convert ElasticQuota {namespace}/{dept}"]
+    last = err.splitlines()[-2:]
+    assert last[0].startswith(f"step 3 (reattach {namespace}/{team}) refused: conflict: ElasticQuota "
+                              f"{namespace}/{team} changed since it was read")
+    assert last[1] == (
+        "2 of 5 step(s) applied, nothing further written; the maintenance window is still open: quotas marked "
+        f"{IN_PROGRESS}=in-progress are detached from their parent. Resume with `gpuquota migrate apply "
+        "--all-at-once --backup NEW_FILE` (it re-plans from the current state and reattaches every detached quota "
+        f"under the parent recorded in its {PRE_MIGRATION} annotation), or undo with `gpuquota migrate rollback "
+        f"-f {backup}`")
+    assert sent == [team, dept, team]
+    for name in (team, dept):
+        stored = eq(api, namespace, name)
+        assert stored["metadata"]["labels"][PARENT_LABEL] == ROOT_QUOTA
+        assert stored["metadata"]["annotations"][IN_PROGRESS] == "in-progress"
+    assert eq(api, namespace, org)["spec"] == before[org]["spec"]
+    monkeypatch.undo()
+
+    code, out, err = rollback(kubeconfig_path, "-f", str(backup))
+
+    assert (code, err) == (0, f"unchanged: ElasticQuota {namespace}/{org} already has its original spec\n")
+    assert out.splitlines() == [
+        f"applied step 1: detach-restore ElasticQuota {namespace}/{team}",
+        f"applied step 2: restore ElasticQuota {namespace}/{dept}",
+        f"applied step 3: reattach ElasticQuota {namespace}/{team}",
+    ]
+    before[team]["labels"]["edited-by"] = "someone-else"  # the other writer's change is kept
+    assert_restored(api, namespace, before)
+
+
+def test_all_at_once_resumes_a_stopped_run(kubeconfig_path: Path, api: Api,
+                                           three_level_tree: tuple[str, list[str]], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace, (org, dept, team) = three_level_tree
+    before = originals(api, namespace, org, dept, team)
+    real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
+    sent: list[str] = []
+
+    def fail_the_third(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        sent.append(args[4])
+        if len(sent) == 3:
+            raise k8s.ApiException(status=500, reason="apiserver went away")
+        return real_replace(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object", fail_the_third)
+    assert migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "b1.yaml"), "--all-at-once")[0] == 1
+    monkeypatch.undo()
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "b2.yaml"), "--all-at-once")
+
+    assert code == 0, err
+    assert out.splitlines() == [f"applied step 1: reattach ElasticQuota {namespace}/{team}",
+                                f"applied step 2: convert ElasticQuota {namespace}/{org}",
+                                f"applied step 3: reattach ElasticQuota {namespace}/{dept}"]
+    for name in (org, dept, team):
+        stored = eq(api, namespace, name)
+        assert set(stored["spec"]["max"]) == set(CANONICAL)
+        assert stored["metadata"]["labels"] == before[name]["labels"]
+        assert IN_PROGRESS not in stored["metadata"]["annotations"]
+    # The annotations still hold the true originals: rollback without a backup restores them.
+    assert rollback(kubeconfig_path, "-n", namespace)[0] == 0
+    assert_restored(api, namespace, before)
