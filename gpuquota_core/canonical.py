@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .conversion import DEFAULT_CONFIG, ConversionConfig, Strategy, memory_bytes_to_ratio, pinned_gpu_model
@@ -61,10 +62,14 @@ class CanonicalResult:
         return lines
 
 
+# Both run for every converted resource of every pod the cache or an audit reads, on the same few
+# counts ("100", "200"); they are pure functions of an int, so remember them.
+@lru_cache(maxsize=1024)
 def _format_count(amount: int) -> str:
     return str(Quantity.of(amount))
 
 
+@lru_cache(maxsize=1024)
 def _representable(amount: int) -> bool:
     """Whether the count we would write parses back: a rewrite nobody can read is not canonical."""
     try:
@@ -74,12 +79,74 @@ def _representable(amount: int) -> bool:
     return True
 
 
+ListRewrite = tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]
+
+
+class _SameConfig:
+    """A cache key for a config by identity (configs hold dicts, so they do not hash by value).
+
+    The cache keeps the key, and the key keeps the config alive, so its id is never reused for
+    another config while the entry exists.
+    """
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: ConversionConfig) -> None:
+        self.config = config
+
+    def __hash__(self) -> int:
+        return id(self.config)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameConfig) and other.config is self.config
+
+
 def canonicalize_resource_list(
     raw: Mapping[str, Any],
     path: str,
     config: ConversionConfig,
     pinned_model: str | None,
-) -> tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]:
+) -> ListRewrite:
+    """Rewrite one ``requests`` or ``limits`` map; see :func:`_rewrite_resource_list`.
+
+    The answer depends only on the arguments, and a cluster's pods repeat a few resource maps
+    (every replica of a workload asks alike), while the quota cache and the audit rewrite every pod
+    they read, so answers are remembered. The key holds each value with its type (``1``, ``1.0``
+    and ``True`` are equal in Python but not as quantities); maps with unhashable values, and maps
+    that fail to parse (exceptions are not cached), take the uncached path. Callers get copies,
+    so nothing they change can alter a remembered answer.
+    """
+    try:
+        key = (tuple((name, type(value), value) for name, value in raw.items()), path,
+               _SameConfig(config), pinned_model)
+        hash(key)
+    except TypeError:
+        return _rewrite_resource_list(raw, path, config, pinned_model)
+    result, changes, notes = _remembered_rewrite(key, raw, path, config, pinned_model)
+    return dict(result), [(s, q, dict(o), k) for s, q, o, k in changes], list(notes)
+
+
+_REWRITE_CACHE_SIZE = 4096
+_rewrites: dict[object, ListRewrite] = {}
+
+
+def _remembered_rewrite(key: object, raw: Mapping[str, Any], path: str, config: ConversionConfig,
+                        pinned_model: str | None) -> ListRewrite:
+    cached = _rewrites.get(key)
+    if cached is None:
+        cached = _rewrite_resource_list(raw, path, config, pinned_model)
+        if len(_rewrites) >= _REWRITE_CACHE_SIZE:
+            _rewrites.clear()  # crude but bounded: a cluster's working set refills it at once
+        _rewrites[key] = cached
+    return cached
+
+
+def _rewrite_resource_list(
+    raw: Mapping[str, Any],
+    path: str,
+    config: ConversionConfig,
+    pinned_model: str | None,
+) -> ListRewrite:
     """Rewrite one ``requests`` or ``limits`` map; returns (new map, [(source, qty, outputs, kind)], notes).
 
     Whatever cannot be converted without changing what the pod asks for (negative or fractional

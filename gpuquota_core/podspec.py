@@ -55,6 +55,10 @@ class ContainerResources:
 
 
 def as_mapping(value: object, path: str) -> Mapping[str, Any]:
+    # Decoded JSON is always a plain dict; checking that first skips the much slower ABC check
+    # (this runs several times per container of every pod the quota cache sees).
+    if type(value) is dict:
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -134,4 +138,6 @@ def pod_requests(spec: object, containers: list[ContainerResources] | None = Non
             init_peak = max_lists(init_peak, add_lists(requests, sidecars_so_far))
     total = max_lists(app_total, init_peak)
     overhead = parse_resource_list(spec.get("overhead"), "spec.overhead")
-    return without_zeros(add_lists(total, overhead))
+    if overhead:  # rare (RuntimeClass overhead); skipping the empty sum saves an add per resource
+        total = add_lists(total, overhead)
+    return without_zeros(total)

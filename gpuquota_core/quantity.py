@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 
 class QuantityError(ValueError):
@@ -36,6 +36,9 @@ _QUANTITY_RE = re.compile(
     r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
 )
+# What nearly every real pod and quota says: an unsigned whole number with at most a plain SI or
+# binary suffix ("1", "500m", "64Gi", "100"). These need no decimal point, exponent or rounding.
+_PLAIN_RE = re.compile(r"(?P<digits>[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?")
 
 # Bounds that keep hostile input (``1e999999999``, a 10,000-digit mantissa) from costing unbounded
 # CPU or memory. Real quantities are far inside them: apimachinery itself caps at about 2^63 * 10^18.
@@ -74,11 +77,20 @@ class Quantity:
     def is_integer(self) -> bool:
         return self.amount.denominator == 1
 
+    # Whole amounts (nearly every quantity a pod or quota holds) add, subtract and compare as ints:
+    # the same exact result, without Fraction's general rational arithmetic, which dominated the
+    # profile of the quota cache (every pod is summed into its quota and each ancestor).
     def __add__(self, other: Quantity) -> Quantity:
-        return Quantity(self.amount + other.amount, self.format)
+        a, b = self.amount, other.amount
+        if a.denominator == 1 and b.denominator == 1:
+            return Quantity(Fraction(a.numerator + b.numerator), self.format)
+        return Quantity(a + b, self.format)
 
     def __sub__(self, other: Quantity) -> Quantity:
-        return Quantity(self.amount - other.amount, self.format)
+        a, b = self.amount, other.amount
+        if a.denominator == 1 and b.denominator == 1:
+            return Quantity(Fraction(a.numerator - b.numerator), self.format)
+        return Quantity(a - b, self.format)
 
     def __neg__(self) -> Quantity:
         return Quantity(-self.amount, self.format)
@@ -96,7 +108,10 @@ class Quantity:
         return hash(self.amount)
 
     def __lt__(self, other: Quantity) -> bool:
-        return self.amount < other.amount
+        a, b = self.amount, other.amount
+        if a.denominator == 1 and b.denominator == 1:
+            return a.numerator < b.numerator
+        return a < b
 
     def __str__(self) -> str:
         return format_quantity(self.amount, self.format)
@@ -126,6 +141,43 @@ def parse_quantity(text: str | int | float) -> Quantity:
         text = repr(text)
     if not isinstance(text, str):
         raise QuantityError(f"quantity must be a string or integer, not {type(text).__name__}")
+    return _parse_text(text)
+
+
+# A cluster spells its quantities with a small vocabulary ("1", "500m", "1Gi"), and the quota cache
+# parses each of them again for every pod and every watch event; Quantity is immutable, so one
+# parse per distinct text is enough. Errors are not cached (lru_cache does not keep exceptions);
+# the bound keeps a stream of distinct hostile texts from growing memory.
+@lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Quantity:
+    plain = _parse_plain(text)
+    if plain is not None:
+        return plain
+    return _parse_general(text)
+
+
+def _parse_plain(text: str) -> Quantity | None:
+    """The fast path: integer arithmetic only, and exactly what :func:`_parse_general` returns.
+
+    A whole number times 2^k or 10^k is exact; times 10^-3, -6 or -9 (m, u, n) it is a multiple of
+    1n, so the round-up to nano never applies. Anything else (signs, decimals, exponents, values
+    near the range bound) returns None and takes the general path, with its error messages.
+    """
+    if len(text) > 32:  # far inside the range bound, so the result is never out of range
+        return None
+    match = _PLAIN_RE.fullmatch(text)
+    if match is None:
+        return None
+    digits, suffix = int(match["digits"]), match["suffix"] or ""
+    if suffix in _BINARY_SUFFIXES:
+        return Quantity(Fraction(digits << _BINARY_SUFFIXES[suffix]), QuantityFormat.BINARY_SI)
+    exponent = _DECIMAL_SUFFIXES[suffix]
+    amount = Fraction(digits * 10**exponent) if exponent >= 0 else Fraction(digits, 10**-exponent)
+    return Quantity(amount, QuantityFormat.DECIMAL_SI)
+
+
+def _parse_general(text: str) -> Quantity:
+    """The whole grammar: signs, decimal fractions, ``e`` exponents, rounding up to 1n."""
     if len(text) > MAX_TEXT_LENGTH:
         raise QuantityError(f"quantity {text[:16]!r}... is longer than {MAX_TEXT_LENGTH} characters")
     # fullmatch, not match with "$": "$" also matches before a trailing newline, and "1\n" is not a quantity.
@@ -157,6 +209,9 @@ def _round_up_to_nano(amount: Fraction) -> Fraction:
     return Fraction(nanos if amount >= 0 else -nanos) * NANO
 
 
+# Cached for the same reason as parsing: the webhook and the cache print the same few amounts
+# ("100", "1Gi") over and over, and the arguments (a Fraction, an enum member) are immutable.
+@lru_cache(maxsize=4096)
 def format_quantity(amount: Fraction, fmt: QuantityFormat = QuantityFormat.DECIMAL_SI) -> str:
     """The canonical string apimachinery would print for this amount and format."""
     amount = _round_up_to_nano(amount)

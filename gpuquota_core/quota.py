@@ -23,7 +23,6 @@ from .resources import (
     VENDOR_WHOLE_GPU_NAMES,
     GpuFamily,
     ResourceList,
-    add_lists,
     families_of,
     format_list,
     subtract_lists,
@@ -435,6 +434,10 @@ class UsageIndex:
             self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests if record else {})
         return record
 
+    # Charging adds the pod's few resources into each quota's totals in place: rebuilding the
+    # whole totals map per pod and quota (add_lists) was a third of an audit's time at 100k pods.
+    # Safe because ``used`` hands out copies and ``discard`` replaces a map rather than editing it.
+
     def _charge(self, record: PodRecord) -> None:
         resolution = self.tree.resolve(record.namespace, record.quota_label)
         if resolution.quota is None or resolution.rule == "label-not-found":
@@ -443,7 +446,9 @@ class UsageIndex:
         quotas = tuple(q.name for q in self.tree.chain(resolution.quota))
         self._charged[record.key] = quotas
         for quota in quotas:
-            self._used[quota] = add_lists(self._used.get(quota, {}), record.requests)
+            used = self._used.setdefault(quota, {})
+            for name, quantity in record.requests.items():
+                used[name] = used[name] + quantity if name in used else ZERO + quantity
 
     def rebuild(self) -> None:
         """Re-resolve every pod after the quota tree changed (labels, parents, namespaces)."""

@@ -1,0 +1,285 @@
+"""The webhook's cluster-state cache at scale: initial sync time, RSS and cost per watch event.
+
+    .venv/bin/python bench/cache_scale.py [--pods 10000,100000] [--repeat 3] [--create-budget 600]
+
+Starts a throwaway etcd + kube-apiserver (tests/controlplane.py), creates 2,000 ElasticQuotas
+(20 parents x 99 leaves + the 20 parents = 1,980 + 20) and then pods in steps up to each count
+given (raw JSON POSTs over keep-alive TLS from several processes x threads; pods have no nodeName,
+so nothing schedules or runs them). After each step it measures, ``--repeat`` times and each time in
+a *fresh* process (``measure`` below), exactly what the quota service does in live mode:
+``webhook.cluster_state.start_live_sync`` until ``QuotaState.ready()``, the RSS at that point, and
+the cost of ``QuotaState.apply_event`` for MODIFIED pod and quota events. Prints a JSON line per
+measurement and a Markdown summary (medians); docs/benchmarks.md holds a recorded run.
+
+If pod creation does not reach a count within ``--create-budget`` seconds (per step), the step is
+measured at what was created and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import http.client
+import json
+import multiprocessing
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+PARENTS = 20
+LEAVES_PER_PARENT = 99
+NAMESPACES = PARENTS  # one namespace per parent; its leaves live there
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+CREATE_PROCESSES = 4
+CREATE_THREADS = 8
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+# --- populating the apiserver -------------------------------------------------------------------
+
+def _ssl_context(pki_dir: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki_dir / "apiserver-ca.crt"))
+    context.load_cert_chain(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key"))
+    return context
+
+
+def leaf_name(parent: int, leaf: int) -> str:
+    return f"team-{parent:02d}-leaf-{leaf:02d}"
+
+
+def quota_objects() -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, ElasticQuota) for the whole tree: parents in canonical keys, leaves mixed."""
+    objects: list[tuple[str, dict[str, Any]]] = []
+    for p in range(PARENTS):
+        namespace = f"team-{p:02d}"
+        parent = f"team-{p:02d}"
+        objects.append((namespace, {
+            "apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+            "metadata": {"name": parent, "namespace": namespace,
+                         "labels": {"quota.scheduling.koordinator.sh/is-parent": "true"}},
+            "spec": {"max": {"koordinator.sh/gpu-core": "100000", "koordinator.sh/gpu-memory-ratio": "100000",
+                             "cpu": "100k", "memory": "1000Ti"},
+                     "min": {"koordinator.sh/gpu-core": "1000", "koordinator.sh/gpu-memory-ratio": "1000"}}}))
+        for leaf in range(LEAVES_PER_PARENT):
+            objects.append((namespace, {
+                "apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+                "metadata": {"name": leaf_name(p, leaf), "namespace": namespace,
+                             "labels": {"quota.scheduling.koordinator.sh/parent": parent}},
+                "spec": {"max": {"koordinator.sh/gpu-core": "1000", "koordinator.sh/gpu-memory-ratio": "1000",
+                                 "cpu": "1000", "memory": "10Ti"},
+                         "min": {"koordinator.sh/gpu-core": "10", "koordinator.sh/gpu-memory-ratio": "10"}}}))
+    return objects
+
+
+def pod_object(index: int) -> tuple[str, dict[str, Any]]:
+    """A minimal pending pod; half ask in legacy ``nvidia.com/gpu`` (no webhook rewrites them here)."""
+    p, leaf = index % PARENTS, (index // PARENTS) % LEAVES_PER_PARENT
+    namespace = f"team-{p:02d}"
+    gpu = {"nvidia.com/gpu": "1"} if index % 2 else {"koordinator.sh/gpu-core": "50",
+                                                       "koordinator.sh/gpu-memory-ratio": "50"}
+    return namespace, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"bench-{index:06d}", "namespace": namespace,
+                     "labels": {QUOTA_LABEL: leaf_name(p, leaf), "app": "bench"}},
+        "spec": {"containers": [{"name": "main", "image": "registry.example/bench:1",
+                                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi", **gpu},
+                                               "limits": {"memory": "1Gi", **gpu}}}]}}
+
+
+def _post_worker(server: str, pki_dir: str, items: list[tuple[str, str]], results: Any) -> None:
+    """One process: CREATE_THREADS keep-alive connections POSTing its share of (path, body)."""
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    context = _ssl_context(Path(pki_dir))
+    lock = threading.Lock()
+    position = [0]
+    failures: list[str] = []
+
+    def run() -> None:
+        connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=60)
+        while True:
+            with lock:
+                if position[0] >= len(items):
+                    break
+                path, body = items[position[0]]
+                position[0] += 1
+            connection.request("POST", path, body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            payload = response.read()
+            if response.status not in (200, 201, 409):
+                failures.append(f"{response.status} {path}: {payload[:200]!r}")
+        connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(CREATE_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results.put(failures)
+
+
+def post_all(server: str, pki_dir: Path, items: list[tuple[str, str]]) -> tuple[float, list[str]]:
+    """POST every (path, JSON body) from CREATE_PROCESSES processes; returns (seconds, failures)."""
+    queue: Any = multiprocessing.Queue()
+    chunks = [items[i::CREATE_PROCESSES] for i in range(CREATE_PROCESSES)]
+    start = time.monotonic()
+    workers = [multiprocessing.Process(target=_post_worker, args=(server, str(pki_dir), chunk, queue))
+               for chunk in chunks if chunk]
+    for worker in workers:
+        worker.start()
+    failures = [f for _ in workers for f in queue.get()]
+    for worker in workers:
+        worker.join()
+    return time.monotonic() - start, failures
+
+
+def create_pods(server: str, pki_dir: Path, start: int, stop: int, budget: float) -> tuple[int, float]:
+    """Create pods start..stop-1 in batches until done or out of budget; returns (created up to, seconds)."""
+    began = time.monotonic()
+    batch = 5000
+    index = start
+    while index < stop and time.monotonic() - began < budget:
+        end = min(index + batch, stop)
+        items = []
+        for i in range(index, end):
+            namespace, pod = pod_object(i)
+            items.append((f"/api/v1/namespaces/{namespace}/pods", json.dumps(pod)))
+        _, failures = post_all(server, pki_dir, items)
+        if failures:
+            raise SystemExit(f"pod creation failed ({len(failures)}), first: {failures[0]}")
+        index = end
+        elapsed = time.monotonic() - began
+        print(f"  created {index} pods ({(index - start) / elapsed:.0f}/s this step)", file=sys.stderr, flush=True)
+    return index, time.monotonic() - began
+
+
+# --- measuring, in a fresh process ---------------------------------------------------------------
+
+def measure(kubeconfig: str, events: int) -> dict[str, Any]:
+    """Initial sync of a QuotaState from the live cluster, its RSS, and apply_event's cost per event."""
+    from kubeaccess import kube
+    from webhook.cluster_state import start_live_sync
+    from webhook.quota_state import QuotaState
+
+    gc.collect()
+    rss_before = _status_kib("VmRSS")
+    state = QuotaState()
+    start = time.monotonic()
+    stop = start_live_sync(state, kube.connect(kubeconfig, None))
+    while not state.ready()[0]:
+        time.sleep(0.01)
+    sync_seconds = time.monotonic() - start
+    peak_kib = _status_kib("VmHWM")
+    rss_synced = _status_kib("VmRSS")
+    gc.collect()
+    rss_after_gc = _status_kib("VmRSS")
+    pods_cached, quotas_cached = len(state.usage), len(state.tree.quotas)
+
+    # Real objects as the watch delivers them (apiserver defaults, managedFields and all).
+    api = kube.connect(kubeconfig, None)
+    import orjson
+    from kubernetes import client
+    sample_pods = orjson.loads(client.CoreV1Api(api).list_pod_for_all_namespaces(
+        limit=1000, _preload_content=False).data)["items"]
+    sample_quotas = orjson.loads(client.CustomObjectsApi(api).list_cluster_custom_object(
+        "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas", limit=200, _preload_content=False).data)["items"]
+    result: dict[str, Any] = {"pods_cached": pods_cached, "quotas_cached": quotas_cached,
+                              "sync_seconds": round(sync_seconds, 2), "rss_before_mib": round(rss_before / 1024, 1),
+                              "peak_rss_mib": round(peak_kib / 1024, 1), "rss_synced_mib": round(rss_synced / 1024, 1),
+                              "rss_after_gc_mib": round(rss_after_gc / 1024, 1)}
+    for kind, sample in (("Pod", sample_pods), ("ElasticQuota", sample_quotas)):
+        for obj in sample:
+            obj["kind"] = kind
+        began = time.perf_counter()
+        for n in range(events):
+            obj = sample[n % len(sample)]
+            obj["metadata"]["resourceVersion"] = str(10_000_000 + n)  # as a real MODIFIED event would
+            state.apply_event(kind, "MODIFIED", obj)
+        result[f"{kind.lower()}_event_us"] = round(1e6 * (time.perf_counter() - began) / events, 1)
+    stop.set()
+    return result
+
+
+def measure_in_subprocess(kubeconfig: Path, events: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events)],
+                         capture_output=True, text=True, check=True, timeout=900)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# --- driver ----------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    one = sub.add_parser("measure", help="(internal) one measurement in this process")
+    one.add_argument("kubeconfig")
+    one.add_argument("--events", type=int, default=20000)
+    parser.add_argument("--pods", default="10000,100000", help="pod counts to measure at, comma-separated")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--events", type=int, default=20000)
+    parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
+    args = parser.parse_args()
+    if args.command == "measure":
+        print(json.dumps(measure(args.kubeconfig, args.events)))
+        return
+
+    import yaml
+    from controlplane import ELASTICQUOTA_CRD, ControlPlane, locate_binaries, make_api, wait_for_crd_established
+
+    plane = ControlPlane(locate_binaries())
+    plane.start()
+    try:
+        api = make_api(plane.kubeconfig_path)
+        crd = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
+        api.apiextensions.create_custom_resource_definition(crd)
+        wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
+        for p in range(NAMESPACES):
+            api.core.create_namespace({"metadata": {"name": f"team-{p:02d}"}})
+        api.close()
+        quotas = [(f"/apis/scheduling.sigs.k8s.io/v1alpha1/namespaces/{ns}/elasticquotas", json.dumps(q))
+                  for ns, q in quota_objects()]
+        seconds, failures = post_all(plane.server, plane.pki_dir, quotas)
+        if failures:
+            raise SystemExit(f"quota creation failed: {failures[0]}")
+        print(f"created {len(quotas)} ElasticQuotas in {seconds:.1f}s", file=sys.stderr, flush=True)
+        created = 0
+        rows: list[dict[str, Any]] = []
+        for target in (int(n) for n in args.pods.split(",")):
+            created, seconds = create_pods(plane.server, plane.pki_dir, created, target, args.create_budget)
+            print(f"pods: {created} (target {target}) after {seconds:.0f}s of creation "
+                  f"({CREATE_PROCESSES} processes x {CREATE_THREADS} keep-alive connections)", file=sys.stderr,
+                  flush=True)
+            runs = []
+            for attempt in range(args.repeat):
+                run = measure_in_subprocess(plane.kubeconfig_path, args.events)
+                print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
+                runs.append(run)
+            median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            rows.append({"target": target, "created_seconds": round(seconds), **median})
+        print("\n| pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
+              "| pod MODIFIED µs | quota MODIFIED µs |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            print(f"| {row['pods_cached']:.0f} | {row['quotas_cached']:.0f} | {row['sync_seconds']} | "
+                  f"{row['peak_rss_mib']} | {row['rss_synced_mib']} | {row['rss_after_gc_mib']} | "
+                  f"{row['pod_event_us']} | {row['elasticquota_event_us']} |")
+    finally:
+        plane.cleanup()
+
+
+if __name__ == "__main__":
+    main()

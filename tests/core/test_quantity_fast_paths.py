@@ -1,0 +1,109 @@
+"""The fast paths of gpuquota_core.quantity give exactly what the general code gives.
+
+The plain-integer parser, the parse and format caches and the integer arithmetic of ``Quantity``
+exist only for speed (docs/benchmarks.md); each is checked here against the Fraction-only code it
+short-cuts, over generated input.
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuquota_core import quantity as q
+from gpuquota_core.quantity import Quantity, QuantityError, QuantityFormat, format_quantity, parse_quantity
+
+EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
+PROFILE = settings(max_examples=EXAMPLES, deadline=None,
+                   derandomize=os.environ.get("GPUQUOTA_PROPERTY_RANDOM") != "1")
+
+SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+# Whole numbers with every suffix, up to and past the fast path's 32-character bound and the range
+# bound, plus near-misses the fast path must hand to the general parser (signs, dots, exponents,
+# leading zeros, non-ASCII digits, trailing newline).
+plain_texts = st.builds(lambda digits, suffix: f"{digits}{suffix}",
+                        st.one_of(st.integers(0, 10**6), st.integers(0, 10**70)).map(str), st.sampled_from(SUFFIXES))
+near_misses = st.one_of(
+    st.builds(lambda n, s: f"{n}{s}", st.integers(-10**6, 10**6), st.sampled_from(SUFFIXES)),
+    st.builds(lambda n, s, tail: f"{n}{s}{tail}", st.integers(0, 10**6), st.sampled_from(SUFFIXES),
+              st.sampled_from([".", ".0", "e3", "E", "i", "\n", " ", "0", "Ki"])),
+    st.sampled_from(["007", "0Mi", "+5", "٣", "1_000", "", "Ki", "m", "1e", "1K", "1mi"]),
+)
+amounts = st.one_of(st.integers(-10**20, 10**20).map(Fraction),
+                    st.fractions(min_value=-10**6, max_value=10**6, max_denominator=10**9))
+
+
+def general(text: str) -> Quantity | str:
+    """The general parser's answer (its error message when it refuses)."""
+    try:
+        return q._parse_general(text)
+    except QuantityError as error:
+        return f"error: {error}"
+
+
+def public(text: str) -> Quantity | str:
+    try:
+        return parse_quantity(text)
+    except QuantityError as error:
+        return f"error: {error}"
+
+
+@PROFILE
+@given(st.one_of(plain_texts, near_misses))
+def test_parse_equals_the_general_parser(text: str) -> None:
+    fast, slow = public(text), general(text)
+    if isinstance(slow, str):
+        assert fast == slow
+    else:
+        assert isinstance(fast, Quantity)
+        assert (fast.amount, fast.format, str(fast)) == (slow.amount, slow.format, str(slow))
+
+
+@PROFILE
+@given(plain_texts)
+def test_the_plain_path_is_exact_whenever_it_answers(text: str) -> None:
+    fast = q._parse_plain(text)
+    if fast is not None:
+        slow = q._parse_general(text)
+        assert (fast.amount, fast.format) == (slow.amount, slow.format)
+
+
+@pytest.mark.parametrize("text", ["1", "500m", "64Gi", "100", "1n", "3u", "7E", "12Ei", "0"])
+def test_the_plain_path_takes_the_common_spellings(text: str) -> None:
+    assert q._parse_plain(text) is not None
+
+
+@pytest.mark.parametrize("text", ["+1", "-1", "1.5", "1e3", "1E3", "٣", "1\n", "1" * 33])
+def test_the_plain_path_leaves_everything_else_to_the_general_parser(text: str) -> None:
+    assert q._parse_plain(text) is None
+
+
+def test_a_cached_parse_is_the_same_immutable_value() -> None:
+    assert parse_quantity("250m") is parse_quantity("250m")
+    with pytest.raises(QuantityError):
+        parse_quantity("1.2.3")
+    with pytest.raises(QuantityError):  # errors are never remembered as values
+        parse_quantity("1.2.3")
+
+
+@PROFILE
+@given(amounts, amounts)
+def test_integer_arithmetic_equals_fraction_arithmetic(a: Fraction, b: Fraction) -> None:
+    left, right = Quantity(a, QuantityFormat.BINARY_SI), Quantity(b)
+    assert (left + right).amount == a + b
+    assert (left - right).amount == a - b
+    assert (left + right).format is QuantityFormat.BINARY_SI  # the left operand's format, as before
+    assert (left < right) == (a < b)
+    assert (left <= right) == (a <= b)
+    assert (left > right) == (a > b)
+    assert type((left + right).amount) is Fraction
+
+
+@PROFILE
+@given(amounts, st.sampled_from(list(QuantityFormat)))
+def test_cached_format_equals_a_fresh_one(amount: Fraction, fmt: QuantityFormat) -> None:
+    assert format_quantity(amount, fmt) == format_quantity.__wrapped__(amount, fmt)
