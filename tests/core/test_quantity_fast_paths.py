@@ -1,4 +1,4 @@
-"""The fast paths of gpuquota_core.quantity give exactly what the general code gives.
+"""The fast paths of gpuquota_core.quantity and canonical give exactly what the general code gives.
 
 The plain-integer parser, the parse and format caches and the integer arithmetic of ``Quantity``
 exist only for speed (docs/benchmarks.md); each is checked here against the Fraction-only code it
@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuquota_core import canonical
 from gpuquota_core import quantity as q
+from gpuquota_core.canonical import canonicalize_resource_list
+from gpuquota_core.conversion import DEFAULT_CONFIG, load_config
 from gpuquota_core.quantity import Quantity, QuantityError, QuantityFormat, format_quantity, parse_quantity
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
@@ -107,3 +110,43 @@ def test_integer_arithmetic_equals_fraction_arithmetic(a: Fraction, b: Fraction)
 @given(amounts, st.sampled_from(list(QuantityFormat)))
 def test_cached_format_equals_a_fresh_one(amount: Fraction, fmt: QuantityFormat) -> None:
     assert format_quantity(amount, fmt) == format_quantity.__wrapped__(amount, fmt)
+
+
+resource_names = st.sampled_from(["nvidia.com/gpu", "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio",
+                                  "koordinator.sh/gpu-memory", "kubernetes.io/gpu", "cpu", "memory"])
+raw_values = st.one_of(st.sampled_from(["1", "2", "100", "50", "0.5", "-1", "1Gi", "16Gi", "x"]),
+                       st.integers(-2, 300), st.booleans(), st.floats(0, 4, allow_nan=False))
+
+
+def rewrite_or_error(rewrite: object, raw: dict[str, object], pinned: str | None) -> object:
+    try:
+        return rewrite(raw, "spec.containers[0].resources.requests", T4_CONFIG, pinned)  # type: ignore[operator]
+    except ValueError as error:
+        return f"error: {error}"
+
+
+T4_CONFIG = load_config({"gpuMemoryByModel": {"T4": "16Gi"}})
+
+
+@PROFILE
+@given(st.dictionaries(resource_names, raw_values, max_size=4), st.sampled_from([None, "T4"]))
+def test_a_remembered_rewrite_equals_a_fresh_one(raw: dict[str, object], pinned: str | None) -> None:
+    first = rewrite_or_error(canonicalize_resource_list, raw, pinned)
+    again = rewrite_or_error(canonicalize_resource_list, raw, pinned)  # now from the cache
+    assert first == again == rewrite_or_error(canonical._rewrite_resource_list, raw, pinned)
+
+
+def test_a_remembered_rewrite_cannot_be_changed_by_its_caller() -> None:
+    raw = {"nvidia.com/gpu": "1"}
+    result, changes, notes = canonicalize_resource_list(raw, "r", DEFAULT_CONFIG, None)
+    result.clear()
+    changes[0][2].clear()
+    notes.append("mine")
+    assert canonicalize_resource_list(raw, "r", DEFAULT_CONFIG, None) == canonical._rewrite_resource_list(
+        raw, "r", DEFAULT_CONFIG, None)
+
+
+def test_values_that_are_equal_in_python_are_not_the_same_quantity_in_the_cache() -> None:
+    assert canonicalize_resource_list({"nvidia.com/gpu": 1}, "r", DEFAULT_CONFIG, None)[1]
+    with pytest.raises(ValueError, match="not True"):
+        canonicalize_resource_list({"nvidia.com/gpu": True}, "r", DEFAULT_CONFIG, None)
