@@ -169,7 +169,52 @@ def create_pods(server: str, pki_dir: Path, start: int, stop: int, budget: float
 
 # --- measuring, in a fresh process ---------------------------------------------------------------
 
-def measure(kubeconfig: str, events: int) -> dict[str, Any]:
+# What quota accounting reads of a pod (gpuquota_core.quota.pod_record, pod_is_counted); the rest
+# (managedFields, env, volumes, status conditions) is most of a pod's size.
+POD_FIELDS = {"metadata": ("name", "namespace", "uid", "labels", "resourceVersion"),
+              "spec": ("containers", "initContainers", "overhead", "nodeSelector", "affinity"),
+              "status": ("phase",)}
+
+
+def trimmed(pod: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "Pod"}
+    for section, keys in POD_FIELDS.items():
+        source = pod.get(section) or {}
+        out[section] = {key: source[key] for key in keys if key in source}
+    for container in out["spec"].get("containers", []) + out["spec"].get("initContainers", []):
+        for heavy in [key for key in container if key not in ("name", "resources", "restartPolicy")]:
+            del container[heavy]
+    return out
+
+
+def paged_sync(state: Any, api: Any) -> None:
+    """The what-if variant: list 500 at a time and keep only the fields accounting reads.
+
+    Not what the product does (webhook/cluster_state.py lists each kind in one response and
+    keeps it referenced while it watches); measured to size that change.
+    """
+    import orjson
+    from kubernetes import client
+
+    def pages(lister: Any, trim: Any) -> Any:
+        token = ""
+        while True:
+            page = orjson.loads(lister(limit=500, _preload_content=False,
+                                       **({"_continue": token} if token else {})).data)
+            yield from (trim(item) for item in page["items"])
+            token = page["metadata"].get("continue") or ""
+            if not token:
+                return
+
+    custom = client.CustomObjectsApi(api)
+    quotas = pages(lambda **kw: custom.list_cluster_custom_object("scheduling.sigs.k8s.io", "v1alpha1",
+                                                                  "elasticquotas", **kw),
+                   lambda item: {**item, "kind": "ElasticQuota"})
+    state.replace_kind("ElasticQuota", quotas)
+    state.replace_kind("Pod", pages(client.CoreV1Api(api).list_pod_for_all_namespaces, trimmed))
+
+
+def measure(kubeconfig: str, events: int, variant: str = "live") -> dict[str, Any]:
     """Initial sync of a QuotaState from the live cluster, its RSS, and apply_event's cost per event."""
     from kubeaccess import kube
     from webhook.cluster_state import start_live_sync
@@ -179,9 +224,14 @@ def measure(kubeconfig: str, events: int) -> dict[str, Any]:
     rss_before = _status_kib("VmRSS")
     state = QuotaState()
     start = time.monotonic()
-    stop = start_live_sync(state, kube.connect(kubeconfig, None))
-    while not state.ready()[0]:
-        time.sleep(0.01)
+    if variant == "live":
+        stop = start_live_sync(state, kube.connect(kubeconfig, None))
+        while not state.ready()[0]:
+            time.sleep(0.01)
+    else:
+        stop = threading.Event()
+        paged_sync(state, kube.connect(kubeconfig, None))
+        assert state.ready()[0]
     sync_seconds = time.monotonic() - start
     peak_kib = _status_kib("VmHWM")
     rss_synced = _status_kib("VmRSS")
@@ -197,7 +247,7 @@ def measure(kubeconfig: str, events: int) -> dict[str, Any]:
         limit=1000, _preload_content=False).data)["items"]
     sample_quotas = orjson.loads(client.CustomObjectsApi(api).list_cluster_custom_object(
         "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas", limit=200, _preload_content=False).data)["items"]
-    result: dict[str, Any] = {"pods_cached": pods_cached, "quotas_cached": quotas_cached,
+    result: dict[str, Any] = {"variant": variant, "pods_cached": pods_cached, "quotas_cached": quotas_cached,
                               "sync_seconds": round(sync_seconds, 2), "rss_before_mib": round(rss_before / 1024, 1),
                               "peak_rss_mib": round(peak_kib / 1024, 1), "rss_synced_mib": round(rss_synced / 1024, 1),
                               "rss_after_gc_mib": round(rss_after_gc / 1024, 1)}
@@ -214,8 +264,9 @@ def measure(kubeconfig: str, events: int) -> dict[str, Any]:
     return result
 
 
-def measure_in_subprocess(kubeconfig: Path, events: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events)],
+def measure_in_subprocess(kubeconfig: Path, events: int, variant: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events),
+                          "--variant", variant],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -228,13 +279,16 @@ def main() -> None:
     one = sub.add_parser("measure", help="(internal) one measurement in this process")
     one.add_argument("kubeconfig")
     one.add_argument("--events", type=int, default=20000)
+    one.add_argument("--variant", choices=("live", "paged"), default="live")
     parser.add_argument("--pods", default="10000,100000", help="pod counts to measure at, comma-separated")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=int, default=20000)
+    parser.add_argument("--variants", default="live,paged",
+                        help="live: webhook.cluster_state as shipped; paged: the what-if of paged_sync")
     parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
     args = parser.parse_args()
     if args.command == "measure":
-        print(json.dumps(measure(args.kubeconfig, args.events)))
+        print(json.dumps(measure(args.kubeconfig, args.events, args.variant)))
         return
 
     import yaml
@@ -263,18 +317,21 @@ def main() -> None:
             print(f"pods: {created} (target {target}) after {seconds:.0f}s of creation "
                   f"({CREATE_PROCESSES} processes x {CREATE_THREADS} keep-alive connections)", file=sys.stderr,
                   flush=True)
-            runs = []
-            for attempt in range(args.repeat):
-                run = measure_in_subprocess(plane.kubeconfig_path, args.events)
-                print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
-                runs.append(run)
-            median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-            rows.append({"target": target, "created_seconds": round(seconds), **median})
-        print("\n| pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
+            for variant in args.variants.split(","):
+                runs = []
+                for attempt in range(args.repeat):
+                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, variant)
+                    print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
+                    runs.append(run)
+                median = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "variant"}
+                rows.append({"target": target, "variant": variant, "created": created,
+                             "created_seconds": round(seconds), **median})
+        print("\n| sync | pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
               "| pod MODIFIED µs | quota MODIFIED µs |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for row in rows:
-            print(f"| {row['pods_cached']:.0f} | {row['quotas_cached']:.0f} | {row['sync_seconds']} | "
+            print(f"| {row['variant']} | {row['pods_cached']:.0f} | {row['quotas_cached']:.0f} | "
+                  f"{row['sync_seconds']} | "
                   f"{row['peak_rss_mib']} | {row['rss_synced_mib']} | {row['rss_after_gc_mib']} | "
                   f"{row['pod_event_us']} | {row['elasticquota_event_us']} |")
     finally:

@@ -63,6 +63,7 @@ def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
     """Objects in one file's text: JSON, or YAML with ``---`` separated documents."""
     try:
         if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
+            # Not orjson: it reads integers beyond 64 bits as floats, which would change a quantity.
             loaded = json.loads(text)
             documents: list[Any] = loaded if isinstance(loaded, list) else [loaded]
         else:
