@@ -82,7 +82,7 @@ def _representable(amount: int) -> bool:
 ListRewrite = tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]
 
 
-class _SameConfig:
+class ConfigIdentity:
     """A cache key for a config by identity (configs hold dicts, so they do not hash by value).
 
     The cache keeps the key, and the key keeps the config alive, so its id is never reused for
@@ -98,7 +98,7 @@ class _SameConfig:
         return id(self.config)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _SameConfig) and other.config is self.config
+        return isinstance(other, ConfigIdentity) and other.config is self.config
 
 
 def canonicalize_resource_list(
@@ -118,7 +118,7 @@ def canonicalize_resource_list(
     """
     try:
         key = (tuple((name, type(value), value) for name, value in raw.items()), path,
-               _SameConfig(config), pinned_model)
+               ConfigIdentity(config), pinned_model)
         hash(key)
     except TypeError:
         return _rewrite_resource_list(raw, path, config, pinned_model)

@@ -13,9 +13,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import canonicalize_pod_spec
-from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import PodShapeError, as_mapping, parse_resource_list, pod_requests, read_containers
+from .canonical import ConfigIdentity, canonicalize_pod_spec
+from .conversion import DEFAULT_CONFIG, ConversionConfig, pinned_gpu_model
+from .podspec import (
+    CONTAINER_KINDS,
+    MAX_CONTAINERS,
+    PodShapeError,
+    as_mapping,
+    parse_resource_list,
+    pod_requests,
+    read_containers,
+)
 from .quantity import ZERO, Quantity
 from .resources import (
     GPU_MEMORY,
@@ -198,6 +206,69 @@ def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = D
     return pod_requests(canonical_spec, read_containers(canonical_spec))
 
 
+# The quota cache and the audit compute every pod's canonical requests, and a cluster's pods repeat
+# a few shapes (the replicas of each workload ask alike), so answers are remembered by everything
+# the computation reads of the spec (see _requests_key). Bounded like canonical's rewrite cache.
+_POD_REQUESTS_CACHE_SIZE = 4096
+_pod_requests: dict[object, ResourceList] = {}
+
+
+def _values_key(values: object) -> object:
+    """A resource map as a key: each value with its type (1, 1.0 and True differ as quantities)."""
+    if values is None:
+        return None
+    if type(values) is not dict:
+        raise TypeError("not plain JSON")
+    return tuple((name, type(value), value) for name, value in values.items())
+
+
+def _requests_key(spec: Mapping[str, Any], config: ConversionConfig) -> object | None:
+    """What canonical_pod_requests reads of ``spec`` (resources, init restartPolicy, overhead, the
+    pinned GPU model) and the config, or None when the spec is not plain JSON of the usual shape:
+    then the uncached computation runs and raises its own precise error."""
+    try:
+        kinds: list[object] = []
+        for kind in CONTAINER_KINDS:
+            entries = spec.get(kind)
+            if entries is None:
+                kinds.append(None)
+                continue
+            if type(entries) is not list or len(entries) > MAX_CONTAINERS:
+                return None
+            containers: list[object] = []
+            for entry in entries:
+                if type(entry) is not dict or not isinstance(entry.get("name", ""), str):
+                    return None
+                resources = entry.get("resources")
+                if resources is not None and type(resources) is not dict:
+                    return None
+                resources = resources or {}
+                containers.append((entry.get("restartPolicy"), _values_key(resources.get("requests")),
+                                   _values_key(resources.get("limits"))))
+            kinds.append(tuple(containers))
+        key = (tuple(kinds), _values_key(spec.get("overhead")), pinned_gpu_model(spec, config.model_label),
+               ConfigIdentity(config))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def remembered_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> ResourceList:
+    """:func:`canonical_pod_requests`, remembered per spec shape; the caller gets its own dict."""
+    key = _requests_key(spec, config)
+    if key is None:
+        return canonical_pod_requests(spec, config)
+    cached = _pod_requests.get(key)
+    if cached is None:
+        cached = canonical_pod_requests(spec, config)  # an error propagates and is not remembered
+        if len(_pod_requests) >= _POD_REQUESTS_CACHE_SIZE:
+            _pod_requests.clear()
+        _pod_requests[key] = cached
+    # Quantities are immutable and may be shared; the map is copied so no caller can alter the cache.
+    return dict(cached)
+
+
 def gpu_memory_unknown(requests: Mapping[str, Quantity]) -> bool:
     """Bytes of GPU memory with no ratio: how much of a ratio-limited quota it takes is unknowable."""
     return GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests
@@ -206,7 +277,7 @@ def gpu_memory_unknown(requests: Mapping[str, Quantity]) -> bool:
 def pod_record(pod: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> PodRecord:
     metadata = as_mapping(pod.get("metadata"), "metadata")
     labels = as_mapping(metadata.get("labels"), "metadata.labels")
-    requests = canonical_pod_requests(as_mapping(pod.get("spec"), "spec"), config)
+    requests = remembered_pod_requests(as_mapping(pod.get("spec"), "spec"), config)
     return PodRecord(
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),

@@ -1,4 +1,4 @@
-"""The fast paths of gpuquota_core.quantity and canonical give exactly what the general code gives.
+"""The fast paths of gpuquota_core.quantity, canonical and quota give exactly what the general code gives.
 
 The plain-integer parser, the parse and format caches and the integer arithmetic of ``Quantity``
 exist only for speed (docs/benchmarks.md); each is checked here against the Fraction-only code it
@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from gpuquota_core import canonical
 from gpuquota_core import quantity as q
 from gpuquota_core.canonical import canonicalize_resource_list
-from gpuquota_core.conversion import DEFAULT_CONFIG, load_config
+from gpuquota_core.conversion import DEFAULT_CONFIG, GPU_MODEL_LABEL, ConversionConfig, load_config
 from gpuquota_core.quantity import Quantity, QuantityError, QuantityFormat, format_quantity, parse_quantity
+from gpuquota_core.quota import canonical_pod_requests, remembered_pod_requests
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
@@ -150,3 +151,46 @@ def test_values_that_are_equal_in_python_are_not_the_same_quantity_in_the_cache(
     assert canonicalize_resource_list({"nvidia.com/gpu": 1}, "r", DEFAULT_CONFIG, None)[1]
     with pytest.raises(ValueError, match="not True"):
         canonicalize_resource_list({"nvidia.com/gpu": True}, "r", DEFAULT_CONFIG, None)
+
+
+containers = st.lists(st.fixed_dictionaries(
+    {"name": st.sampled_from(["a", "b", ""])},
+    optional={"resources": st.fixed_dictionaries({}, optional={"requests": st.dictionaries(resource_names, raw_values,
+                                                                                           max_size=3),
+                                                             "limits": st.dictionaries(resource_names, raw_values,
+                                                                                       max_size=3)}),
+              "restartPolicy": st.sampled_from(["Always", "Never", None])}), max_size=3)
+specs = st.fixed_dictionaries({"containers": containers}, optional={
+    "initContainers": containers, "overhead": st.dictionaries(st.sampled_from(["cpu", "memory"]), raw_values),
+    "nodeSelector": st.just({GPU_MODEL_LABEL: "T4"})})
+
+
+def requests_or_error(compute: object, spec: dict[str, object], config: ConversionConfig) -> object:
+    try:
+        return compute(spec, config)  # type: ignore[operator]
+    except ValueError as error:
+        return f"error: {error}"
+
+
+@PROFILE
+@given(specs, st.sampled_from([DEFAULT_CONFIG, T4_CONFIG]))
+def test_remembered_pod_requests_equal_fresh_ones(spec: dict[str, object], config: ConversionConfig) -> None:
+    first = requests_or_error(remembered_pod_requests, spec, config)
+    again = requests_or_error(remembered_pod_requests, spec, config)
+    fresh = requests_or_error(canonical_pod_requests, spec, config)
+    assert first == again == fresh
+    if isinstance(fresh, dict):  # same amounts and the same formats (they decide how messages print)
+        assert {n: str(v) for n, v in first.items()} == {n: str(v) for n, v in fresh.items()}  # type: ignore[union-attr]
+
+
+def test_remembered_pod_requests_are_the_callers_own() -> None:
+    spec = {"containers": [{"name": "a", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}
+    remembered_pod_requests(spec).clear()
+    assert remembered_pod_requests(spec) == canonical_pod_requests(spec)
+
+
+def test_a_spec_of_unusual_shape_gets_the_precise_error() -> None:
+    with pytest.raises(ValueError, match="expected a string"):
+        remembered_pod_requests({"containers": [{"name": 7}]})
+    with pytest.raises(ValueError, match="expected an object"):
+        remembered_pod_requests({"containers": [{"name": "a", "resources": {"requests": ["1"]}}]})
