@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit e2e control-plane test-tools certs bench fuzz clean
+.PHONY: run test lint unit e2e control-plane test-tools certs bench fuzz-atheris clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ unit: $(STAMP)
 
 e2e: $(STAMP) control-plane test-tools
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+
+## fuzz-atheris: coverage-guided fuzzing of the decoder, pod walker and quantity parser (not part of make test)
+RUNS ?= 200000
+fuzz-atheris: $(STAMP)
+	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/pip install --quiet atheris
+	corpus=$$(mktemp -d) && cp examples/requests/*.json "$$corpus"/ && \
+	  $(BIN)/python hack/fuzz-atheris.py -runs=$(RUNS) -seed=1 -max_len=8192 "$$corpus"; \
+	  status=$$?; rm -rf "$$corpus"; exit $$status
 
 bench: $(STAMP)
 	bench/run.sh

@@ -47,16 +47,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
                                       "view stale (decisions continue from the last state meanwhile).")
 @click.option("--reservation-ttl", "reservation_ttl_seconds", type=click.FloatRange(min=1), default=30.0,
               show_default=True, help="Seconds an admitted pod holds quota room until the watch shows it.")
+@click.option("--max-reservations-per-caller", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Quota reservations one caller (TLS peer) may hold before its pods are confirmed; bounds what "
+                   "forged AdmissionReviews can take (docs/security.md).")
 def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,
           host: str, port: int, config_path: Path | None, workers: int, threads: int, keepalive: int,
           log_level: str, client_ca_path: Path | None, accounting: str, ledger_namespace: str,
-          stale_after_seconds: float, reservation_ttl_seconds: float) -> None:
+          stale_after_seconds: float, reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     try:
         run(Settings(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
                      kubeconfig_path=kubeconfig_path, context=context, workers=workers, threads=threads,
                      keepalive=keepalive, log_level=log_level, client_ca_path=client_ca_path,
                      accounting=accounting, ledger_namespace=ledger_namespace,
-                     stale_after_seconds=stale_after_seconds, reservation_ttl_seconds=reservation_ttl_seconds))
+                     stale_after_seconds=stale_after_seconds, reservation_ttl_seconds=reservation_ttl_seconds,
+                     max_reservations_per_caller=max_reservations_per_caller))
     except ServeError as error:
         raise CommandError(str(error)) from None

@@ -33,6 +33,7 @@ class Reservation:
     pod_uid: str = ""  # metadata.uid at admission; "" when the caller did not know it
     # Per quota, what the ledger holds for it; defaults to ``requests`` everywhere (a CREATE).
     charges: Mapping[str, ResourceList] = field(default_factory=dict)
+    caller: str = ""  # who sent the admission (peer address or client certificate), for the per-caller bound
 
     def charge_of(self, quota: str) -> ResourceList:
         return self.charges.get(quota, self.requests) if self.charges else self.requests
@@ -50,18 +51,20 @@ class ReservationLedger:
         self.ttl_seconds = ttl_seconds
         self._by_pod: dict[str, Reservation] = {}
         self._used: dict[str, ResourceList] = {}
+        self._by_caller: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_pod)
 
     def reserve(self, pod_key: str, admission_uid: str, quotas: tuple[str, ...],
                 requests: Mapping[str, Quantity], now: float, *, pod_uid: str = "",
-                charges: Mapping[str, ResourceList] | None = None) -> Reservation:
+                charges: Mapping[str, ResourceList] | None = None, caller: str = "") -> Reservation:
         """Charge a pod; a retried admission of the same pod replaces its earlier reservation."""
         self.release(pod_key)
         reservation = Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds,
-                                  pod_uid, dict(charges or {}))
+                                  pod_uid, dict(charges or {}), caller)
         self._by_pod[pod_key] = reservation
+        self._by_caller[caller] = self._by_caller.get(caller, 0) + 1
         for quota in quotas:
             self._used[quota] = add_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation
@@ -69,6 +72,9 @@ class ReservationLedger:
     def release(self, pod_key: str) -> Reservation | None:
         reservation = self._by_pod.pop(pod_key, None)
         if reservation is not None:
+            remaining = self._by_caller.pop(reservation.caller, 1) - 1
+            if remaining:
+                self._by_caller[reservation.caller] = remaining
             for quota in reservation.quotas:
                 self._used[quota] = subtract_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation
@@ -86,6 +92,10 @@ class ReservationLedger:
         for reservation in expired:
             self.release(reservation.pod_key)
         return expired
+
+    def held_by(self, caller: str) -> int:
+        """How many unconfirmed reservations ``caller``'s admissions hold right now."""
+        return self._by_caller.get(caller, 0)
 
     def get(self, pod_key: str) -> Reservation | None:
         return self._by_pod.get(pod_key)

@@ -66,6 +66,7 @@ def encode(reservations: Iterable[StoredReservation]) -> dict[str, str]:
             "admittedAt": round(stored.admitted_at, 3),
             "expiresAt": round(r.expires_at, 3),
             "replica": stored.replica,
+            "caller": r.caller,
         }
     return {LEDGER_DATA_KEY: json.dumps(entries, separators=(",", ":"), sort_keys=True)}
 
@@ -86,6 +87,7 @@ def decode(data: Mapping[str, str] | None) -> dict[str, StoredReservation]:
                 expires_at=float(entry["expiresAt"]),
                 pod_uid=str(entry.get("podUID", "")),
                 charges={str(q): _quantities(c) for q, c in entry["charges"].items()},
+                caller=str(entry.get("caller", "")),
             )
             result[reservation.pod_key] = StoredReservation(reservation, str(entry.get("replica", "")),
                                                             float(entry["admittedAt"]))
@@ -109,7 +111,7 @@ def holding_room(stored: Mapping[str, StoredReservation], usage: UsageIndex, now
         r = item.reservation
         if r.expires_at > now and not confirmed(item, usage):
             ledger.reserve(r.pod_key, r.admission_uid, r.quotas, r.requests, r.expires_at - ttl_seconds,
-                           pod_uid=r.pod_uid, charges=r.charges)
+                           pod_uid=r.pod_uid, charges=r.charges, caller=r.caller)
     return ledger
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from flask import Flask, Response, request
+from flask import Flask, Response, has_request_context, request
 
 from gpuquota_core.canonical import canonicalize_pod
 from gpuquota_core.conversion import ConversionConfig
@@ -206,6 +206,7 @@ class AdmissionHandlers:
             dry_run=req.dry_run,
             # Bytes cannot be turned into a share of a card without knowing the card.
             unknown_gpu_memory=GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests,
+            caller=_caller(),
         )
 
     # -- /validate-elasticquotas -------------------------------------------------------------
@@ -245,6 +246,11 @@ class AdmissionHandlers:
         response = denied(req, verdict.message, code=verdict.code, reason=verdict.reason or "Forbidden",
                           warnings=all_warnings)
         return Outcome(response, verdict.reason or "denied")
+
+
+def _caller() -> str:
+    """The TLS peer's address: who really sent the review (its userInfo is whatever the sender wrote)."""
+    return (request.remote_addr or "") if has_request_context() else ""
 
 
 def _text(value: object) -> str:

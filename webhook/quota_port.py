@@ -26,6 +26,9 @@ class PodAdmission:
     old_canonical_requests: dict[str, str] | None = None  # UPDATE only
     dry_run: bool = False
     unknown_gpu_memory: bool = False  # gpu-memory bytes with no model mapping: footprint unknown
+    # Who sent the AdmissionReview: the TLS peer's address (or client certificate subject).
+    # Never the review's own userInfo, which a forged review would simply make up.
+    caller: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
 from .quota_port import PodAdmission, Verdict
-from .quota_state import DEFAULT_STALE_AFTER_SECONDS, QuotaState
+from .quota_state import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS, QuotaState
 from .quota_wire import recv_frame, send_frame
 
 log = logging.getLogger("gpuquota.quota")
@@ -99,9 +99,11 @@ def serve(state: QuotaState, path: Path, stop: threading.Event | None = None,
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
                 parent_pid: int, accounting: str = LOCAL, ledger_namespace: str = "",
                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-                reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS) -> None:
+                reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER) -> None:
     """The service process's main: serve, load or start syncing, and exit when the parent does."""
-    state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds)
+    state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds,
+                       max_reservations_per_caller=max_reservations_per_caller)
     if state_path is not None:
         serve(state, path)
         state.load(load_objects(str(state_path)))
@@ -132,7 +134,9 @@ def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path 
                           kube_context: str | None = None, accounting: str = LOCAL,
                           ledger_namespace: str = "",
                           stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-                          reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS) -> subprocess.Popen[bytes]:
+                          reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                          max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER,
+                          ) -> subprocess.Popen[bytes]:
     """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one).
 
     A fresh interpreter rather than multiprocessing: gunicorn forks its workers from this
@@ -147,7 +151,8 @@ def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path 
     if kube_context is not None:
         command += ["--context", kube_context]
     command += ["--accounting", accounting, "--ledger-namespace", ledger_namespace,
-                "--stale-after", str(stale_after_seconds), "--reservation-ttl", str(reservation_ttl_seconds)]
+                "--stale-after", str(stale_after_seconds), "--reservation-ttl", str(reservation_ttl_seconds),
+                "--max-reservations-per-caller", str(max_reservations_per_caller)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
 
@@ -163,10 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ledger-namespace", default="")
     parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_SECONDS)
     parser.add_argument("--reservation-ttl", type=float, default=DEFAULT_TTL_SECONDS)
+    parser.add_argument("--max-reservations-per-caller", type=int, default=DEFAULT_MAX_RESERVATIONS_PER_CALLER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid, args.accounting,
-                args.ledger_namespace, args.stale_after, args.reservation_ttl)
+                args.ledger_namespace, args.stale_after, args.reservation_ttl, args.max_reservations_per_caller)
 
 
 if __name__ == "__main__":

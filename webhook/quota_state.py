@@ -31,11 +31,17 @@ KINDS = ("Pod", "ElasticQuota")
 # fails. Longer than a control-plane rolling restart, shorter than the time in which a cluster's
 # quota usage drifts far from what was last seen.
 DEFAULT_STALE_AFTER_SECONDS = 120.0
+# Unconfirmed reservations one caller may hold at once. The API server's own admissions are
+# confirmed by the watch within a second, so it holds roughly (creates per second x watch lag),
+# far below this; a caller posting forged reviews is stopped here, and what it holds expires.
+DEFAULT_MAX_RESERVATIONS_PER_CALLER = 500
+TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 
 class QuotaState:
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = 30.0,
-                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS) -> None:
+                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+                 max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER) -> None:
         self._lock = threading.Lock()  # every decision and every state change is serialised
         self._clock = clock
         self.tree = QuotaTree()
@@ -43,6 +49,7 @@ class QuotaState:
         self.ledger = ReservationLedger(ttl_seconds)
         self.synced = False
         self.stale_after_seconds = stale_after_seconds
+        self.max_reservations_per_caller = max_reservations_per_caller
         self._listed_kinds: set[str] = set()
         self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
 
@@ -222,10 +229,17 @@ class QuotaState:
             return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
         if admission.dry_run or not decision.quotas:
             return ALLOW, None
+        held = ledger.held_by(admission.caller)
+        if admission.caller and held >= self.max_reservations_per_caller:
+            return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: caller {admission.caller} "
+                           f"already holds {held} quota reservations no created pod has confirmed (limit "
+                           f"{self.max_reservations_per_caller}); retry once they are confirmed or expire",
+                           429, TOO_MANY_RESERVATIONS), None
         # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
         # relabel's new leaf, a resize's growth) is held in the ledger.
         reservation = ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
-                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges)
+                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
+                                     caller=admission.caller)
         return ALLOW, reservation
 
 

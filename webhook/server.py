@@ -60,7 +60,8 @@ def start_shared_services(settings: Settings) -> None:
     start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
                           accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
                           stale_after_seconds=settings.stale_after_seconds,
-                          reservation_ttl_seconds=settings.reservation_ttl_seconds)
+                          reservation_ttl_seconds=settings.reservation_ttl_seconds,
+                          max_reservations_per_caller=settings.max_reservations_per_caller)
     os.environ[QUOTA_SOCKET_ENV] = str(path)
 
 

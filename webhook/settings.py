@@ -60,6 +60,8 @@ class Settings:
     # How long an admitted pod holds room before the watch must have shown it (30 s: pod creates
     # finish well within the API server's request timeout).
     reservation_ttl_seconds: float = 30.0
+    # Unconfirmed reservations one caller (TLS peer) may hold; see webhook.quota_state.
+    max_reservations_per_caller: int = 500
 
     @property
     def certfile(self) -> Path:

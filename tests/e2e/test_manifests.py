@@ -137,6 +137,8 @@ BASE_OBJECTS = [
     ("CustomResourceDefinition", "elasticquotas.scheduling.sigs.k8s.io"),
     ("MutatingWebhookConfiguration", "gpuquota-webhook"),
     ("ValidatingWebhookConfiguration", "gpuquota-webhook"),
+    ("ValidatingAdmissionPolicy", "gpuquota-opt-out-label"),
+    ("ValidatingAdmissionPolicyBinding", "gpuquota-opt-out-label"),
 ]
 NAMESPACED_BASE_KINDS = {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy",
                          "ConfigMap", "Role", "RoleBinding"}

@@ -145,3 +145,26 @@ def test_limit_only_quota_update_does_not_reindex() -> None:
     assert state.tree.upsert(quota_from_object(raised)) is False
     moved = {**QUOTA, "metadata": {**QUOTA["metadata"], "labels": {"quota.scheduling.koordinator.sh/parent": "x"}}}
     assert state.tree.upsert(quota_from_object(moved)) is True
+
+
+def test_one_caller_cannot_hold_more_than_its_bound_of_unconfirmed_reservations() -> None:
+    state = QuotaState(max_reservations_per_caller=2)
+    state.load([QUOTA])
+
+    def ask(name: str, caller: str) -> PodAdmission:
+        return PodAdmission(uid="adm-" + name, operation="CREATE", namespace="team", name=name, pod_uid="uid-" + name,
+                            labels={"quota.scheduling.koordinator.sh/name": "team-a"},
+                            canonical_requests={RATIO: "10"}, caller=caller)
+
+    assert state.admit_pod(ask("f1", "10.0.0.9")).allowed
+    assert state.admit_pod(ask("f2", "10.0.0.9")).allowed
+    refused = state.admit_pod(ask("f3", "10.0.0.9"))
+    assert not refused.allowed and refused.code == 429 and refused.reason == "TooManyReservations"
+    assert refused.message == ("pod team/f3 not admitted: caller 10.0.0.9 already holds 2 quota reservations no "
+                               "created pod has confirmed (limit 2); retry once they are confirmed or expire")
+    # Another caller (the API server) is not affected, and the flood's room is not taken further.
+    assert state.admit_pod(ask("real", "10.0.0.1")).allowed
+    assert state.ledger.used("team-a") == {RATIO: Quantity.parse("30")}
+    # Once a pod of the caller shows up in the watch, its reservation no longer counts against it.
+    state.apply_event("Pod", "ADDED", {**pod_object("f1", "uid-f1", "10")})
+    assert state.admit_pod(ask("f4", "10.0.0.9")).allowed

@@ -1,0 +1,70 @@
+"""Forged AdmissionReviews from a caller that is not the API server cannot fill a quota.
+
+Anyone who reaches the port can post reviews with fresh UIDs; every admitted one would reserve room
+until it expires. The per-caller bound (``--max-reservations-per-caller``) caps what one TLS peer
+holds unconfirmed. The flood comes from 127.0.0.2, the "API server" from 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from reviews import body, pod, review
+from webhookproc import WebhookProcess
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+BOUND = 5
+STATE = """apiVersion: scheduling.sigs.k8s.io/v1alpha1
+kind: ElasticQuota
+metadata: {name: team-a, namespace: team}
+spec: {max: {koordinator.sh/gpu-memory-ratio: "1000"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    work = tmp_path_factory.mktemp("flood")
+    (work / "state.yaml").write_text(STATE, encoding="utf-8")
+    process = WebhookProcess(work, serve_args=["--state", str(work / "state.yaml"),
+                                               "--max-reservations-per-caller", str(BOUND)])
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def ask(server: WebhookProcess, source: str, name: str) -> dict[str, object]:
+    connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=server.ssl_context(), timeout=10,
+                                             source_address=(source, 0))
+    try:
+        document = review(pod(name, "team", labels={QUOTA_LABEL: "team-a"}, resources={RATIO: "100"}),
+                          uid=str(uuid.uuid4()))
+        connection.request("POST", "/validate-pods", body=body(document), headers={"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        assert reply.status == 200
+        answer: dict[str, object] = json.loads(reply.read())["response"]
+        return answer
+    finally:
+        connection.close()
+
+
+def test_fake_uid_flood_is_capped_and_the_quota_stays_usable(server: WebhookProcess) -> None:
+    flood = [ask(server, "127.0.0.2", f"fake-{i}") for i in range(40)]
+    assert [a["allowed"] for a in flood].count(True) == BOUND
+    refused = [a for a in flood if not a["allowed"]]
+    assert len(refused) == 40 - BOUND
+    status = refused[0]["status"]
+    assert isinstance(status, dict) and status["code"] == 429 and status["reason"] == "TooManyReservations"
+    assert f"caller 127.0.0.2 already holds {BOUND} quota reservations" in str(status["message"])
+    # 1000 of room, 500 held by the flood: real pods still get the other 500, then the quota speaks.
+    real = [ask(server, "127.0.0.1", f"real-{i}") for i in range(BOUND)]
+    assert all(a["allowed"] for a in real)
+    over = ask(server, "127.0.0.1", "one-too-many")
+    assert not over["allowed"] and str(over["status"]["message"]).startswith(  # type: ignore[index]
+        "exceeded quota: team/team-a, ")
