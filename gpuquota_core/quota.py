@@ -483,6 +483,7 @@ class UsageIndex:
         return dict(self._used.get(quota, {}))
 
     def used_map(self) -> Mapping[str, ResourceList]:
+        """Live, not a copy: the inner maps change in place as pods are charged (see ``_charge``)."""
         return self._used
 
     def pods(self) -> Iterable[PodRecord]:
@@ -507,7 +508,7 @@ class UsageIndex:
 
     # Charging adds the pod's few resources into each quota's totals in place: rebuilding the
     # whole totals map per pod and quota (add_lists) was a third of an audit's time at 100k pods.
-    # Safe because ``used`` hands out copies and ``discard`` replaces a map rather than editing it.
+    # Safe because ``used`` hands out copies; only ``used_map`` (no caller today) exposes these maps.
 
     def _charge(self, record: PodRecord) -> None:
         resolution = self.tree.resolve(record.namespace, record.quota_label)
