@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from . import quota_metrics as metrics
-from .quota_state import KINDS, QuotaState
+from .quota_state import KINDS, QuotaState, compact
 
 log = logging.getLogger("gpuquota.quota")
 EQ_GROUP, EQ_VERSION, EQ_PLURAL = "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas"
@@ -25,6 +26,9 @@ EQ_GROUP, EQ_VERSION, EQ_PLURAL = "scheduling.sigs.k8s.io", "v1alpha1", "elastic
 # resourceVersion seen: a quiet way to notice a silently dead connection.
 WATCH_SECONDS = 300
 MAX_BACKOFF_SECONDS = 30.0
+# Objects per list page: big enough that a 100k-pod cluster lists in 20 round trips, small enough
+# that one decoded page (~10 KB per pod) stays a few tens of MB.
+PAGE_SIZE = 5000
 
 Lister = Callable[..., Any]
 
@@ -41,18 +45,13 @@ class WatchExpired(Exception):
 
 
 def sync_kind(state: QuotaState, lister: Lister, kind: str, stop: threading.Event,
-              watch_seconds: int = WATCH_SECONDS, initial_backoff: float = 0.5) -> None:
+              watch_seconds: int = WATCH_SECONDS, initial_backoff: float = 0.5, page_size: int = PAGE_SIZE) -> None:
     backoff = initial_backoff
     reason = "initial"
     while not stop.is_set():
         try:
             metrics.RELISTS.labels(kind, reason).inc()
-            listed = orjson.loads(lister(_preload_content=False).data)
-            items = listed.get("items") or []
-            for item in items:
-                item.setdefault("kind", kind)
-            state.replace_kind(kind, items)
-            version = listed["metadata"]["resourceVersion"]
+            version = list_into(state, lister, kind, page_size)
             backoff = initial_backoff
             while not stop.is_set():
                 version = watch_once(state, lister, kind, version, watch_seconds)
@@ -65,6 +64,34 @@ def sync_kind(state: QuotaState, lister: Lister, kind: str, stop: threading.Even
             log.warning("quota sync of %s failed, re-listing in %.1fs: %s", kind, backoff, error)
             stop.wait(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+
+def list_into(state: QuotaState, lister: Lister, kind: str, page_size: int = PAGE_SIZE) -> str:
+    """List every object of ``kind`` page by page into ``state``; returns the list's resourceVersion.
+
+    Each page is decoded, reduced to the few fields a decision needs and dropped before the next
+    one is fetched, so the memory of a 100k-pod list is the compact records plus one page, not the
+    whole decoded JSON. All pages come from one consistent snapshot (the continue token pins its
+    resourceVersion); if the token expires (410) the list starts again.
+    """
+    compacted: list[Any] = []
+    token: str | None = None
+    while True:
+        try:
+            response = lister(limit=page_size, _continue=token, _preload_content=False) if token \
+                else lister(limit=page_size, _preload_content=False)
+        except ApiException as error:
+            if error.status == 410:
+                raise WatchExpired("the list's continue token expired") from None
+            raise
+        page = orjson.loads(response.data)
+        compacted.extend(compact(kind, item) for item in page.get("items") or [])
+        del page["items"], response
+        metadata = page["metadata"]
+        token = metadata.get("continue") or None
+        if token is None:
+            state.replace_compact(kind, compacted)
+            return str(metadata["resourceVersion"])
 
 
 def watch_once(state: QuotaState, lister: Lister, kind: str, version: str,

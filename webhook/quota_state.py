@@ -13,6 +13,7 @@ from gpuquota_core.migration import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATIO
 from gpuquota_core.quota import (
     POD_QUOTA_LABEL,
     PodRecord,
+    QuotaInfo,
     QuotaTree,
     UsageIndex,
     pod_is_counted,
@@ -69,15 +70,20 @@ class QuotaState:
 
     def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
-        objects = list(objects)
+        self.replace_compact(kind, [compact(kind, obj) for obj in objects])
+
+    def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None]) -> None:
+        """Like replace_kind, from what :func:`compact` kept of each object (None: not counted)."""
         with self._lock:
             if kind == "Pod":
                 self.usage = UsageIndex(self.tree)
-                for obj in objects:
-                    self._upsert_pod(obj)
+                for record in items:
+                    if isinstance(record, PodRecord):
+                        self.usage.upsert(record)
+                        self._confirm(record)
             else:
                 records = list(self.usage.pods())
-                self.tree = QuotaTree.build(quota_from_object(o) for o in objects)
+                self.tree = QuotaTree.build(q for q in items if isinstance(q, QuotaInfo))
                 self.usage = UsageIndex(self.tree)
                 for record in records:
                     self.usage.upsert(record)
@@ -241,6 +247,21 @@ class QuotaState:
                                      new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
                                      caller=admission.caller)
         return ALLOW, reservation
+
+
+def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
+    """The few fields a decision needs of one listed object, so a page can be dropped at once.
+
+    Pods: their record, or None when they do not count (finished, unreadable). Quotas: QuotaInfo.
+    """
+    if kind != "Pod":
+        return quota_from_object(obj)
+    if not pod_is_counted(obj):
+        return None
+    try:
+        return pod_record(obj)
+    except ValueError:
+        return None  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
 
 
 def _migrating(quota: Mapping[str, Any]) -> bool:

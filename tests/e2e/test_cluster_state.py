@@ -61,7 +61,8 @@ def start_sync(api: Api, state: QuotaState, watch_seconds: int) -> tuple[threadi
     stop = threading.Event()
     listers = {kind: CountingLister(lister_for(api.client, kind)) for kind in KINDS}
     for kind, lister in listers.items():
-        threading.Thread(target=sync_kind, args=(state, lister, kind, stop, watch_seconds, 0.1),
+        # Pages of 7: the suite's apiserver holds far more pods, so the list takes many continues.
+        threading.Thread(target=sync_kind, args=(state, lister, kind, stop, watch_seconds, 0.1, 7),
                          daemon=True).start()
     eventually(lambda: state.ready()[0], "first full sync")
     return stop, listers

@@ -42,7 +42,10 @@ class ScriptedApi:
         self.calls: list[str] = []
 
     def __call__(self, **kwargs: Any) -> Response:
-        self.calls.append(f"watch@{kwargs['resource_version']}" if kwargs.get("watch") else "list")
+        if kwargs.get("watch"):
+            self.calls.append(f"watch@{kwargs['resource_version']}")
+        else:
+            self.calls.append(f"list+{kwargs['_continue']}" if kwargs.get("_continue") else "list")
         if not self.script:
             self.stop.set()
             raise ConnectionError("script finished")
@@ -52,8 +55,9 @@ class ScriptedApi:
         return Response(step)
 
 
-def listing(version: str, *items: dict[str, Any]) -> bytes:
-    return orjson.dumps({"metadata": {"resourceVersion": version}, "items": list(items)})
+def listing(version: str, *items: dict[str, Any], more: str = "") -> bytes:
+    metadata = {"resourceVersion": version, **({"continue": more} if more else {})}
+    return orjson.dumps({"metadata": metadata, "items": list(items)})
 
 
 def events(*pairs: tuple[str, dict[str, Any]]) -> bytes:
@@ -108,3 +112,19 @@ def test_watch_error_event_relists_after_backoff() -> None:
     api = run(state, [listing("1", QUOTA), events(("ERROR", {"code": 500, "message": "etcd timeout"})),
                       listing("2", QUOTA)])
     assert api.calls[:4] == ["list", "watch@1", "list", "watch@2"]
+
+
+def test_paged_list_follows_continue_tokens_and_restarts_when_one_expires() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    other = {**QUOTA, "metadata": {**QUOTA["metadata"], "name": "team-b"}}
+    state = QuotaState()
+    state.replace_kind("Pod", [])
+    api = run(state, [
+        listing("7", QUOTA, more="tok-1"),
+        ApiException(status=410, reason="Expired"),  # the continue token is too old: start over
+        listing("9", QUOTA, more="tok-2"),
+        listing("9", other),
+    ])
+    assert api.calls[:5] == ["list", "list+tok-1", "list", "list+tok-2", "watch@9"]
+    assert sorted(state.tree.quotas) == ["team-a", "team-b"]
