@@ -128,7 +128,8 @@ def _print_steps(steps: list[Step]) -> None:
 def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
                  current: dict[tuple[str, str], dict[str, Any]], dry_run: str,
                  body_of: Callable[[dict[str, Any], Step], dict[str, Any]], recovery: str) -> None:
-    """One replace per step, each carrying the resourceVersion last read or written for that quota.
+    """One replace per step (server-side dry run first), each carrying the resourceVersion last
+    read or written for that quota.
 
     A quota changed by anyone else since is a 409 from the apiserver: the run stops at that step
     (exit 1) and writes nothing further; ``recovery`` tells the user what to do next.
@@ -147,9 +148,13 @@ def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
             key = (step.namespace, step.quota)
             body = body_of(current[key], step)
             try:
+                # Every real write is tried with dryRun=All first: admission (Koordinator's webhook,
+                # ours) judges the step before anything is stored, so a refusal leaves no half-step.
                 stored = custom.replace_namespaced_custom_object(
-                    EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body,
-                    dry_run="All" if dry_run == "server" else None)
+                    EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body, dry_run="All")
+                if dry_run != "server":
+                    stored = custom.replace_namespaced_custom_object(
+                        EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body)
             except ApiException as error:
                 if error.status == 409:
                     version = (current[key].get("metadata") or {}).get("resourceVersion")

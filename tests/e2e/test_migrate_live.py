@@ -225,8 +225,12 @@ def test_a_conflict_mid_apply_stops_names_the_quota_and_the_backup_rolls_back(
     real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
     sent: list[str] = []
     seen: dict[str, str] = {}
+    modes: list[str | None] = []
 
     def replace_after_a_concurrent_edit(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        modes.append(kwargs.get("dry_run"))
+        if kwargs.get("dry_run"):  # the server-side dry run apply sends before each real write
+            return real_replace(self, *args, **kwargs)
         name = args[4]
         sent.append(name)
         if len(sent) == 2:
@@ -242,6 +246,8 @@ def test_a_conflict_mid_apply_stops_names_the_quota_and_the_backup_rolls_back(
     code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(backup), "--update-resource-key-gate")
 
     assert code == 1
+    # Each step is judged by a server-side dry run before it is written for real.
+    assert modes == ["All", None, "All", None]
     assert out.splitlines() == [f"applied step 1: add-canonical ElasticQuota {namespace}/{parent}"]
     listed_version = yaml.safe_load(backup.read_text())["items"][1]["metadata"]["resourceVersion"]
     assert err.splitlines() == [
@@ -304,6 +310,8 @@ def koordinator_judges_every_stored_step(api: Api, namespace: str, monkeypatch: 
     refusals: list[str] = []
 
     def judged_replace(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dry_run"):  # the server-side dry run apply sends before each real write
+            return real_replace(self, *args, **kwargs)
         stored = real_replace(self, *args, **kwargs)
         listed = api.custom.list_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
                                                           ELASTICQUOTA_PLURAL)["items"]
@@ -375,6 +383,8 @@ def test_all_at_once_stopped_by_a_conflict_says_how_to_resume_and_rolls_back(
     sent: list[str] = []
 
     def replace_after_a_concurrent_edit(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dry_run"):  # the server-side dry run apply sends before each real write
+            return real_replace(self, *args, **kwargs)
         sent.append(args[4])
         if len(sent) == 3:
             api.custom.patch_namespaced_custom_object(
@@ -427,6 +437,8 @@ def test_all_at_once_resumes_a_stopped_run(kubeconfig_path: Path, api: Api,
     sent: list[str] = []
 
     def fail_the_third(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("dry_run"):  # the server-side dry run apply sends before each real write
+            return real_replace(self, *args, **kwargs)
         sent.append(args[4])
         if len(sent) == 3:
             raise k8s.ApiException(status=500, reason="apiserver went away")
