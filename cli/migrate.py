@@ -244,11 +244,7 @@ def apply(kubeconfig: str | None, context: str | None, namespace: str | None, ba
 
 
 def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
-    body = copy.deepcopy(obj)
-    spec = body.setdefault("spec", {})
-    spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
-    annotations = body["metadata"].setdefault("annotations", {}) or {}
-    body["metadata"]["annotations"] = annotations
+    body, annotations = _with_step(obj, step, move=False)
     # Only the first step records the original: later steps must not replace it with an interim spec.
     annotations.setdefault(PRE_MIGRATION_SPEC_ANNOTATION, json.dumps(
         {"min": obj.get("spec", {}).get("min", {}), "max": obj.get("spec", {}).get("max", {})}, sort_keys=True))
@@ -257,6 +253,18 @@ def _updated(obj: dict[str, Any], step: Step) -> dict[str, Any]:
     else:
         annotations.pop(MIGRATION_IN_PROGRESS_ANNOTATION, None)
     return body
+
+
+def _with_step(obj: dict[str, Any], step: Step, *, move: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A copy of ``obj`` with the step's spec (and, with ``move``, its parent label); its annotations."""
+    body = copy.deepcopy(obj)
+    spec = body.setdefault("spec", {})
+    spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
+    if move:
+        _set_parent(body, step)
+    annotations = body["metadata"].setdefault("annotations", {}) or {}
+    body["metadata"]["annotations"] = annotations
+    return body, annotations
 
 
 def _set_parent(body: dict[str, Any], step: Step) -> None:
@@ -268,12 +276,7 @@ def _set_parent(body: dict[str, Any], step: Step) -> None:
 
 def _updated_all_at_once(obj: dict[str, Any], step: Step) -> dict[str, Any]:
     """A step of ``apply --all-at-once``: spec and parent label; the original spec and parent recorded."""
-    body = copy.deepcopy(obj)
-    spec = body.setdefault("spec", {})
-    spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
-    _set_parent(body, step)
-    annotations = body["metadata"].setdefault("annotations", {}) or {}
-    body["metadata"]["annotations"] = annotations
+    body, annotations = _with_step(obj, step)
     original_parent = ((obj.get("metadata") or {}).get("labels") or {}).get(PARENT_LABEL) or ROOT_QUOTA
     annotations.setdefault(PRE_MIGRATION_SPEC_ANNOTATION, json.dumps(
         {"min": obj.get("spec", {}).get("min", {}), "max": obj.get("spec", {}).get("max", {}),
@@ -345,12 +348,7 @@ def rollback(backup: str | None, kubeconfig: str | None, context: str | None, na
 
 
 def _restored(obj: dict[str, Any], step: Step) -> dict[str, Any]:
-    body = copy.deepcopy(obj)
-    spec = body.setdefault("spec", {})
-    spec["min"], spec["max"] = dict(step.after["min"]), dict(step.after["max"])
-    _set_parent(body, step)
-    annotations = body["metadata"].setdefault("annotations", {}) or {}
-    body["metadata"]["annotations"] = annotations
+    body, annotations = _with_step(obj, step)
     if step.phase == "re-add-legacy" or step.phase in DETACH_PHASES:
         # Both GPU families again until the restore step: the webhook admits that only when marked.
         annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS

@@ -12,7 +12,7 @@ plans the maintenance-window procedure instead (detach, convert, reattach: see t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,19 +305,7 @@ def plan_rollback(objects: Iterable[Mapping[str, Any]],
     states: dict[tuple[str, str], list[Spec]] = {key: [spec] for key, spec in wanted.items()}
     for step in forward:
         states[(step.namespace, step.quota)].append(step.after)
-    position: dict[tuple[str, str], int] = {}
-    unchanged: list[str] = []
-    for key, sequence in states.items():
-        current = _spec_of(live[key])
-        matches = [index for index, state in enumerate(sequence) if _same(current, state)]
-        if not matches:
-            refused.append(Refusal(key[1], key[0], (
-                f"changed since the migration: its spec is {_describe(current)}, which is neither the original "
-                f"({_describe(sequence[0])}) nor a state `gpuquota migrate apply` writes")))
-            continue
-        position[key] = matches[-1]
-        if matches[-1] == 0 and not has_migration_annotations(live[key]):
-            unchanged.append(f"{key[0]}/{key[1]}")
+    position, unchanged = _locate(states, live, refused, "gpuquota migrate apply", lambda key: True)
     refused.extend(_key_relation_refusals(live, {key: states[key][0] for key in position}))
     steps: list[Step] = []
     done: dict[tuple[str, str], int] = {}
@@ -338,6 +326,31 @@ def plan_rollback(objects: Iterable[Mapping[str, Any]],
             steps.append(Step(key[1], key[0], "restore", states[key][0], states[key][0]))
     refused.sort(key=lambda r: (r.namespace, r.quota))
     return RollbackPlan(steps, refused, sorted(unchanged))
+
+
+def _locate(states: Mapping[tuple[str, str], list[Spec]], live: Mapping[tuple[str, str], Mapping[str, Any]],
+            refused: list[Refusal], writer: str, in_original_place: Callable[[tuple[str, str]], bool],
+            ) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """Where each live quota stands in the sequence of states ``writer`` takes it through.
+
+    Returns the index of its current state per quota, and the quotas still untouched (original
+    state, original place, no migration annotations). A quota in none of the states was changed by
+    someone else since: it is refused, so rollback never overwrites a change it did not make.
+    """
+    position: dict[tuple[str, str], int] = {}
+    unchanged: list[str] = []
+    for key, sequence in states.items():
+        current = _spec_of(live[key])
+        matches = [index for index, state in enumerate(sequence) if _same(current, state)]
+        if not matches:
+            refused.append(Refusal(key[1], key[0], (
+                f"changed since the migration: its spec is {_describe(current)}, which is neither the original "
+                f"({_describe(sequence[0])}) nor a state `{writer}` writes")))
+            continue
+        position[key] = matches[-1]
+        if matches[-1] == 0 and in_original_place(key) and not has_migration_annotations(live[key]):
+            unchanged.append(f"{key[0]}/{key[1]}")
+    return position, unchanged
 
 
 def _key_relation_refusals(live: Mapping[tuple[str, str], Mapping[str, Any]],
@@ -691,19 +704,8 @@ def _rollback_all_at_once(objects: list[Mapping[str, Any]], live: Mapping[tuple[
     for step in forward:
         if not _same(step.after, states[(step.namespace, step.quota)][-1]):
             states[(step.namespace, step.quota)].append(step.after)
-    position: dict[tuple[str, str], int] = {}
-    unchanged: list[str] = []
-    for key, sequence in states.items():
-        current = _spec_of(live[key])
-        matches = [index for index, state in enumerate(sequence) if _same(current, state)]
-        if not matches:
-            refused.append(Refusal(key[1], key[0], (
-                f"changed since the migration: its spec is {_describe(current)}, which is neither the original "
-                f"({_describe(sequence[0])}) nor a state `gpuquota migrate apply --all-at-once` writes")))
-            continue
-        position[key] = matches[-1]
-        if matches[-1] == 0 and infos[key].parent == original_parent(key) and not has_migration_annotations(live[key]):
-            unchanged.append(f"{key[0]}/{key[1]}")
+    position, unchanged = _locate(states, live, refused, "gpuquota migrate apply --all-at-once",
+                                  lambda key: infos[key].parent == original_parent(key))
     settled = {key: _with_parent(obj, original_parent(key)) if key in position else obj for key, obj in live.items()}
     refused.extend(_key_relation_refusals(settled, {key: states[key][0] for key in position}))
     by_name = {info.name: key for key, info in infos.items()}

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from admissionchain import delete_webhook_configurations
 from controlplane import REPO_ROOT, Api
 from cryptography import x509
 from kubernetes import client as k8s
@@ -470,15 +471,7 @@ def inert_configurations(
         assert result.returncode == 0, result.stderr
         yield documents
     finally:
-        for document in documents:
-            try:
-                if document["kind"] == "MutatingWebhookConfiguration":
-                    api.admissionregistration.delete_mutating_webhook_configuration(name)
-                else:
-                    api.admissionregistration.delete_validating_webhook_configuration(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        delete_webhook_configurations(api, documents)
 
 
 def stored_ca_bundles(api: Api, name: str) -> dict[str, str | None]:
