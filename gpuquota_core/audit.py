@@ -13,7 +13,7 @@ from typing import Any
 
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
+from .podspec import CONTAINER_KINDS, PodShapeError, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity
 from .quota import (
     UNCHECKED_QUOTAS,
@@ -27,6 +27,7 @@ from .quota import (
     pod_is_counted,
     pod_record,
     quota_from_object,
+    spec_shape_key,
 )
 from .resources import (
     GPU_CORE,
@@ -259,24 +260,64 @@ def _check_usage(infos: list[QuotaInfo], pods: list[Mapping[str, Any]], report: 
                 {k: {"used": str(v), "limit": str(limit[k])} for k, v in sorted(over.items())}))
 
 
-def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
-                report: AuditReport, config: ConversionConfig) -> None:
+@dataclass(frozen=True, slots=True)
+class _SpecVerdict:
+    """What the audit says of one pod spec, independent of which object carries it."""
+
+    error: str | None  # the PodShapeError when the spec cannot be read
+    rewrites: tuple[str, ...]
+    problems: tuple[tuple[str, str], ...]  # (message, rule)
+
+
+# Replicas of a workload share one spec shape, so a 100k-pod audit judges a few hundred distinct
+# specs; the verdict is remembered by everything it reads (the quota cache's shape key plus the
+# container names the messages quote). Bounded, like the other shape caches.
+_SPEC_VERDICT_CACHE_SIZE = 4096
+_spec_verdicts: dict[object, _SpecVerdict] = {}
+
+
+def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig) -> _SpecVerdict:
+    shape = spec_shape_key(spec, config)
+    key = None
+    if shape is not None:
+        # spec_shape_key only answers for plain lists of dicts, so this walk cannot fail.
+        key = (shape, tuple(str(c.get("name", "")) for kind in CONTAINER_KINDS for c in spec.get(kind) or ()))
+        cached = _spec_verdicts.get(key)
+        if cached is not None:
+            return cached
+    verdict = _judge_spec(spec, config)
+    if key is not None:
+        if len(_spec_verdicts) >= _SPEC_VERDICT_CACHE_SIZE:
+            _spec_verdicts.clear()
+        _spec_verdicts[key] = verdict
+    return verdict
+
+
+def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig) -> _SpecVerdict:
     try:
         containers = read_containers(spec)
         _, rewrites, _, _ = canonicalize_pod_spec(spec, config)
     except PodShapeError as error:
-        report.findings.append(Finding("pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name, str(error)))
+        return _SpecVerdict(str(error), (), ())
+    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    return _SpecVerdict(None, tuple(r.describe() for r in rewrites), tuple((p.message, p.rule) for p in problems))
+
+
+def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
+                report: AuditReport, config: ConversionConfig) -> None:
+    verdict = _spec_verdict(spec, config)
+    if verdict.error is not None:
+        report.findings.append(Finding("pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
+                                       verdict.error))
         return
-    if rewrites:
+    if verdict.rewrites:
         report.findings.append(Finding(
             legacy_check, Severity.WARNING, kind, namespace, name,
-            "the webhook would rewrite: " + "; ".join(r.describe() for r in rewrites),
-            {"rewrites": [r.describe() for r in rewrites]}))
-    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
-    if problems:
+            "the webhook would rewrite: " + "; ".join(verdict.rewrites), {"rewrites": list(verdict.rewrites)}))
+    if verdict.problems:
         report.findings.append(Finding(
             "pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
-            "; ".join(p.message for p in problems), {"rules": [p.rule for p in problems]}))
+            "; ".join(message for message, _ in verdict.problems), {"rules": [rule for _, rule in verdict.problems]}))
 
 
 def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -208,7 +208,7 @@ def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = D
 
 # The quota cache and the audit compute every pod's canonical requests, and a cluster's pods repeat
 # a few shapes (the replicas of each workload ask alike), so answers are remembered by everything
-# the computation reads of the spec (see _requests_key). Bounded like canonical's rewrite cache.
+# the computation reads of the spec (see spec_shape_key). Bounded like canonical's rewrite cache.
 _POD_REQUESTS_CACHE_SIZE = 4096
 _pod_requests: dict[object, ResourceList] = {}
 
@@ -222,7 +222,7 @@ def _values_key(values: object) -> object:
     return tuple((name, type(value), value) for name, value in values.items())
 
 
-def _requests_key(spec: Mapping[str, Any], config: ConversionConfig) -> object | None:
+def spec_shape_key(spec: Mapping[str, Any], config: ConversionConfig) -> object | None:
     """What canonical_pod_requests reads of ``spec`` (resources, init restartPolicy, overhead, the
     pinned GPU model) and the config, or None when the spec is not plain JSON of the usual shape:
     then the uncached computation runs and raises its own precise error."""
@@ -256,7 +256,7 @@ def _requests_key(spec: Mapping[str, Any], config: ConversionConfig) -> object |
 
 def remembered_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> ResourceList:
     """:func:`canonical_pod_requests`, remembered per spec shape; the caller gets its own dict."""
-    key = _requests_key(spec, config)
+    key = spec_shape_key(spec, config)
     if key is None:
         return canonical_pod_requests(spec, config)
     cached = _pod_requests.get(key)

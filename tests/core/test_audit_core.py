@@ -414,3 +414,20 @@ def test_audit_usage_is_the_webhook_usage_for_namespace_name_and_namespaces_anno
     over = only(report, "quota-over-limit")
     assert (over.name, over.message) == (
         "ns-a", f"canonical usage exceeds the limit: {CORE} 400 > 300, {RATIO} 400 > 300")
+
+
+def test_remembered_spec_verdicts_name_each_pods_own_containers() -> None:
+    from gpuquota_core.audit import _judge_spec, _spec_verdict
+    from gpuquota_core.conversion import DEFAULT_CONFIG
+
+    def spec(container: str, cards: object) -> dict[str, object]:
+        gpu = {"nvidia.com/gpu": cards}
+        return {"containers": [{"name": container, "resources": {"requests": gpu, "limits": gpu}}]}
+
+    for container, cards in (("a", "2"), ("b", "2"), ("a", 2), ("a", "0.5"), ("a", 2.0)):
+        remembered = _spec_verdict(spec(container, cards), DEFAULT_CONFIG)
+        again = _spec_verdict(spec(container, cards), DEFAULT_CONFIG)
+        assert remembered == again == _judge_spec(spec(container, cards), DEFAULT_CONFIG)
+    # Same shape, other container name: the message quotes the right container, not the cached one.
+    assert _spec_verdict(spec("b", "2"), DEFAULT_CONFIG).rewrites[0].startswith('container "b" requests:')
+    assert _spec_verdict(spec("a", "0.5"), DEFAULT_CONFIG).problems[0][1] == "not-integer"
