@@ -1,20 +1,26 @@
 """What the webhooks add to a pod create through a real kube-apiserver, local vs strict accounting.
 
 Starts the test control plane (tests/controlplane.py; the binaries of hack/build-control-plane.sh),
-then times sequential GPU pod creates (one client, keep-alive, raw JSON) three ways: no webhook
-registered, the project's webhook configurations pointing at one ``gpuquota serve --accounting
-local``, and at one ``--accounting strict``. Prints a Markdown table of p50/p90/p99 and the overhead
-over the baseline. Usage: .venv/bin/python bench/apiserver_overhead.py [creates per mode, default 400]
-[rounds, default 4]
+then times sequential GPU pod creates (one client, keep-alive, raw JSON): no webhook registered;
+only the mutating configuration, pointing at bench/go-reference or at ``gpuquota serve`` (the two
+split what one webhook call costs between the apiserver and the server); and the project's
+configurations pointing at one ``gpuquota serve --accounting local`` or ``--accounting strict``.
+The modes alternate in rounds. Prints a Markdown table of p50/p90/p99 and the overhead.
+
+Usage: .venv/bin/python bench/apiserver_overhead.py [creates per mode, default 400] [rounds, default 4]
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,7 @@ from admissionchain import (  # noqa: E402
     register_webhook_configurations,
     wait_until_webhook_is_called,
 )
-from controlplane import ControlPlane, locate_binaries, make_api, wait_for_crd_established  # noqa: E402
+from controlplane import ControlPlane, free_ports, locate_binaries, make_api, wait_for_crd_established  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
@@ -62,6 +68,30 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+GO_PROCESSES: list[subprocess.Popen[bytes]] = []
+
+
+def start_go_reference(work: Path, cert_dir: Path) -> str:
+    """bench/go-reference (net/http + crypto/tls, the same whole-card rewrite) on a free port."""
+    binary = work / "go-reference"
+    subprocess.run(["go", "build", "-o", str(binary), "."], cwd=ROOT / "bench" / "go-reference", check=True)
+    port = free_ports(1)[0]
+    GO_PROCESSES.append(subprocess.Popen([str(binary), "-addr", f"127.0.0.1:{port}", "-cert",
+                                          str(cert_dir / "tls.crt"), "-key", str(cert_dir / "tls.key")],
+                                         stderr=subprocess.DEVNULL))
+    url = f"https://127.0.0.1:{port}"
+    context = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/mutate-pods", timeout=2, context=context)
+        except urllib.error.HTTPError:
+            return url  # it answers (400 for an empty body): up
+        except OSError:
+            assert time.monotonic() < deadline, "the Go reference did not start"
+            time.sleep(0.1)
+
+
 def mutated(api: Any, namespace: str) -> bool:
     stored = api.core.create_namespaced_pod(namespace, gpu_pod("probe"), dry_run="All")
     return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
@@ -74,8 +104,12 @@ def main() -> None:
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
-    accounting_of = {"no webhook": "", "webhooks, local accounting": "local", "webhooks, strict accounting": "strict"}
-    modes = tuple(accounting_of)
+    # mode -> (server, which configurations): the two mutating-only modes split the overhead of one
+    # webhook call between the apiserver (the Go reference's row) and this server (the difference).
+    plan = {"no webhook": ("", ""), "mutating only, Go stdlib reference": ("go", "mutating"),
+            "mutating only, gpuquota": ("local", "mutating"), "webhooks, local accounting": ("local", "all"),
+            "webhooks, strict accounting": ("strict", "all")}
+    modes = tuple(plan)
     results: dict[str, list[float]] = {mode: [] for mode in modes}
     servers: dict[str, WebhookProcess] = {}
     try:
@@ -93,16 +127,20 @@ def main() -> None:
             servers[accounting] = WebhookProcess(work / accounting, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path), "--accounting", accounting,
                 "--ledger-namespace", namespace]).start()
+        go_url = start_go_reference(work, servers["local"].cert_dir)
         # Rounds alternate the three modes, so drift over the run (etcd growing, the machine's other
         # load) falls on all of them alike instead of on whichever ran last.
         for round_ in range(rounds):
             for mode in modes:
-                accounting = accounting_of[mode]
+                target, which = plan[mode]
                 documents: list[dict[str, Any]] = []
-                if accounting:
-                    server = servers[accounting]
-                    documents = local_webhook_configurations(server.url, server.ca_bundle,
+                if target:
+                    url = go_url if target == "go" else servers[target].url
+                    ca_bundle = servers["local" if target == "go" else target].ca_bundle  # Go serves local's cert
+                    documents = local_webhook_configurations(url, ca_bundle,
                                                              name_suffix=f"-{uuid.uuid4().hex[:6]}")
+                    if which == "mutating":
+                        documents = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
                     register_webhook_configurations(api, documents)
                     wait_until_webhook_is_called(api, namespace)
                 else:
@@ -111,11 +149,13 @@ def main() -> None:
                         assert time.monotonic() < deadline
                         time.sleep(0.2)
                 try:
-                    tag = f"r{round_}-{accounting or 'base'}"
+                    tag = f"r{round_}-{modes.index(mode)}"
                     results[mode] += time_creates(api.core, namespace, count // rounds, tag)
                 finally:
                     delete_webhook_configurations(api, documents)
     finally:
+        for process in GO_PROCESSES:
+            process.terminate()
         for server in servers.values():
             server.stop()
         api.close()
