@@ -55,18 +55,10 @@ class QuotaState:
         self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the whole state (offline manifests, or a full re-list)."""
+        """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
         objects = list(objects)
-        with self._lock:
-            tree = QuotaTree.build(quota_from_object(o) for o in objects if o.get("kind") == "ElasticQuota")
-            usage = UsageIndex(tree)
-            self.tree, self.usage = tree, usage
-            for obj in objects:
-                if obj.get("kind") == "Pod":
-                    self._upsert_pod(obj)
-            self._listed_kinds.update(KINDS)
-            self.synced = True
-            self._publish()
+        for kind in ("ElasticQuota", "Pod"):
+            self.replace_kind(kind, (o for o in objects if o.get("kind") == kind))
 
     def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
@@ -79,8 +71,7 @@ class QuotaState:
                 self.usage = UsageIndex(self.tree)
                 for record in items:
                     if isinstance(record, PodRecord):
-                        self.usage.upsert(record)
-                        self._confirm(record)
+                        self._count(record)
             else:
                 records = list(self.usage.pods())
                 self.tree = QuotaTree.build(q for q in items if isinstance(q, QuotaInfo))
@@ -132,16 +123,12 @@ class QuotaState:
         return sorted(kind for kind, since in self._failing_since.items() if now - since > self.stale_after_seconds)
 
     def _upsert_pod(self, obj: Mapping[str, Any]) -> None:
-        if not pod_is_counted(obj):
-            return
-        try:
-            record = pod_record(obj)
-        except ValueError:
-            return  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
-        self.usage.upsert(record)
-        self._confirm(record)
+        record = compact("Pod", obj)
+        if isinstance(record, PodRecord):
+            self._count(record)
 
-    def _confirm(self, record: PodRecord) -> None:
+    def _count(self, record: PodRecord) -> None:
+        self.usage.upsert(record)
         # The watched pod now counts instead of its reservation, if it is the admitted one.
         self.ledger.confirm(record.key, record.uid, self.usage.charged_to(record.key), record.requests)
 
@@ -185,10 +172,11 @@ class QuotaState:
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         """Local accounting: decide and reserve in this instance's own ledger."""
         with self._lock:
-            expired = self.ledger.expire(self._clock())
+            now = self._clock()
+            expired = self.ledger.expire(now)
             if expired:
                 metrics.RESERVATIONS_EXPIRED.inc(len(expired))
-            verdict, _ = self._judge(admission, self.ledger, self._clock())
+            verdict, _ = self._judge(admission, self.ledger, now)
             metrics.RESERVATIONS.set(len(self.ledger))
             return verdict
 

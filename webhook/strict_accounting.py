@@ -115,9 +115,7 @@ class LedgerStore:
             labels[TREE_LABEL] = tree_root
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": self.namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "koord-gpuquota",
-                                    "gpuquota.koord-gpuquota.io/quota-tree": tree_root[:63]}},
+            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
             "data": shared_ledger.encode(stored.values()),
         }
         try:

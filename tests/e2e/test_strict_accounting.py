@@ -110,6 +110,10 @@ def test_burst_over_three_replicas_admits_exactly_the_room(api: Api, world: Worl
     # of the room depends on how the batches fell).
     admitted = {f"{world.namespace}/p{index}" for index, allowed in enumerate(results) if allowed}
     assert set(stored_reservations(api, world)) == admitted
+    # Labelled with its whole tree root, which is how the reconciler finds the object again.
+    ledger = api.core.read_namespaced_config_map(shared_ledger.ledger_object_name(world.org), world.namespace)
+    assert ledger.metadata.labels == {"app.kubernetes.io/managed-by": "koord-gpuquota",
+                                      "gpuquota.koord-gpuquota.io/quota-tree": world.org}
     # Every replica now refuses, with the parent named: the room is gone for all of them.
     for number, replica in enumerate(world.replicas):
         verdict = replica.accounting.admit_pod(admission(world, f"late-{number}", world.leaves[0]))
