@@ -7,13 +7,13 @@ usage directly; the webhook itself reads exactly this state through its socket.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from clusterhelpers import QUOTA_LABEL, RATIO, create_quota, eventually
 from controlplane import (
     ELASTICQUOTA_GROUP,
     ELASTICQUOTA_PLURAL,
@@ -30,18 +30,8 @@ from webhook.cluster_state import lister_for, sync_kind
 from webhook.quota_port import PodAdmission
 from webhook.quota_state import KINDS, QuotaState
 
-RATIO = "koordinator.sh/gpu-memory-ratio"
-QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 FINALIZER = "test.koord-gpuquota.io/hold"
-DEADLINE = 20.0
 ELASTICQUOTA_CRD = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crd-elasticquota.yaml"
-
-
-def eventually(condition: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        assert time.monotonic() < end, f"not true after {deadline:.0f}s: {what}"
-        time.sleep(0.05)  # polling a condition with a deadline
 
 
 class CountingLister:
@@ -66,13 +56,6 @@ def start_sync(api: Api, state: QuotaState, watch_seconds: int) -> tuple[threadi
                          daemon=True).start()
     eventually(lambda: state.ready()[0], "first full sync")
     return stop, listers
-
-
-def create_quota(api: Api, namespace: str, name: str, ratio: str) -> None:
-    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
-                                               ELASTICQUOTA_PLURAL, {
-        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
-        "metadata": {"name": name, "namespace": namespace}, "spec": {"max": {RATIO: ratio}, "min": {}}})
 
 
 def share_pod(name: str, quota: str, ratio: str, finalizers: list[str] | None = None) -> dict[str, Any]:
@@ -101,7 +84,7 @@ def test_watch_follows_pods_through_reconnects_termination_and_deletion(
         api: Api, namespace: str, live_state: tuple[QuotaState, dict[str, CountingLister]]) -> None:
     state, listers = live_state
     quota = f"team-{namespace}"
-    create_quota(api, namespace, quota, "1000")
+    create_quota(api, namespace, quota, {RATIO: "1000"})
     eventually(lambda: quota in state.tree.quotas, "the quota is in the tree")
 
     api.core.create_namespaced_pod(namespace, share_pod("held", quota, "300", finalizers=[FINALIZER]))
@@ -134,7 +117,7 @@ def test_quota_limit_update_applies_without_reindexing_pods(
         api: Api, namespace: str, live_state: tuple[QuotaState, dict[str, CountingLister]]) -> None:
     state, _ = live_state
     quota = f"team-{namespace}"
-    create_quota(api, namespace, quota, "300")
+    create_quota(api, namespace, quota, {RATIO: "300"})
     api.core.create_namespaced_pod(namespace, share_pod("p", quota, "200"))
     eventually(lambda: used_ratio(state, quota) == Quantity.parse("200"), "pod counted")
 
@@ -171,7 +154,7 @@ def test_broken_watch_keeps_deciding_from_last_state_then_reports_stale(
         own_control_plane: tuple[ControlPlane, Api]) -> None:
     plane, api = own_control_plane
     api.core.create_namespace({"metadata": {"name": "team"}})
-    create_quota(api, "team", "team-a", "300")
+    create_quota(api, "team", "team-a", {RATIO: "300"})
     state = QuotaState(stale_after_seconds=1.0)
     stop, _ = start_sync(api, state, watch_seconds=30)
     try:

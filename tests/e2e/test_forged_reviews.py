@@ -8,49 +8,23 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from admissionchain import delete_webhook_configurations, local_webhook_configurations, register_webhook_configurations
-from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, LOOPBACK, Api
+from clusterhelpers import QUOTA_LABEL, RATIO, admits_quota, create_quota, eventually, whole_card_pod
+from controlplane import LOOPBACK, Api
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from reviews import body, pod, review
 from webhookproc import WebhookProcess
 
-RATIO = "koordinator.sh/gpu-memory-ratio"
-QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 TEST_LABEL = "gpuquota.koord-gpuquota.io/flood-test"
 BOUND = 5
 DEADLINE = 60.0
-
-
-def eventually(condition: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < end, f"not true after {DEADLINE:.0f}s: {what}"
-        time.sleep(0.1)  # polling a condition with a deadline
-
-
-def whole_card_pod(name: str, quota: str) -> dict[str, Any]:
-    gpu = {"nvidia.com/gpu": "1"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUOTA_LABEL: quota}},
-            "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
-                                     "resources": {"requests": gpu, "limits": gpu}}]}}
-
-
-def admits_quota(server: WebhookProcess, namespace: str, quota: str) -> bool:
-    """Whether the server's cache knows ``quota`` (a dry-run review from the API server's address)."""
-    document = review(pod("probe", namespace, labels={QUOTA_LABEL: quota}, resources={RATIO: "1"}), dry_run=True)
-    request = urllib.request.Request(server.url + "/validate-pods", data=body(document),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5, context=server.ssl_context()) as response:
-        return bool(json.loads(response.read())["response"]["allowed"])
 
 
 @pytest.fixture
@@ -68,17 +42,14 @@ def guarded(api: Api, kubeconfig_path: Path, elasticquota_crd: object,
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(
             name=namespace, labels={TEST_LABEL: value, "gpuquota.koord-gpuquota.io/ignore": "true"})))
         quota = f"room-{namespace}"
-        api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
-                                                   ELASTICQUOTA_PLURAL, {
-            "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
-            "metadata": {"name": quota, "namespace": namespace}, "spec": {"max": {RATIO: "1000"}, "min": {}}})
-        eventually(lambda: admits_quota(server, namespace, quota), "the webhook sees the quota")
+        create_quota(api, namespace, quota, {RATIO: "1000"})
+        eventually(lambda: admits_quota(server, namespace, quota), "the webhook sees the quota", DEADLINE)
 
         def called() -> bool:
             stored = api.core.create_namespaced_pod(namespace, whole_card_pod("probe", quota), dry_run="All")
             return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
 
-        eventually(called, "the apiserver calls the webhook for the namespace")
+        eventually(called, "the apiserver calls the webhook for the namespace", DEADLINE)
         yield server, namespace, quota
     finally:
         delete_webhook_configurations(api, documents)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clusterhelpers import eventually
 from kubernetes import client as k8s
 
 from kubeaccess.kube import connect
@@ -19,19 +19,11 @@ RATIO = "koordinator.sh/gpu-memory-ratio"
 LABEL = "quota.scheduling.koordinator.sh/name"
 
 
-def wait_until(condition: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # polling interval, not synchronisation: the condition decides
-
-
 @pytest.fixture
 def live_state(kubeconfig_path: Path, elasticquota_crd: Any) -> Iterator[QuotaState]:
     state = QuotaState()
     stop = start_live_sync(state, connect(str(kubeconfig_path), None))
-    wait_until(lambda: state.ready()[0], "first full sync")
+    eventually(lambda: state.ready()[0], "first full sync")
     yield state
     stop.set()
 
@@ -46,12 +38,12 @@ def test_watched_pod_counts_and_exact_denial(api: Any, live_state: QuotaState, n
     api.custom.create_namespaced_custom_object(EQ_GROUP, EQ_VERSION, namespace, EQ_PLURAL, {
         "apiVersion": f"{EQ_GROUP}/{EQ_VERSION}", "kind": "ElasticQuota",
         "metadata": {"name": quota_name, "namespace": namespace}, "spec": {"max": {RATIO: "200"}}})
-    wait_until(lambda: live_state.tree.get(quota_name) is not None, "quota in the watch")
+    eventually(lambda: live_state.tree.get(quota_name) is not None, "quota in the watch")
     api.core.create_namespaced_pod(namespace, k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name="running", labels={LABEL: quota_name}),
         spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="x", resources=k8s.V1ResourceRequirements(
             requests={RATIO: "100"}, limits={RATIO: "100"}))])))
-    wait_until(lambda: live_state.usage.get(f"{namespace}/running") is not None, "pod in the watch")
+    eventually(lambda: live_state.usage.get(f"{namespace}/running") is not None, "pod in the watch")
     verdict = live_state.admit_pod(admission(namespace, "next", quota_name, "200"))
     assert not verdict.allowed and verdict.code == 403
     assert verdict.message == (f"exceeded quota: {namespace}/{quota_name}, requested: {RATIO}=200, "

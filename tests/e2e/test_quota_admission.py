@@ -8,32 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from clusterhelpers import PARENT_LABEL, RATIO, create_quota, whole_card_pod
+from controlplane import Api
 from kubernetes.client.exceptions import ApiException
 from webhookproc import WebhookProcess
 
-RATIO = "koordinator.sh/gpu-memory-ratio"
-QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
-PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
 IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
 DENIED_BY = 'admission webhook "gpu-quota.gpuquota.koord-gpuquota.io" denied the request: '
 WATCH_DEADLINE = 20.0
-
-
-def create_quota(api: Api, namespace: str, name: str, max_: dict[str, str], *,
-                 labels: dict[str, str] | None = None) -> None:
-    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
-                                               ELASTICQUOTA_PLURAL, {
-        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
-        "spec": {"max": max_, "min": {}}})
-
-
-def whole_card_pod(name: str, quota: str, cards: int) -> dict[str, Any]:
-    gpu = {"nvidia.com/gpu": str(cards)}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUOTA_LABEL: quota}},
-            "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
-                                     "resources": {"requests": gpu, "limits": gpu}}]}}
 
 
 def refusal(api: Api, namespace: str, pod: dict[str, Any], dry_run: str | None = None) -> tuple[int, str] | None:

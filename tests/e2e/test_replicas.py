@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 import urllib.request
 import uuid
 from collections import Counter
@@ -23,16 +22,14 @@ from typing import Any
 
 import pytest
 from admissionchain import delete_webhook_configurations, local_webhook_configurations, register_webhook_configurations
-from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, LOOPBACK, Api, free_ports
+from clusterhelpers import RATIO, admits_quota, create_quota, eventually, whole_card_pod
+from controlplane import LOOPBACK, Api, free_ports
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from reviews import body, pod, review
 from webhookproc import WebhookProcess, generate_certs
 
 from gpuquota_core import shared_ledger
 
-RATIO = "koordinator.sh/gpu-memory-ratio"
-QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 TEST_LABEL = "gpuquota.koord-gpuquota.io/replicas-test"
 # The session's own webhook (local accounting) must not see these namespaces: it would cap the
 # burst by itself and hide what the replicas do.
@@ -40,13 +37,6 @@ IGNORE_LABEL = "gpuquota.koord-gpuquota.io/ignore"
 RESERVATION_TTL = 5
 ROOM_PODS, BURST = 50, 200
 DEADLINE = 60.0
-
-
-def eventually(condition: Callable[[], bool], what: str, deadline: float = DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        assert time.monotonic() < end, f"not true after {deadline:.0f}s: {what}"
-        time.sleep(0.1)  # polling a condition with a deadline
 
 
 class HAProxy:
@@ -97,16 +87,6 @@ class Replicas:
     selector_value: str
 
 
-def admits_quota(server: WebhookProcess, namespace: str, quota: str) -> bool:
-    """Whether ``server``'s cache knows ``quota`` (a dry-run review straight to it, no reservation)."""
-    document = review(pod("probe", namespace, labels={QUOTA_LABEL: quota}, resources={RATIO: "1"}), dry_run=True)
-    request = urllib.request.Request(server.url + "/validate-pods", data=body(document),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5, context=server.ssl_context()) as response:
-        answer = json.loads(response.read())["response"]
-    return bool(answer["allowed"])
-
-
 @pytest.fixture(scope="module")
 def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
@@ -128,7 +108,7 @@ def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object,
         for server in servers:
             server.start()
         balancer = HAProxy(base, [server.port for server in servers])
-        eventually(lambda: _healthy_through(balancer, servers[0]), "HAProxy forwards to the replicas")
+        eventually(lambda: _healthy_through(balancer, servers[0]), "HAProxy forwards to the replicas", DEADLINE)
         value = uuid.uuid4().hex[:8]
         documents = local_webhook_configurations(balancer.url, servers[0].ca_bundle, name_suffix=f"-replicas-{value}",
                                                  namespace_selector={"matchLabels": {TEST_LABEL: value}})
@@ -156,29 +136,19 @@ def burst_namespace(api: Api, replicas: Replicas) -> tuple[str, str]:
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(
         name=namespace, labels={TEST_LABEL: replicas.selector_value, IGNORE_LABEL: "true"})))
     quota = f"room-{namespace}"
-    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
-                                               ELASTICQUOTA_PLURAL, {
-        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
-        "metadata": {"name": quota, "namespace": namespace},
-        "spec": {"max": {RATIO: str(100 * ROOM_PODS)}, "min": {}}})
+    create_quota(api, namespace, quota, {RATIO: str(100 * ROOM_PODS)})
     for server in replicas.servers:
         if server.alive():
-            eventually(lambda s=server: admits_quota(s, namespace, quota), f"replica {server.port} sees {quota}")
+            eventually(lambda s=server: admits_quota(s, namespace, quota), f"replica {server.port} sees {quota}",
+                       DEADLINE)
     # And the apiserver calls the replicas for this namespace (it picks configurations up asynchronously).
-    eventually(lambda: _mutated(api, namespace, quota), "the apiserver calls the replicas")
+    eventually(lambda: _mutated(api, namespace, quota), "the apiserver calls the replicas", DEADLINE)
     return namespace, quota
 
 
 def _mutated(api: Api, namespace: str, quota: str) -> bool:
     stored = api.core.create_namespaced_pod(namespace, whole_card_pod("probe", quota), dry_run="All")
     return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
-
-
-def whole_card_pod(name: str, quota: str) -> dict[str, Any]:
-    gpu = {"nvidia.com/gpu": "1"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUOTA_LABEL: quota}},
-            "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
-                                     "resources": {"requests": gpu, "limits": gpu}}]}}
 
 
 def create_burst(api: Api, namespace: str, quota: str, during: Callable[[int], None] | None = None
@@ -235,7 +205,7 @@ def test_replica_killed_mid_burst_never_over_admits_and_its_room_comes_back(api:
         data = api.core.read_namespaced_config_map(name, replicas.ledger_namespace).data
         return not shared_ledger.decode(data)
 
-    eventually(ledger_empty, "the reconciler emptied the ledger")
+    eventually(ledger_empty, "the reconciler emptied the ledger", DEADLINE)
     rest = [f"rest{i}" for i in range(ROOM_PODS - stored)]
     for pod_name in rest:
         api.core.create_namespaced_pod(namespace, whole_card_pod(pod_name, quota))

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, create_quota, eventually
+from controlplane import Api
 
 from gpuquota_core import shared_ledger
 from kubeaccess.kube import connect
@@ -23,18 +24,6 @@ from webhook.cluster_state import start_live_sync
 from webhook.quota_port import PodAdmission
 from webhook.quota_state import QuotaState
 from webhook.strict_accounting import LedgerStore, StrictAccounting
-
-RATIO = "koordinator.sh/gpu-memory-ratio"
-QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
-PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
-DEADLINE = 20.0
-
-
-def eventually(condition: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < end, f"not true after {DEADLINE:.0f}s: {what}"
-        time.sleep(0.05)  # polling a condition with a deadline
 
 
 @dataclass
@@ -53,22 +42,13 @@ class World:
     clock: list[float]
 
 
-def create_quota(api: Api, namespace: str, name: str, ratio: str, parent: str = "") -> None:
-    labels = {PARENT_LABEL: parent} if parent else {}
-    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
-                                               ELASTICQUOTA_PLURAL, {
-        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {"max": {RATIO: ratio}, "min": {}}})
-
-
 @pytest.fixture
 def world(api: Api, namespace: str, kubeconfig_path: Path, elasticquota_crd: object) -> Iterator[World]:
     # Room for 50 pods of one card in the parent; each leaf alone could take 40.
     org, leaves = f"org-{namespace}", (f"a-{namespace}", f"b-{namespace}")
-    create_quota(api, namespace, org, "5000")
+    create_quota(api, namespace, org, {RATIO: "5000"})
     for leaf in leaves:
-        create_quota(api, namespace, leaf, "4000", parent=org)
+        create_quota(api, namespace, leaf, {RATIO: "4000"}, labels={PARENT_LABEL: org})
     clock = [time.time()]
     replicas = []
     for index in range(3):

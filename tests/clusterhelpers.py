@@ -1,0 +1,55 @@
+"""Objects and waits the e2e tests share (not a test module).
+
+Quota names are one cluster-wide tree in Koordinator, so tests put the namespace into them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from reviews import body, pod, review
+from webhookproc import WebhookProcess
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
+POLL_SECONDS = 0.05
+
+
+def eventually(condition: Callable[[], bool], what: str, deadline: float = 20.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``deadline`` seconds."""
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"not true after {deadline:.0f}s: {what}"
+        time.sleep(POLL_SECONDS)  # polling a condition with a deadline
+
+
+def create_quota(api: Api, namespace: str, name: str, max_: Mapping[str, str], *,
+                 labels: Mapping[str, str] | None = None) -> None:
+    api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
+                                               ELASTICQUOTA_PLURAL, {
+        "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+        "spec": {"max": dict(max_), "min": {}}})
+
+
+def whole_card_pod(name: str, quota: str, cards: int = 1) -> dict[str, Any]:
+    """A pod asking ``cards`` whole cards as nvidia.com/gpu, bound to ``quota`` by label."""
+    gpu = {"nvidia.com/gpu": str(cards)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUOTA_LABEL: quota}},
+            "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
+                                     "resources": {"requests": gpu, "limits": gpu}}]}}
+
+
+def admits_quota(server: WebhookProcess, namespace: str, quota: str) -> bool:
+    """Whether ``server``'s cache knows ``quota``: a dry-run review straight to it, reserving nothing."""
+    document = review(pod("probe", namespace, labels={QUOTA_LABEL: quota}, resources={RATIO: "1"}), dry_run=True)
+    request = urllib.request.Request(server.url + "/validate-pods", data=body(document),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5, context=server.ssl_context()) as response:
+        return bool(json.loads(response.read())["response"]["allowed"])
