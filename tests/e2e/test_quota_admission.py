@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from clusterhelpers import PARENT_LABEL, RATIO, create_quota, whole_card_pod
+from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, create_quota, whole_card_pod
 from controlplane import Api
 from kubernetes.client.exceptions import ApiException
 from webhookproc import WebhookProcess
@@ -87,6 +87,43 @@ def test_pods_cannot_be_bound_to_a_parent_quota(api: Api, tree: Tree) -> None:
 
     assert status == 403
     assert "parent" in message.removeprefix(DENIED_BY)
+
+
+def sibling_team(api: Api, tree: Tree) -> str:
+    """A second leaf (max 3 cards) under the same parent (max 4 cards)."""
+    sibling = f"other-{tree.namespace}"
+    create_quota(api, tree.namespace, sibling, {RATIO: "300"}, labels={PARENT_LABEL: tree.parent})
+    wait_until_enforced(api, tree.namespace, sibling, 4)
+    return sibling
+
+
+def test_ancestor_quota_refuses_what_the_leaf_would_allow(api: Api, tree: Tree) -> None:
+    sibling = sibling_team(api, tree)
+    api.core.create_namespaced_pod(tree.namespace, whole_card_pod("team-pod", tree.team, 3))
+
+    # 2 cards fit the sibling (max 3) but not the parent (3 of 4 used).
+    status_message = refusal(api, tree.namespace, whole_card_pod("sibling-pod", sibling, 2))
+
+    assert status_message == (403, DENIED_BY + (
+        f"exceeded quota: {tree.namespace}/{tree.parent}, requested: {RATIO}=200, used: {RATIO}=300, "
+        f"limited: {RATIO}=400 (ancestor of quota {sibling})"))
+
+
+def test_label_change_into_a_full_quota_is_refused(api: Api, tree: Tree) -> None:
+    sibling = sibling_team(api, tree)
+    api.core.create_namespaced_pod(tree.namespace, whole_card_pod("fills-team", tree.team, 3))
+    api.core.create_namespaced_pod(tree.namespace, whole_card_pod("mover", sibling, 1))
+
+    # Moving within one parent adds nothing to the parent, but the target leaf is full.
+    with pytest.raises(ApiException) as refused:
+        api.core.patch_namespaced_pod("mover", tree.namespace, {"metadata": {"labels": {QUOTA_LABEL: tree.team}}})
+
+    assert refused.value.status == 403
+    assert json.loads(refused.value.body)["message"] == DENIED_BY + (
+        f"exceeded quota: {tree.namespace}/{tree.team}, requested: {RATIO}=100, used: {RATIO}=300, "
+        f"limited: {RATIO}=300")
+    stored = api.core.read_namespaced_pod("mover", tree.namespace)
+    assert stored.metadata.labels[QUOTA_LABEL] == sibling
 
 
 def test_legacy_whole_card_quota_limits_canonical_pods(webhook_server: WebhookProcess, api: Api,
