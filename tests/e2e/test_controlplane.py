@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 import pytest
+from clusterhelpers import eventually
 from controlplane import (
     ELASTICQUOTA_GROUP,
     ELASTICQUOTA_PLURAL,
@@ -66,8 +67,15 @@ def test_elasticquota_round_trips(api: Api, elasticquota_crd: k8s.V1CustomResour
     assert elasticquota_crd.spec.names.short_names == ["eq", "eqs"]
     conditions = {c.type: c.status for c in elasticquota_crd.status.conditions}
     assert conditions["Established"] == "True"
-    # The protected-group annotation was accepted as a real approval, not as "unapproved".
-    assert conditions["KubernetesAPIApprovalPolicyConformant"] == "True"
+
+    # The protected-group annotation was accepted as a real approval, not as "unapproved". Another
+    # controller sets that condition, possibly after Established: wait for it to appear.
+    def approval() -> str | None:
+        crd = api.apiextensions.read_custom_resource_definition(elasticquota_crd.metadata.name)
+        return {c.type: c.status for c in crd.status.conditions}.get("KubernetesAPIApprovalPolicyConformant")
+
+    eventually(lambda: approval() is not None, "the API approval condition is set")
+    assert approval() == "True"
     api.custom.create_namespaced_custom_object(
         ELASTICQUOTA_GROUP,
         ELASTICQUOTA_VERSION,
