@@ -1,7 +1,15 @@
 """Admission throughput and latency over TLS + keep-alive: gpuquota serve vs a Go stdlib reference.
 
 Run with ``make bench`` (bench/run.sh). Needs wrk (Debian: ``apt-get install wrk``) and Go.
-Prints a Markdown table; docs/benchmarks.md holds a recorded run.
+Prints two Markdown tables; docs/benchmarks.md holds a recorded run:
+
+- closed loop: wrk at 1, 8 and 32 connections, as fast as the server answers (throughput);
+- fixed rate: bench/loadgen, open loop at BENCH_RATES req/s (default 1000) over 8 connections,
+  each request's latency timed from its scheduled send time, so queueing behind a slow response
+  counts (wrk's percentiles leave it out: coordinated omission).
+
+BENCH_DURATION (default 10s) is each row's measured time; BENCH_WARMUP (default 2s) precedes
+each fixed-rate row at the same rate.
 """
 
 from __future__ import annotations
@@ -13,16 +21,19 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 CONNECTIONS = (1, 8, 32)
 DURATION = os.environ.get("BENCH_DURATION", "10s")
+WARMUP = os.environ.get("BENCH_WARMUP", "2s")
+RATES = tuple(int(rate) for rate in os.environ.get("BENCH_RATES", "1000").split(","))
+FIXED_RATE_CONNECTIONS = 8
 
 
 def review(padding_vars: int = 60) -> dict[str, object]:
@@ -114,6 +125,31 @@ def measure(name: str, url: str, pid: int, body: Path) -> list[str]:
     return rows
 
 
+def loadgen(binary: Path, url: str, rate: int, body: Path, ca: Path) -> dict[str, Any]:
+    out = subprocess.run([binary, "-url", url, "-body", body, "-ca", ca, "-rate", str(rate), "-duration", DURATION,
+                          "-warmup", WARMUP, "-connections", str(FIXED_RATE_CONNECTIONS)],
+                         capture_output=True, text=True, check=True).stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def measure_fixed_rate(name: str, url: str, pid: int, body: Path, binary: Path, ca: Path) -> list[str]:
+    rows = []
+    for rate in RATES:
+        before = cpu_seconds(tree_pids(pid))
+        result = loadgen(binary, url, rate, body, ca)
+        used = cpu_seconds(tree_pids(pid)) - before
+        # The CPU readings span the warm-up too, so they are shared over its requests as well.
+        served = max(result["completed"] + result["warmup_completed"], 1)
+        latency, errors = result["latency_ms"], result["errors"]
+        rows.append(f"| {name} | {url.rsplit('/', 1)[1]} | {rate} | {result['achieved_rate']:.0f} | "
+                    f"{latency['p50']:.2f} | {latency['p90']:.2f} | {latency['p99']:.2f} | {latency['p99.9']:.2f} | "
+                    f"{latency['max']:.2f} | {errors['transport']}/{errors['non_2xx']}/{result['dropped']} | "
+                    f"{1e6 * used / served:.0f} | {1e6 * result['loadgen_cpu_s'] / served:.0f} | "
+                    f"{result['max_send_lag_ms']:.1f} |")
+    return rows
+
+
 def main() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("bench: wrk not found (Debian: apt-get install wrk)")
@@ -125,6 +161,8 @@ def main() -> None:
                    check=True, capture_output=True)
     goref = work / "goref"
     subprocess.run(["go", "build", "-o", goref, "."], cwd=ROOT / "bench" / "go-reference", check=True)
+    generator = work / "loadgen"
+    subprocess.run(["go", "build", "-o", generator, "."], cwd=ROOT / "bench" / "loadgen", check=True)
     servers = [
         subprocess.Popen([BIN / "gpuquota", "serve", "--state", ROOT / "examples" / "cluster", "--cert-dir", certs,
                           "--port", "18443", "--log-level", "warning"], start_new_session=True),
@@ -139,10 +177,19 @@ def main() -> None:
               "| non-2xx |")
         print("|---|---|---|---|---|---|---|---|---|")
         ours = "gpuquota (gunicorn gthread 2x4)"
-        rows = measure(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid, body)
-        rows += measure(ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid, body)
-        rows += measure("Go stdlib reference", "https://127.0.0.1:19443/mutate-pods", servers[1].pid, body)
-        print("\n".join(rows))
+        targets = [(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid),
+                   (ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid),
+                   ("Go stdlib reference", "https://127.0.0.1:19443/mutate-pods", servers[1].pid)]
+        print("\n".join(row for name, url, pid in targets for row in measure(name, url, pid, body)))
+        print(f"\nfixed rate (open loop): bench/loadgen, {FIXED_RATE_CONNECTIONS} keep-alive HTTP/1.1 connections, "
+              f"{WARMUP} warm-up then {DURATION} per row; latency from each request's scheduled send time; "
+              "loadgen on the same host")
+        print("| server | endpoint | target req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms "
+              "| errors (transport/non-2xx/dropped) | server CPU µs/req | loadgen CPU µs/req | loadgen max lag ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        ca = certs / "ca.crt"
+        print("\n".join(row for name, url, pid in targets
+                        for row in measure_fixed_rate(name, url, pid, body, generator, ca)))
     finally:
         for server in servers:
             os.killpg(server.pid, signal.SIGTERM)
@@ -151,4 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,0 +1,3 @@
+module koord-gpuquota/bench/loadgen
+
+go 1.26
