@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -150,9 +151,19 @@ def measure_fixed_rate(name: str, url: str, pid: int, body: Path, binary: Path, 
     return rows
 
 
+def refuse_busy_ports(*ports: int) -> None:
+    """Stop if a port already answers: gunicorn binds with SO_REUSEPORT, so a second bench's server
+    would share 18443 silently and the kernel would spread both benches' connections over both."""
+    for port in ports:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"bench: 127.0.0.1:{port} is already in use (another make bench?)")
+
+
 def main() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("bench: wrk not found (Debian: apt-get install wrk)")
+    refuse_busy_ports(18443, 19443)
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-"))
     body = work / "review.json"
     body.write_text(json.dumps(review()))
