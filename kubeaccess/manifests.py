@@ -6,9 +6,11 @@ offline webhook and the offline CLI read exactly the same snapshot.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,34 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
     if isinstance(paths, str | Path):
         paths = [paths]
     objects: list[dict[str, Any]] = []
-    for path in paths:
-        for source, text in _read_sources(str(path)):
-            objects.extend(parse_documents(text, source))
+    with _collector_paused():
+        for path in paths:
+            for source, text in _read_sources(str(path)):
+                objects.extend(parse_documents(text, source))
     return objects
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Parse without the cyclic garbage collector, then keep it off what was parsed.
+
+    A 100,000-pod snapshot decodes into tens of millions of dicts and lists. Each one counts as an
+    allocation towards the collector's thresholds, and every full collection walks all of them:
+    about half of the parse time of a 404 MiB snapshot, for nothing, since decoded JSON (and YAML
+    without recursive aliases) holds no reference cycles. Re-enabling the collector afterwards would
+    make its next collections walk them all again (the audit that follows slowed down); freezing
+    moves everything alive now into the permanent generation, which collections skip. Frozen
+    objects are still freed by reference counting as soon as nothing refers to them; only a cycle
+    that already existed when the freeze happened is never collected.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _read_sources(path: str) -> Iterator[tuple[str, str]]:
