@@ -58,7 +58,7 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
     scopes = SCOPES if scope == "all" else (scope,)
     report = audit_objects(objects, scopes, shared_label=gpu_shared_label)
     if fmt in ("json", "yaml"):
-        click.echo(document(report.as_dict(), fmt))
+        click.echo(document(report.as_dict(), fmt, plain=True))  # findings hold only str, int, lists, dicts
     else:
         headers = ["SEVERITY", "CHECK", "KIND", "NAMESPACE", "NAME"] + (["MESSAGE"] if fmt == "wide" else [])
         rows = [[str(f.severity), f.check, f.kind, f.namespace or "-", f.name]
