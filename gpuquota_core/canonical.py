@@ -287,19 +287,30 @@ def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFI
 
 def canonicalize_pod(pod: object, config: ConversionConfig = DEFAULT_CONFIG) -> CanonicalResult:
     """The pod with canonical GPU requests and the original-request annotation (a deep copy)."""
+    view = canonical_view(pod, config)
+    # copy_json, not copy.deepcopy: it has no recursion limit, and a pod may nest deeply.
+    return CanonicalResult(copy_json(view.obj), view.rewrites, view.notes)
+
+
+def canonical_view(pod: object, config: ConversionConfig = DEFAULT_CONFIG) -> CanonicalResult:
+    """Like :func:`canonicalize_pod`, but ``obj`` shares every unchanged subtree with ``pod``.
+
+    For readers that never modify the result: the webhook diffs it against the request (the
+    diff skips shared subtrees by identity, so it walks only what the rewrite touched) and the
+    quota check reads its requests. Copying a 6 KB pod and diffing all of it was most of a
+    ``/mutate-pods`` call (docs/benchmarks.md). Without rewrites ``obj`` is a shallow copy.
+    """
     pod = as_mapping(pod, "pod")
     spec = as_mapping(pod.get("spec"), "spec")
     new_spec, rewrites, notes, originals = canonicalize_pod_spec(spec, config)
     if not rewrites:
-        return CanonicalResult(copy_json(dict(pod)), [], notes)
+        return CanonicalResult(dict(pod), [], notes)
     metadata = dict(as_mapping(pod.get("metadata"), "metadata"))
     annotations = dict(as_mapping(metadata.get("annotations"), "metadata.annotations"))
     annotations[ORIGINAL_RESOURCES_ANNOTATION] = _merge_originals(
         annotations.get(ORIGINAL_RESOURCES_ANNOTATION), originals)
     metadata["annotations"] = annotations
-    # copy_json, not copy.deepcopy: it has no recursion limit, and a pod may nest deeply.
-    new_pod: dict[str, Any] = copy_json({**pod, "spec": new_spec, "metadata": metadata})
-    return CanonicalResult(new_pod, rewrites, notes)
+    return CanonicalResult({**pod, "spec": new_spec, "metadata": metadata}, rewrites, notes)
 
 
 def _merge_originals(existing: object, originals: Mapping[str, Any]) -> str:

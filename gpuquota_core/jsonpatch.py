@@ -85,14 +85,16 @@ def diff(original: Any, changed: Any, path: str = "") -> list[Operation]:
                     pending.append(("op", {"op": "remove", "path": f"{where}/{escape_pointer_token(str(key))}"},
                                     None, ""))
             for key, value in right.items():
-                child = f"{where}/{escape_pointer_token(str(key))}"
+                # Shared subtrees (canonical.canonical_view keeps every unchanged one) are skipped
+                # before their pointer is even built: most of a pod is shared.
                 if key not in left:
+                    child = f"{where}/{escape_pointer_token(str(key))}"
                     pending.append(("op", {"op": "add", "path": child, "value": copy_json(value)}, None, ""))
-                else:
-                    pending.append(("diff", left[key], value, child))
+                elif left[key] is not value:
+                    pending.append(("diff", left[key], value, f"{where}/{escape_pointer_token(str(key))}"))
         elif isinstance(left, list) and isinstance(right, list) and len(left) == len(right):
             pending = [("diff", old, new, f"{where}/{index}")
-                       for index, (old, new) in enumerate(zip(left, right, strict=True))]
+                       for index, (old, new) in enumerate(zip(left, right, strict=True)) if old is not new]
         elif isinstance(left, Mapping | list) or isinstance(right, Mapping | list) or not _same_scalar(left, right):
             pending = [("op", {"op": "replace", "path": where, "value": copy_json(right)}, None, "")]
         stack.extend(reversed(pending))

@@ -10,6 +10,7 @@ import pytest
 
 from gpuquota_core.canonical import (
     ORIGINAL_RESOURCES_ANNOTATION,
+    canonical_view,
     canonicalize_pod,
     canonicalize_pod_spec,
     original_resources,
@@ -368,3 +369,21 @@ def test_old_and_new_memory_names_together_are_not_turned_into_a_ratio() -> None
     assert not result.changed
     assert result.notes[0] == ("spec.containers[0].resources.requests: both kubernetes.io/gpu-memory and "
                                f"{MEMORY} are set; both left as is")
+
+
+def test_the_view_shares_what_the_rewrite_did_not_touch_and_changes_nothing_it_was_given() -> None:
+    env = [{"name": "A", "value": "1"}]
+    given = pod(box("main", {"nvidia.com/gpu": "1"}), box("sidecar", {"cpu": "1"}))
+    given["spec"]["containers"][0]["env"] = env
+    before = json.dumps(given, sort_keys=True)
+
+    view = canonical_view(given)
+
+    assert view.obj == canonicalize_pod(given).obj
+    assert json.dumps(given, sort_keys=True) == before
+    containers = view.obj["spec"]["containers"]
+    assert containers[0]["env"] is env  # shared: the webhook's diff skips it by identity
+    assert containers[1] is given["spec"]["containers"][1]  # an untouched container is the input's own
+    assert containers[0] is not given["spec"]["containers"][0]
+    # canonicalize_pod still hands out a copy its caller may change.
+    assert canonicalize_pod(given).obj["spec"]["containers"][0]["env"] is not env

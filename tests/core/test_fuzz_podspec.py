@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuquota_core.canonical import canonicalize_pod, canonicalize_pod_spec
+from gpuquota_core.canonical import canonical_view, canonicalize_pod, canonicalize_pod_spec
 from gpuquota_core.conversion import GPU_MODEL_LABEL, load_config
 from gpuquota_core.jsonpatch import apply, copy_json, diff
 from gpuquota_core.podspec import PodShapeError, as_mapping, pod_requests, read_containers
@@ -133,8 +133,10 @@ def walk(document: Any) -> None:
     problems = validate_pod_gpu(containers, pod_requests(spec, containers))
     assert all(problem.rule and problem.message for problem in problems)
     if isinstance(document, dict):
-        # The patch the webhook would send applies back to the canonical pod.
-        assert diff(apply(document, diff(document, result.obj)), result.obj) == []
+        # The webhook diffs the shared view; its patch applies back to the canonical pod.
+        view = canonical_view(document, CONFIG).obj
+        assert view == result.obj
+        assert diff(apply(document, diff(document, view)), result.obj) == []
         # And a second pass over the webhook's own output changes nothing.
         assert not canonicalize_pod(result.obj, CONFIG).changed
 
