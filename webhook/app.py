@@ -1,6 +1,7 @@
-"""The Flask application: thin routes around the core, the codec and the quota decider.
+"""The WSGI application: thin routes around the core, the codec and the quota decider.
 
-Each admission route reads the body (capped), decodes it with :mod:`webhook.admission`, hands the
+The admission paths are served by :class:`AdmissionRoutes` in front of Flask (which keeps health,
+readiness and metrics). Each reads the body (capped), decodes it with :mod:`webhook.admission`, hands the
 typed request to one method of :class:`AdmissionHandlers` and encodes what comes back. All
 protocol rules are in the codec, all GPU rules in :mod:`gpuquota_core`, all quota rules behind
 :class:`~webhook.quota_port.QuotaDecider`; what is left here is mapping between them, and the
@@ -12,15 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-from flask import Flask, Response, has_request_context, request
+from flask import Flask, Response
 
-from gpuquota_core.canonical import canonicalize_pod
+from gpuquota_core.canonical import canonical_view
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.podspec import PodShapeError, as_mapping, pod_requests, read_containers
@@ -90,13 +91,13 @@ class AdmissionHandlers:
 
     # -- /mutate-pods ------------------------------------------------------------------------
 
-    def mutate_pod(self, req: AdmissionRequest) -> Outcome:
+    def mutate_pod(self, req: AdmissionRequest, caller: str = "") -> Outcome:
         if not (req.is_core("Pod") and req.operation == "CREATE"):
             return Outcome(allowed(req), "not a pod CREATE")
         if req.object is None:
             return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
         try:
-            result = canonicalize_pod(req.object, self.config)
+            result = canonical_view(req.object, self.config)
         except PodShapeError as error:
             return self._unreadable(req, error)
         notes = [f"gpuquota: {note}" for note in result.notes]
@@ -111,7 +112,7 @@ class AdmissionHandlers:
 
     # -- /validate-pods ----------------------------------------------------------------------
 
-    def validate_pod(self, req: AdmissionRequest) -> Outcome:
+    def validate_pod(self, req: AdmissionRequest, caller: str = "") -> Outcome:
         if not (req.is_core("Pod") and req.operation in ("CREATE", "UPDATE")):
             return Outcome(allowed(req), "not a pod CREATE or UPDATE")
         pod = req.object
@@ -138,7 +139,7 @@ class AdmissionHandlers:
                     # finalizer and status changes needed to delete it, so only warn.
                     warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
                                 for p in problems]
-            admission = self._pod_admission(req, pod, config)
+            admission = self._pod_admission(req, pod, config, caller)
         except PodShapeError as error:
             return self._unreadable(req, error)
         verdict = self.quota.admit_pod(admission)
@@ -175,11 +176,12 @@ class AdmissionHandlers:
 
     @staticmethod
     def _canonical_requests(pod: Mapping[str, Any], config: ConversionConfig) -> dict[str, str]:
-        canonical = canonicalize_pod(pod, config).obj
+        canonical = canonical_view(pod, config).obj
         requests = pod_requests(as_mapping(canonical.get("spec"), "spec"))
         return {name: str(requests[name]) for name in sorted(requests)}
 
-    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], config: ConversionConfig) -> PodAdmission:
+    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], config: ConversionConfig,
+                       caller: str) -> PodAdmission:
         metadata = as_mapping(pod.get("metadata"), "metadata")
         requests = self._canonical_requests(pod, config)
         old_labels: dict[str, str] | None = None
@@ -206,12 +208,12 @@ class AdmissionHandlers:
             dry_run=req.dry_run,
             # Bytes cannot be turned into a share of a card without knowing the card.
             unknown_gpu_memory=GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests,
-            caller=_caller(),
+            caller=caller,
         )
 
     # -- /validate-elasticquotas -------------------------------------------------------------
 
-    def validate_elasticquota(self, req: AdmissionRequest) -> Outcome:
+    def validate_elasticquota(self, req: AdmissionRequest, caller: str = "") -> Outcome:
         if not req.is_kind(ELASTICQUOTA_GROUP, "ElasticQuota"):
             return Outcome(allowed(req), "not an ElasticQuota")
         if req.operation in ("CREATE", "UPDATE"):
@@ -248,33 +250,121 @@ class AdmissionHandlers:
         return Outcome(response, verdict.reason or "denied")
 
 
-def _caller() -> str:
-    """The TLS peer's address: who really sent the review (its userInfo is whatever the sender wrote)."""
-    return (request.remote_addr or "") if has_request_context() else ""
-
-
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def read_body(limit: int) -> bytes:
+def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
     """The request body, refusing anything over ``limit`` before it is all in memory."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise BodyTooLarge(limit)
-    # Without Content-Length (chunked) only the read itself can enforce the cap.
-    stream = request.stream
+    stream = environ["wsgi.input"]
+    declared = environ.get("CONTENT_LENGTH") or ""
+    if declared:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise BadRequest(f"Content-Length {declared!r} is not a number") from None
+        if length > limit:
+            raise BodyTooLarge(limit)
+        if length < 0:
+            raise BadRequest(f"Content-Length {declared!r} is negative")
+    elif not environ.get("wsgi.input_terminated"):
+        # Without a length, only a server that marks the end of the input (gunicorn does, for
+        # chunked bodies) lets us read to the end; others would block. Werkzeug reads nothing too.
+        return b""
+    else:
+        length = -1
     chunks: list[bytes] = []
     total = 0
-    while True:
-        chunk = stream.read(min(64 * 1024, limit + 1 - total))
+    while length < 0 or total < length:
+        want = 64 * 1024 if length < 0 else length - total
+        chunk = stream.read(min(want, limit + 1 - total))
         if not chunk:
             break
         chunks.append(chunk)
         total += len(chunk)
         if total > limit:
+            # Chunked: only the read itself can enforce the cap.
             raise BodyTooLarge(limit)
+    if 0 <= length != total:
+        raise BadRequest(f"request body ended after {total} of {length} bytes")
     return b"".join(chunks)
+
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+_STATUS_LINES = {200: "200 OK", 400: "400 BAD REQUEST", 405: "405 METHOD NOT ALLOWED",
+                 413: "413 REQUEST ENTITY TOO LARGE", 500: "500 INTERNAL SERVER ERROR"}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEndpoint:
+    """One admission route: WSGI environ in, (HTTP status, body) out, with its metrics and log line."""
+
+    path: str
+    handle: Callable[[AdmissionRequest, str], Outcome]
+    max_body_bytes: int
+    log: logging.Logger
+
+    def serve(self, environ: Mapping[str, Any]) -> tuple[int, bytes]:
+        endpoint, log = self.path, self.log
+        started = time.perf_counter()
+        try:
+            body = read_body(environ, self.max_body_bytes)
+            req = decode_review(body)
+        except BodyTooLarge as error:
+            return _refuse(endpoint, 413, "RequestEntityTooLarge", str(error), started, log)
+        except BadRequest as error:
+            return _refuse(endpoint, 400, "BadRequest", error.reason, started, log)
+        operation, uid = req.operation, req.uid
+        try:
+            # The TLS peer's address: who really sent the review (its userInfo is whatever the
+            # sender wrote); the per-caller reservation bound counts by it.
+            outcome = self.handle(req, environ.get("REMOTE_ADDR") or "")
+        except Exception:
+            # Reaches the API server as a webhook failure (its failurePolicy decides); the
+            # traceback goes to our log, not to the user.
+            log.exception("admission handler failed: endpoint=%s uid=%s", endpoint, uid)
+            metrics.observe(endpoint, operation, "error", time.perf_counter() - started)
+            return 500, status_body(500, "InternalError", "internal error in the gpuquota webhook")
+        payload = encode_review(outcome.response)
+        elapsed = time.perf_counter() - started
+        response = outcome.response
+        metrics.observe(endpoint, operation, response.decision, elapsed)
+        if not response.allowed:
+            metrics.DENIALS.labels(endpoint, response.reason).inc()
+        for relaxed in outcome.relaxed:
+            metrics.WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
+        _log_decision(log, endpoint=endpoint, uid=uid, namespace=req.namespace, name=req.name or _object_name(req),
+                      operation=operation, decision=response.decision, reason=outcome.note,
+                      code=response.code, dry_run=req.dry_run, elapsed=elapsed, would_deny=outcome.relaxed)
+        return 200, payload
+
+
+class AdmissionRoutes:
+    """WSGI middleware serving the admission paths itself; every other path goes on to Flask.
+
+    Flask's request context, URL matching and Response objects cost about 100 µs of a call that
+    is otherwise ~150-300 µs of our code (docs/benchmarks.md, "Where the time goes"), and
+    admission POSTs are nearly all of this server's traffic. Health, readiness and metrics stay
+    Flask routes.
+    """
+
+    def __init__(self, endpoints: Mapping[str, AdmissionEndpoint], app: WsgiApp) -> None:
+        self.endpoints = dict(endpoints)
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        endpoint = self.endpoints.get(environ.get("PATH_INFO", ""))
+        if endpoint is None:
+            return self.app(environ, start_response)
+        headers = [("Content-Type", JSON)]
+        if environ.get("REQUEST_METHOD") == "POST":
+            status, body = endpoint.serve(environ)
+        else:
+            status, body = 405, status_body(405, "MethodNotAllowed", f"{endpoint.path} accepts only POST")
+            headers.append(("Allow", "POST"))
+        start_response(_STATUS_LINES[status], [*headers, ("Content-Length", str(len(body)))])
+        return [body]
 
 
 def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
@@ -289,50 +379,12 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
     handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota)
     app.extensions["gpuquota.handlers"] = handlers
 
-    def admission_route(endpoint: str, handle: Callable[[AdmissionRequest], Outcome]) -> Callable[[], Response]:
-        def view() -> Response:
-            started = time.perf_counter()
-            operation, uid, namespace, name = "", "", "", ""
-            try:
-                body = read_body(max_body_bytes)
-                req = decode_review(body)
-            except BodyTooLarge as error:
-                return _refuse(endpoint, 413, "RequestEntityTooLarge", str(error), started, log)
-            except BadRequest as error:
-                return _refuse(endpoint, 400, "BadRequest", error.reason, started, log)
-            operation, uid, namespace, name = req.operation, req.uid, req.namespace, req.name
-            try:
-                outcome = handle(req)
-            except Exception:
-                # Reaches the API server as a webhook failure (its failurePolicy decides); the
-                # traceback goes to our log, not to the user.
-                log.exception("admission handler failed: endpoint=%s uid=%s", endpoint, uid)
-                metrics.observe(endpoint, operation, "error", time.perf_counter() - started)
-                return Response(status_body(500, "InternalError", "internal error in the gpuquota webhook"),
-                                status=500, mimetype=JSON)
-            payload = encode_review(outcome.response)
-            elapsed = time.perf_counter() - started
-            response = outcome.response
-            metrics.observe(endpoint, operation, response.decision, elapsed)
-            if not response.allowed:
-                metrics.DENIALS.labels(endpoint, response.reason).inc()
-            for relaxed in outcome.relaxed:
-                metrics.WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
-            _log_decision(log, endpoint=endpoint, uid=uid, namespace=namespace, name=name or _object_name(req),
-                          operation=operation, decision=response.decision, reason=outcome.note,
-                          code=response.code, dry_run=req.dry_run, elapsed=elapsed, would_deny=outcome.relaxed)
-            return Response(payload, status=200, mimetype=JSON)
-
-        view.__name__ = endpoint.strip("/").replace("-", "_")
-        return view
-
-    app.add_url_rule("/mutate-pods", view_func=admission_route("/mutate-pods", handlers.mutate_pod),
-                     methods=["POST"])
-    app.add_url_rule("/validate-pods", view_func=admission_route("/validate-pods", handlers.validate_pod),
-                     methods=["POST"])
-    app.add_url_rule("/validate-elasticquotas",
-                     view_func=admission_route("/validate-elasticquotas", handlers.validate_elasticquota),
-                     methods=["POST"])
+    endpoints = {
+        path: AdmissionEndpoint(path, handle, max_body_bytes, log)
+        for path, handle in (("/mutate-pods", handlers.mutate_pod), ("/validate-pods", handlers.validate_pod),
+                             ("/validate-elasticquotas", handlers.validate_elasticquota))
+    }
+    app.wsgi_app = AdmissionRoutes(endpoints, app.wsgi_app)  # type: ignore[method-assign]
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -362,12 +414,13 @@ def _object_name(req: AdmissionRequest) -> str:
     return _text(metadata.get("name")) or _text(metadata.get("generateName"))
 
 
-def _refuse(endpoint: str, code: int, reason: str, message: str, started: float, log: logging.Logger) -> Response:
+def _refuse(endpoint: str, code: int, reason: str, message: str, started: float,
+            log: logging.Logger) -> tuple[int, bytes]:
     elapsed = time.perf_counter() - started
     metrics.observe(endpoint, "", "bad_request" if code == 400 else "too_large", elapsed)
     _log_decision(log, endpoint=endpoint, uid="", namespace="", name="", operation="", decision="rejected",
                   reason=message, code=code, dry_run=False, elapsed=elapsed)
-    return Response(status_body(code, reason, message), status=code, mimetype=JSON)
+    return code, status_body(code, reason, message)
 
 
 def _log_decision(log: logging.Logger, *, endpoint: str, uid: str, namespace: str, name: str, operation: str,

@@ -2,7 +2,7 @@
 
 Every request here crosses the same layers the API server's does: TCP, a verified TLS handshake
 against the CA that ``gpuquota certs generate`` printed, HTTP/1.1 keep-alive, gunicorn gthread
-workers, the Flask app.
+workers, the WSGI app (admission routes, then Flask).
 """
 
 from __future__ import annotations
@@ -173,6 +173,37 @@ def test_oversized_body_is_refused_before_it_is_read(offline_webhook: WebhookPro
     assert reply.status == 413
     assert status["reason"] == "RequestEntityTooLarge"
     assert session.get(offline_webhook.url + "/healthz", timeout=10).status_code == 200
+
+
+def test_a_chunked_review_is_read_to_its_end(offline_webhook: WebhookProcess, session: requests.Session) -> None:
+    # A generator body makes requests send Transfer-Encoding: chunked, with no Content-Length.
+    payload = body(review(pod(resources={"nvidia.com/gpu": "1"})))
+    pieces = (payload[start:start + 1000] for start in range(0, len(payload), 1000))
+
+    answer = session.post(offline_webhook.url + "/mutate-pods", data=pieces, headers=JSON_HEADERS, timeout=10)
+
+    assert answer.status_code == 200
+    assert {"op": "add", "path": "/spec/containers/0/resources/requests/koordinator.sh~1gpu-core",
+            "value": "100"} in decoded_patch(answer.json()["response"])
+
+
+def test_an_oversized_chunked_review_is_refused(offline_webhook: WebhookProcess, session: requests.Session) -> None:
+    pieces = (b"x" * (1024 * 1024) for _ in range(4))  # 4 MiB, over the 3 MiB cap, never announced
+
+    answer = session.post(offline_webhook.url + "/validate-pods", data=pieces, headers=JSON_HEADERS, timeout=10)
+
+    assert answer.status_code == 413
+    assert answer.json()["reason"] == "RequestEntityTooLarge"
+
+
+@pytest.mark.parametrize("path", ["/mutate-pods", "/validate-pods", "/validate-elasticquotas"])
+def test_admission_paths_accept_only_post(offline_webhook: WebhookProcess, session: requests.Session,
+                                          path: str) -> None:
+    answer = session.get(offline_webhook.url + path, timeout=10)
+
+    assert answer.status_code == 405
+    assert answer.headers["Allow"] == "POST"
+    assert answer.json()["message"] == f"{path} accepts only POST"
 
 
 def test_objects_other_than_pod_creates_are_allowed_unchanged(offline_webhook: WebhookProcess,
