@@ -6,6 +6,7 @@ the core the webhook runs, so an audit finding means the webhook would act on th
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -129,14 +130,23 @@ def check_nodes(nodes: Iterable[Mapping[str, Any]], report: AuditReport,
                 shared_label: str = DEFAULT_SHARED_LABEL) -> set[str]:
     """Node checks; returns every GPU resource name some node advertises."""
     advertised: set[str] = set()
+    # Capacity totals are summed as quantities and written out once, at the end: formatting and
+    # re-parsing the running total at every node cost more than the rest of the node checks. The
+    # same text: a total keeps the format of what it starts from ("0", decimal), and parsed amounts
+    # are whole nanos, so their sum formats exactly.
+    totals: dict[tuple[str, str], Quantity] = {}
     for node in nodes:
         _, name, metadata = _meta(node)
         gpu = _node_resources(node)
         advertised.update(gpu)
         for resource, quantity in gpu.items():
             family = gpu_family(resource)
-            bucket = report.capacity.setdefault(family.value if family else "other", {})
-            bucket[resource] = str(Quantity.parse(bucket.get(resource, "0")) + quantity)
+            place = (family.value if family else "other", resource)
+            total = totals.get(place)
+            if total is None:
+                bucket = report.capacity.setdefault(place[0], {})
+                total = Quantity.parse(bucket.get(resource, "0"))
+            totals[place] = total + quantity
         families = families_of(gpu)
         vendor = sorted(set(gpu) & VENDOR_WHOLE_GPU_NAMES)
         if families == {GpuFamily.VENDOR, GpuFamily.KOORDINATOR}:
@@ -167,6 +177,8 @@ def check_nodes(nodes: Iterable[Mapping[str, Any]], report: AuditReport,
                     "node-gpu-mode-label-mismatch", Severity.WARNING, "Node", "", name,
                     f"{shared_label}={label} but the node reports koordinator.sh/gpu-* resources",
                     {"label": shared_label}))
+    for (family_name, resource), total in totals.items():
+        report.capacity[family_name][resource] = str(total)
     return advertised
 
 
@@ -207,8 +219,12 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
                     "quota-unadvertised-resource", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
                     f"limits {resource}, which no node advertises; pods asking for it are refused",
                     {"resource": resource}))
+    # Children by parent name in one pass (a scan of every quota per quota was 0.5 s at 2,000).
+    children_of: dict[str, list[QuotaInfo]] = {}
+    for quota in infos:
+        children_of.setdefault(quota.parent, []).append(quota)
     for parent in infos:
-        children = [q for q in infos if q.parent == parent.name]
+        children = children_of.get(parent.name, [])
         if not children:
             continue
         parent_min, _ = canonical_resource_list(parent.min, config, parent.name)
@@ -396,6 +412,20 @@ SCOPES = ("nodes", "quotas", "pods", "workloads", "resourcequotas")
 
 def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = SCOPES,
                   config: ConversionConfig = DEFAULT_CONFIG, shared_label: str = DEFAULT_SHARED_LABEL) -> AuditReport:
+    # The audit allocates a few objects per pod (shape keys, records, findings) that stay alive until
+    # it ends, and builds no reference cycles. With the collector on, its full collections walked
+    # everything allocated so far, over and over: 21 of them, 2 s of a 5 s audit at 100,000 pods.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _audit(objects, scopes, config, shared_label)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: ConversionConfig,
+           shared_label: str) -> AuditReport:
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
     for obj in objects:
         by_kind.setdefault(str(obj.get("kind")), []).append(obj)

@@ -14,9 +14,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuquota_core.audit import AuditReport, check_nodes
 from gpuquota_core.conversion import DEFAULT_CONFIG
 from gpuquota_core.quantity import Quantity, QuantityFormat
 from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object, spec_shape_key
+from gpuquota_core.resources import gpu_family
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
@@ -119,3 +121,26 @@ def test_shape_keys_tell_value_types_apart() -> None:
     pinned = key("1", nodeSelector={DEFAULT_CONFIG.model_label: "A100"})
     assert pinned != key("1") and pinned == key("1", nodeSelector={DEFAULT_CONFIG.model_label: "A100"})
     assert key("1", nodeSelector={}) == key("1")
+
+
+node_lists = st.dictionaries(st.sampled_from(["nvidia.com/gpu", "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory",
+                                              "koordinator.sh/gpu-memory-ratio", "huawei.com/npu-core"]),
+                             st.builds(lambda n, s: f"{n}{s}", st.integers(1, 5000),
+                                       st.sampled_from(["", "m", "k", "Ki", "Gi", "n"])), max_size=4)
+
+
+@PROFILE
+@given(st.lists(node_lists, max_size=12))
+def test_capacity_totals_equal_the_running_text_sum(capacities: list[dict[str, str]]) -> None:
+    nodes = [{"kind": "Node", "metadata": {"name": f"n{i}"}, "status": {"capacity": c}}
+             for i, c in enumerate(capacities)]
+    report = AuditReport()
+    check_nodes(nodes, report)
+    expected: dict[str, dict[str, str]] = {}
+    for capacity in capacities:  # what check_nodes wrote before: parse, add and format per node
+        for resource, text in capacity.items():
+            family = gpu_family(resource)
+            bucket = expected.setdefault(family.value if family else "other", {})
+            bucket[resource] = str(Quantity.parse(bucket.get(resource, "0")) + Quantity.parse(text))
+    assert report.capacity == expected
+    assert [list(b) for b in report.capacity.values()] == [list(b) for b in expected.values()]
