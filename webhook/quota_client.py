@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,8 @@ class QuotaClient:
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:
-            reply = self._call({"op": "admit_pod", "admission": asdict(admission)})
+            # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
+            reply = self._call({"op": "admit_pod", "admission": admission})
         except (OSError, ValueError) as error:
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
         return self._verdict(reply)
