@@ -53,6 +53,7 @@ class QuotaState:
         self.max_reservations_per_caller = max_reservations_per_caller
         self._listed_kinds: set[str] = set()
         self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
+        self._published: tuple[int, ...] = ()  # the gauges' last values (see _publish)
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
@@ -142,18 +143,26 @@ class QuotaState:
         return record is not None and (not admission.pod_uid or record.uid in ("", admission.pod_uid))
 
     def _publish(self) -> None:
-        metrics.SYNCED.set(1 if self.synced else 0)
-        metrics.STALE.set(1 if self._stale_kinds() else 0)
-        metrics.OBJECTS.labels("Pod").set(len(self.usage))
-        metrics.OBJECTS.labels("ElasticQuota").set(len(self.tree.quotas))
-        metrics.RESERVATIONS.set(len(self.ledger))
+        snapshot = (1 if self.synced else 0, 1 if self._stale_kinds() else 0, len(self.usage),
+                    len(self.tree.quotas), len(self.ledger))
+        # Most watch events (a pod MODIFIED) change none of these; writing five multiprocess gauges
+        # anyway was about 15 % of such an event's cost (docs/benchmarks.md).
+        if snapshot == self._published:
+            return
+        self._published = snapshot
+        synced, stale, pods, quotas, reservations = snapshot
+        metrics.SYNCED.set(synced)
+        metrics.STALE.set(stale)
+        metrics.OBJECTS.labels("Pod").set(pods)
+        metrics.OBJECTS.labels("ElasticQuota").set(quotas)
+        metrics.RESERVATIONS.set(reservations)
 
     def ready(self) -> tuple[bool, str]:
         with self._lock:
             if not self.synced:
                 return False, "quota state not synced yet"
             stale = self._stale_kinds()
-            metrics.STALE.set(1 if stale else 0)
+            self._publish()  # staleness grows with time alone: a readiness probe is when it shows
             if stale:
                 return False, (f"quota state is stale: the list/watch of {', '.join(stale)} has been failing "
                                f"for more than {self.stale_after_seconds:g}s")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from prometheus_client import REGISTRY
 
 from webhook.cluster_state import sync_kind
 from webhook.quota_state import QuotaState
@@ -100,10 +101,16 @@ def test_errors_back_off_keep_the_last_state_and_turn_stale_then_recover() -> No
     ready, reason = state.ready()
     assert not ready
     assert reason == "quota state is stale: the list/watch of ElasticQuota has been failing for more than 60s"
+    assert stale_gauge() == 1
     assert "team-a" in state.tree.quotas  # the last state is kept, not dropped
-    # The next successful list clears it.
+    # The next successful list clears it, and the gauge follows (it is only written on a change).
     run(state, [listing("30", QUOTA)])
+    assert stale_gauge() == 0
     assert state.ready() == (True, "quota state synced")
+
+
+def stale_gauge() -> float | None:
+    return REGISTRY.get_sample_value("gpuquota_cluster_state_stale")
 
 
 def test_watch_error_event_relists_after_backoff() -> None:
