@@ -39,8 +39,9 @@ control-plane:
 test-tools:
 	hack/install-test-tools.sh
 
-## test: lint, type-check, build the control plane, then every test (unit, TLS, e2e, fuzz budget)
+## test: lint, type-check, build the control plane, then every test (unit, TLS, e2e, fuzz budget, bench/loadgen)
 test: lint control-plane test-tools
+	cd bench/loadgen && go vet . && go test .
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: $(STAMP)
