@@ -8,13 +8,16 @@ from typing import Any
 import click
 
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, Severity, audit_objects
-from kubeaccess.kube import DEFAULT_PAGE_SIZE, KubeAccessError, context_namespace, list_cluster
 from kubeaccess.manifests import ManifestError, load_objects
 
+from . import collector
 from .errors import CommandError
 from .output import FORMATS, document, table
 
 SEVERITIES = [str(s) for s in Severity]
+# kubeaccess.kube.DEFAULT_PAGE_SIZE (tests/cli/test_startup.py keeps them equal). Not imported:
+# kubeaccess.kube loads the kubernetes client, a third of a second that an audit of files never needs.
+DEFAULT_CHUNK_SIZE = 500
 
 
 @click.command()
@@ -29,8 +32,9 @@ SEVERITIES = [str(s) for s in Severity]
 @click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster (default: $KUBECONFIG, "
               "~/.kube/config, in-cluster).")
 @click.option("--context", default=None, help="Kubeconfig context to use.")
-@click.option("--chunk-size", default=DEFAULT_PAGE_SIZE, show_default=True, type=click.IntRange(min=1),
+@click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=click.IntRange(min=1),
               help="Objects per list request (paged with continue tokens, as kubectl does).")
+@collector.paused()  # see cli/collector.py
 def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespaces: bool, fmt: str,
           fail_on: str, gpu_shared_label: str, kubeconfig: str | None, context: str | None,
           chunk_size: int) -> None:
@@ -43,6 +47,8 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
     if paths and (kubeconfig or context):
         raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
     if not paths:
+        from kubeaccess.kube import context_namespace
+
         live_namespace = None if all_namespaces else namespace or context_namespace(kubeconfig, context)
         objects = _live_objects(kubeconfig, context, live_namespace, chunk_size)
         namespace = None  # the API already scoped the lists
@@ -71,6 +77,8 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
 
 def _live_objects(kubeconfig: str | None, context: str | None, namespace: str | None,
                   chunk_size: int) -> list[dict[str, Any]]:
+    from kubeaccess.kube import KubeAccessError, list_cluster
+
     show_progress = sys.stderr.isatty()
 
     def progress(kind: str, count: int) -> None:

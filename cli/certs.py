@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from kubeaccess.pki import generate_webhook_certs, write_client_cert
-
 from .errors import CommandError
 
 
@@ -28,6 +26,9 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
     """Write a new CA and serving certificate; print the caBundle for the webhook configurations."""
     if not service and not dns_names and not ip_addresses:
         raise CommandError("give --service/--namespace, --dns or --ip: a certificate needs a name to be valid for")
+    # Imported here: cryptography is a tenth of a second of every gpuquota command's start-up.
+    from kubeaccess.pki import generate_webhook_certs
+
     try:
         written = generate_webhook_certs(out_dir, service=service, namespace=namespace,
                                          dns_names=dns_names, ip_addresses=ip_addresses)
@@ -51,6 +52,8 @@ def client(ca_dir: Path, out_dir: Path, common_name: str) -> None:
     """Sign a client certificate for a caller of a webhook served with --client-ca CA_DIR/ca.crt."""
     if not common_name.strip():
         raise CommandError("--name must not be empty")
+    from kubeaccess.pki import write_client_cert  # see generate
+
     try:
         cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip())
     except ValueError as error:

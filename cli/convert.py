@@ -15,7 +15,6 @@ from gpuquota_core.convert import ConvertedObject, convert_object
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from kubeaccess.manifests import ManifestError, load_objects
-from webhook.server import ServeError, load_conversion_config
 
 from .errors import CommandError
 
@@ -35,6 +34,9 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     What was rewritten goes to stderr. Exit 1 when a result would still be refused by
     /validate-pods (the reason is printed), 2 on bad flags or files.
     """
+    # Imported here: the server module is a third of a second of every gpuquota command's start-up.
+    from webhook.server import ServeError, load_conversion_config
+
     try:
         config: ConversionConfig = load_conversion_config(config_path)
         objects = load_objects(list(paths))

@@ -11,8 +11,6 @@ from typing import Any
 
 import click
 import yaml
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core.migration import (
     DETACH_PHASES,
@@ -29,9 +27,9 @@ from gpuquota_core.migration import (
     plan_rollback,
 )
 from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
-from kubeaccess.kube import KubeAccessError, api_error_message, connect, list_cluster
 from kubeaccess.manifests import ManifestError, load_objects
 
+from . import collector
 from .errors import CommandError
 from .output import document
 
@@ -53,6 +51,7 @@ def migrate() -> None:
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
 @click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
+@collector.paused()  # see cli/collector.py
 def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fmt: str,
          update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Show every change, per quota, with before/after in canonical units."""
@@ -96,6 +95,10 @@ def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False) 
 
 
 def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str, Any]]:
+    # The kubernetes client is imported where it is used: it is a third of a second of start-up
+    # that plan -f (and every other gpuquota command, which imports this module) never needs.
+    from kubeaccess.kube import KubeAccessError, list_cluster
+
     try:
         return list_cluster(kubeconfig, context, None)
     except KubeAccessError as error:
@@ -138,6 +141,11 @@ def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
         for number, step in enumerate(steps, 1):
             click.echo(f"would apply step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
         return
+    from kubernetes import client  # see _live_objects
+    from kubernetes.client.exceptions import ApiException
+
+    from kubeaccess.kube import KubeAccessError, api_error_message, connect
+
     try:
         api = connect(kubeconfig, context)
     except KubeAccessError as error:

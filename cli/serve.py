@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from webhook.server import ServeError, run
 from webhook.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
 
 from .errors import CommandError
@@ -55,6 +54,10 @@ def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | 
           log_level: str, client_ca_path: Path | None, accounting: str, ledger_namespace: str,
           stale_after_seconds: float, reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
+    # Imported here, not at module level: every gpuquota command imports every command module, and
+    # the server (gunicorn, Flask, the kubernetes client) is a third of a second of start-up.
+    from webhook.server import ServeError, run
+
     try:
         run(Settings(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
                      kubeconfig_path=kubeconfig_path, context=context, workers=workers, threads=threads,
