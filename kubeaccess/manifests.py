@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -80,9 +81,33 @@ def _read_sources(path: str) -> Iterator[tuple[str, str]]:
         raise ManifestError(f"{path}: no such file or directory")
     for file in files:
         try:
-            yield str(file), file.read_text(encoding="utf-8")
+            yield str(file), _read_text(file)
         except (OSError, UnicodeDecodeError) as error:
             raise ManifestError(f"{file}: cannot read: {error}") from None
+
+
+# Above this size a file is decoded straight from a memory map of the page cache: read_text would
+# first copy it into a bytes object of the same size (404 MiB for a 100,000-pod snapshot, ~0.3 s
+# of page faults) and then decode that.
+_MAP_ABOVE = 1 << 20
+
+
+def _read_text(file: Path) -> str:
+    """``file.read_text(encoding="utf-8")``: the same text, or the same UnicodeDecodeError."""
+    size = file.stat().st_size
+    if size <= _MAP_ABOVE:
+        return file.read_text(encoding="utf-8")
+    with file.open("rb") as raw:
+        try:
+            mapped = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system without mmap, or the file shrank to nothing
+            return file.read_text(encoding="utf-8")
+        with mapped:
+            text = str(mapped, "utf-8")  # the whole file in one decode, as read_text does
+    if "\r" in text:
+        # read_text reads with universal newlines: "\r\n" and a lone "\r" both become "\n".
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
