@@ -320,8 +320,8 @@ def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: obje
         shape = spec_shape_key(spec, config)
     key = None
     if shape is not None:
-        # spec_shape_key only answers for plain lists of dicts, so this walk cannot fail.
-        key = (shape, tuple(str(c.get("name", "")) for kind in CONTAINER_KINDS for c in spec.get(kind) or ()))
+        # spec_shape_key only answers for plain lists of dicts with str names, so this cannot fail.
+        key = (shape, tuple([c.get("name", "") for kind in CONTAINER_KINDS for c in spec.get(kind) or ()]))
         cached = _spec_verdicts.get(key)
         if cached is not None:
             return cached
@@ -377,7 +377,7 @@ def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
     for pod, shape in zip(pods, _shapes(pods, config, shapes), strict=True):
         namespace, name, _ = _meta(pod)
         spec = pod.get("spec")
-        if isinstance(spec, Mapping):
+        if type(spec) is dict or isinstance(spec, Mapping):  # type() first: see _meta
             _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config, shape)
 
 

@@ -556,21 +556,25 @@ class UsageIndex:
         charged, so it leaves behind none of the zero entries its discard would.
 
         Charging pod by pod adds each of a pod's resources into its leaf and every ancestor, one
-        ``Quantity`` per add: at 100,000 pods that was most of an audit's usage check. Here each
-        quota chain's totals are summed as plain ints (exact Fractions for the rare fractional
-        amount) and added into the quotas once per chain.
+        ``Quantity`` per add: at 100,000 pods that was most of an audit's usage check. Here pods
+        are grouped, each group's totals summed as plain ints (exact Fractions for the rare
+        fractional amount) and added into each quota once.
         """
         latest: dict[str, PodRecord] = {}
         for record in records:
-            latest.pop(record.key, None)  # a repeated key moves to the end, as upsert moves it
-            latest[record.key] = record
-        for key in latest:
-            self.discard(key)
+            key = record.key
+            latest.pop(key, None)  # a repeated key moves to the end, as upsert moves it
+            latest[key] = record
+        if self._pods:
+            for key in latest:
+                self.discard(key)
         chains: dict[tuple[str, str], tuple[str, ...]] = {}  # the tree does not change during the call
-        # Per chain, name -> sum; and per quota, its names in the order pods first charge them.
-        sums: dict[tuple[str, ...], dict[str, int | Fraction]] = {}
-        first_seen: dict[str, dict[str, None]] = {}
-        shapes_seen: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        # Pods alike are counted, not summed one by one: the replicas of a workload share one cached
+        # requests map's Quantity objects (remembered_pod_requests hands out copies of the map, not
+        # of its values), so a chain, the names and the identities of the values make a group whose
+        # total is count x amount. The identities are unique here: every record, hence every value,
+        # stays alive in ``latest`` for the whole call.
+        groups: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]], list[Any]] = {}
         for key, record in latest.items():
             self._pods[key] = record
             place = (record.namespace, record.quota_label)
@@ -580,32 +584,31 @@ class UsageIndex:
             self._charged[key] = quotas
             if not quotas:
                 continue
-            names = tuple(record.requests)
-            if (quotas, names) not in shapes_seen:
-                shapes_seen.add((quotas, names))
-                for quota in quotas:
-                    order = first_seen.setdefault(quota, {})
-                    for name in names:
-                        order.setdefault(name, None)
-            chain_sums = sums.setdefault(quotas, {})
-            for name, quantity in record.requests.items():
-                exact = quantity.amount
-                # An int add where the amount is whole: Fraction's own add is pure Python.
-                addend: int | Fraction = exact.numerator if exact.denominator == 1 else exact
-                chain_sums[name] = chain_sums.get(name, 0) + addend
-        per_quota: dict[str, dict[str, int | Fraction]] = {}
-        for quotas, chain_sums in sums.items():
+            requests = record.requests
+            group = (quotas, tuple(requests), tuple(map(id, requests.values())))
+            counted = groups.get(group)
+            if counted is None:
+                groups[group] = [requests, 1]
+            else:
+                counted[1] += 1
+        # Per quota, the sum of each name, and the names in the order pods first charge them there
+        # (groups are in the order of their first pod, so visiting them in order visits each
+        # quota's names in upsert's order).
+        totals: dict[str, dict[str, int | Fraction]] = {}
+        for (quotas, _, _), (requests, count) in groups.items():
             for quota in quotas:
-                totals = per_quota.setdefault(quota, {})
-                for name, amount in chain_sums.items():
-                    totals[name] = totals.get(name, 0) + amount
-        for quota, order in first_seen.items():
+                sums = totals.setdefault(quota, {})
+                for name, quantity in requests.items():
+                    exact = quantity.amount
+                    # int arithmetic where the amount is whole: Fraction's own is pure Python.
+                    added: int | Fraction = exact.numerator * count if exact.denominator == 1 else exact * count
+                    sums[name] = sums.get(name, 0) + added
+        for quota, sums in totals.items():
             used = self._used.setdefault(quota, {})
-            totals = per_quota[quota]
-            for name in order:
+            for name, amount in sums.items():
                 # upsert's "ZERO + quantity" for a new name: the sum keeps ZERO's (decimal) format.
-                added = Quantity(Fraction(totals[name]))
-                used[name] = used[name] + added if name in used else ZERO + added
+                total = Quantity(Fraction(amount))
+                used[name] = used[name] + total if name in used else ZERO + total
 
     def _chain_of(self, record: PodRecord) -> tuple[str, ...]:
         resolution = self.tree.resolve(record.namespace, record.quota_label)
