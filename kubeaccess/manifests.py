@@ -11,7 +11,6 @@ import json
 import mmap
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +35,34 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
     if isinstance(paths, str | Path):
         paths = [paths]
     objects: list[dict[str, Any]] = []
-    with _collector_paused():
-        for path in paths:
-            for source, text in _read_sources(str(path)):
-                objects.extend(parse_documents(text, source))
-    return objects
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Parse without the cyclic garbage collector, then keep it off what was parsed.
-
-    A 100,000-pod snapshot decodes into tens of millions of dicts and lists. Each one counts as an
-    allocation towards the collector's thresholds, and every full collection walks all of them:
-    about half of the parse time of a 404 MiB snapshot, for nothing, since decoded JSON (and YAML
-    without recursive aliases) holds no reference cycles. Re-enabling the collector afterwards would
-    make its next collections walk them all again (the audit that follows slowed down); freezing
-    moves everything alive now into the permanent generation, which collections skip. Frozen
-    objects are still freed by reference counting as soon as nothing refers to them; only a cycle
-    that already existed when the freeze happened is never collected.
-    """
+    read = 0
+    # Parse without the cyclic garbage collector. A 100,000-pod snapshot decodes into tens of
+    # millions of dicts and lists; each counts as an allocation towards the collector's thresholds,
+    # and every full collection walks all of them: about half of the parse time of a 404 MiB
+    # snapshot, for nothing, since decoded JSON (and YAML without recursive aliases) holds no
+    # reference cycles.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield
+        for path in paths:
+            for source, text in _read_sources(str(path)):
+                read += len(text)
+                objects.extend(parse_documents(text, source))
     finally:
-        gc.freeze()
+        if read > _FREEZE_ABOVE:
+            # Re-enabling the collector would make its next collections walk all of that again
+            # (the audit that followed slowed down); freezing moves everything alive now into the
+            # permanent generation, which collections skip. Frozen objects are still freed by
+            # reference counting as soon as nothing refers to them; only a cycle that already
+            # existed at this point is never collected, hence only after a large read.
+            gc.freeze()
         if was_enabled:
             gc.enable()
+    return objects
+
+
+# Characters read above which the parsed objects are frozen (see load_objects).
+_FREEZE_ABOVE = 16 << 20
 
 
 def _read_sources(path: str) -> Iterator[tuple[str, str]]:

@@ -30,6 +30,19 @@ def test_loading_leaves_the_collector_as_it_was(tmp_path: Path) -> None:
         gc.enable()
 
 
+def test_only_a_large_read_is_frozen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pods.json").write_text('{"kind": "List", "items": [{"kind": "Pod"}]}')
+    frozen = gc.get_freeze_count()
+    load_objects(tmp_path / "pods.json")
+    assert gc.get_freeze_count() == frozen  # small input: whatever garbage exists stays collectable
+    monkeypatch.setattr(manifests, "_FREEZE_ABOVE", 0)
+    try:
+        assert load_objects(tmp_path / "pods.json") == [{"kind": "Pod"}]
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+
+
 @pytest.mark.parametrize("data", [
     b'{"kind": "Pod"}\r\n\r\r\n',  # universal newlines, as read_text
     "\ufeff{\u00e9\u4e2d\U0001f600}".encode(),  # a BOM stays, as read_text keeps it
