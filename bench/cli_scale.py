@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--quotas", type=int, default=2000)
     parser.add_argument("--pods", type=int, default=100000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each command; 0 only writes the snapshot")
     parser.add_argument("--format", choices=("yaml", "json", "both"), default="both")
     parser.add_argument("--keep", type=Path, help="write the snapshot here and keep it (default: a temp dir)")
     args = parser.parse_args()
@@ -173,6 +173,8 @@ def main() -> None:
                     run = timed(command)
                     print(json.dumps({"command": label, "format": fmt, "attempt": attempt + 1, **run}), flush=True)
                     runs.append(run)
+                if not runs:  # --repeat 0: only write the snapshot (with --keep, to reuse it)
+                    continue
                 median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                 rows.append(f"| `{label}` | {fmt} ({size:.0f} MiB) | {median['seconds']} | "
                             f"{min(r['seconds'] for r in runs)}-{max(r['seconds'] for r in runs)} | "
