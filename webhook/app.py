@@ -25,7 +25,7 @@ from gpuquota_core.canonical import canonical_view
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.podspec import PodShapeError, as_mapping, pod_requests, read_containers
-from gpuquota_core.quota import QuotaShapeError
+from gpuquota_core.quota import QuotaShapeError, remembered_pod_requests
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
 from gpuquota_core.validation import GpuRequestProblem, validate_pod_gpu
 
@@ -176,8 +176,10 @@ class AdmissionHandlers:
 
     @staticmethod
     def _canonical_requests(pod: Mapping[str, Any], config: ConversionConfig) -> dict[str, str]:
-        canonical = canonical_view(pod, config).obj
-        requests = pod_requests(as_mapping(canonical.get("spec"), "spec"))
+        # The cluster-state cache charges stored pods with this same function (remembered by spec
+        # shape: the replicas of a workload ask alike), so an admission and the later watch event
+        # of the same pod count the same amounts.
+        requests = remembered_pod_requests(as_mapping(pod.get("spec"), "spec"), config)
         return {name: str(requests[name]) for name in sorted(requests)}
 
     def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], config: ConversionConfig,
