@@ -1,18 +1,28 @@
 """What the webhooks add to a pod create through a real kube-apiserver, local vs strict accounting.
 
 Starts the test control plane (tests/controlplane.py; the binaries of hack/build-control-plane.sh),
-then times sequential GPU pod creates (one client, keep-alive, raw JSON): no webhook registered;
-only the mutating configuration, pointing at bench/go-reference or at ``gpuquota serve`` (the two
-split what one webhook call costs between the apiserver and the server); and the project's
-configurations pointing at one ``gpuquota serve --accounting local`` or ``--accounting strict``.
-The modes alternate in rounds. Prints a Markdown table of p50/p90/p99 and the overhead.
+one ``gpuquota serve --accounting local``, one ``--accounting strict`` and bench/go-reference, and
+gives every mode its own namespace, selected by the webhook configurations' ``namespaceSelector``:
 
-Usage: .venv/bin/python bench/apiserver_overhead.py [creates per mode, default 400] [rounds, default 4]
+- ``none``: no webhook applies;
+- ``go-mutating`` / ``gpuquota-mutating``: only a mutating configuration, pointing at the Go
+  reference or at the local ``gpuquota serve`` (the pair splits what one webhook call costs
+  between the apiserver and the server);
+- ``local`` / ``strict``: the project's mutating and validating configurations, pointing at the
+  local or the strict server.
+
+Then it times sequential creates of a one-card ``nvidia.com/gpu`` pod over one kept-alive
+connection, one create per mode per cycle in a shuffled order, so drift (etcd growing, other load
+on the machine) falls on every mode alike and each mode's overhead is the median of its paired
+differences against ``none`` in the same cycle. Prints a Markdown table.
+
+Usage: .venv/bin/python bench/apiserver_overhead.py [cycles, default 400]
 """
 
 from __future__ import annotations
 
 import json
+import random
 import ssl
 import statistics
 import subprocess
@@ -21,7 +31,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +39,6 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 import yaml  # noqa: E402
 from admissionchain import (  # noqa: E402
-    delete_webhook_configurations,
     local_webhook_configurations,
     register_webhook_configurations,
     wait_until_webhook_is_called,
@@ -43,24 +51,41 @@ RATIO = "koordinator.sh/gpu-memory-ratio"
 WARMUP = 30
 
 
-def gpu_pod(name: str) -> dict[str, Any]:
+def gpu_pod(name: str, namespace: str) -> dict[str, Any]:
+    """A one-card pod charged to its namespace's quota (quota names are cluster-wide: one per namespace)."""
     gpu = {"nvidia.com/gpu": "1"}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"quota.scheduling.koordinator.sh/name": "bench"}},
+            "metadata": {"name": name, "labels": {"quota.scheduling.koordinator.sh/name": namespace}},
             "spec": {"containers": [{"name": "main", "image": "registry.example/train:1",
                                      "resources": {"requests": gpu, "limits": gpu}}]}}
 
 
-def time_creates(core: k8s.CoreV1Api, namespace: str, count: int, tag: str) -> list[float]:
-    samples = []
-    for index in range(WARMUP + count):
-        body = gpu_pod(f"{tag}-{index}")
-        started = time.perf_counter()
-        core.create_namespaced_pod(namespace, body, _preload_content=False)
-        elapsed = time.perf_counter() - started
-        if index >= WARMUP:
-            samples.append(elapsed * 1000)
-    return samples
+MODE_LABEL = "gpuquota-bench-mode"
+# mode -> (server, which configurations); the namespace of a mode is "bench-<mode>".
+PLAN = {"none": ("", ""), "go-mutating": ("go", "mutating"), "gpuquota-mutating": ("local", "mutating"),
+        "local": ("local", "all"), "strict": ("strict", "all")}
+TITLES = {"none": "no webhook", "go-mutating": "mutating only, Go stdlib reference",
+          "gpuquota-mutating": "mutating only, gpuquota", "local": "webhooks, local accounting",
+          "strict": "webhooks, strict accounting"}
+
+
+def create_pod(core: k8s.CoreV1Api, namespace: str, name: str) -> float:
+    """One create, in ms. The response is read to the end, so urllib3 keeps the connection for the next."""
+    started = time.perf_counter()
+    response = core.create_namespaced_pod(namespace, gpu_pod(name, namespace), _preload_content=False)
+    response.read()
+    elapsed = time.perf_counter() - started
+    response.release_conn()
+    if response.status != 201:
+        raise SystemExit(f"create in {namespace} answered {response.status}")
+    return elapsed * 1000
+
+
+def passive_opens() -> int:
+    """TCP connections this host accepted so far (/proc/net/snmp), to show the client reuses its one."""
+    header, values = (line.split() for line in Path("/proc/net/snmp").read_text().splitlines()
+                      if line.startswith("Tcp:"))
+    return int(dict(zip(header, values, strict=True))["PassiveOpens"])
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -93,66 +118,59 @@ def start_go_reference(work: Path, cert_dir: Path) -> str:
 
 
 def mutated(api: Any, namespace: str) -> bool:
-    stored = api.core.create_namespaced_pod(namespace, gpu_pod("probe"), dry_run="All")
+    stored = api.core.create_namespaced_pod(namespace, gpu_pod("probe", namespace), dry_run="All")
     return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
 
 
 def main() -> None:
-    count = int(sys.argv[1]) if len(sys.argv) > 1 else 400
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-overhead-"))
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
-    # mode -> (server, which configurations): the two mutating-only modes split the overhead of one
-    # webhook call between the apiserver (the Go reference's row) and this server (the difference).
-    plan = {"no webhook": ("", ""), "mutating only, Go stdlib reference": ("go", "mutating"),
-            "mutating only, gpuquota": ("local", "mutating"), "webhooks, local accounting": ("local", "all"),
-            "webhooks, strict accounting": ("strict", "all")}
-    modes = tuple(plan)
-    results: dict[str, list[float]] = {mode: [] for mode in modes}
     servers: dict[str, WebhookProcess] = {}
+    results: dict[str, list[float]] = {mode: [] for mode in PLAN}
     try:
         crd = yaml.safe_load((ROOT / "manifests/base/crd-elasticquota.yaml").read_text(encoding="utf-8"))
         api.apiextensions.create_custom_resource_definition(crd)
         wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
-        namespace = "bench"
-        api.core.create_namespace({"metadata": {"name": namespace}})
-        api.custom.create_namespaced_custom_object("scheduling.sigs.k8s.io", "v1alpha1", namespace, "elasticquotas", {
-            "apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
-            "metadata": {"name": "bench", "namespace": namespace},
-            "spec": {"max": {RATIO: str(100 * 10 * (count + WARMUP) * len(modes)),
-                             "koordinator.sh/gpu-core": "100000000"}}})
+        for mode in PLAN:
+            namespace = f"bench-{mode}"
+            api.core.create_namespace({"metadata": {"name": namespace, "labels": {MODE_LABEL: mode}}})
+            # Room for every pod: the benchmark times admissions, never a refusal.
+            api.custom.create_namespaced_custom_object("scheduling.sigs.k8s.io", "v1alpha1", namespace,
+                                                       "elasticquotas", {
+                "apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+                "metadata": {"name": namespace, "namespace": namespace},
+                "spec": {"max": {RATIO: str(100 * 10 * (cycles + WARMUP)),
+                                 "koordinator.sh/gpu-core": str(100 * 10 * (cycles + WARMUP))}}})
         for accounting in ("local", "strict"):
             servers[accounting] = WebhookProcess(work / accounting, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path), "--accounting", accounting,
-                "--ledger-namespace", namespace]).start()
+                "--ledger-namespace", "bench-strict"]).start()
         go_url = start_go_reference(work, servers["local"].cert_dir)
-        # Rounds alternate the three modes, so drift over the run (etcd growing, the machine's other
-        # load) falls on all of them alike instead of on whichever ran last.
-        for round_ in range(rounds):
-            for mode in modes:
-                target, which = plan[mode]
-                documents: list[dict[str, Any]] = []
-                if target:
-                    url = go_url if target == "go" else servers[target].url
-                    ca_bundle = servers["local" if target == "go" else target].ca_bundle  # Go serves local's cert
-                    documents = local_webhook_configurations(url, ca_bundle,
-                                                             name_suffix=f"-{uuid.uuid4().hex[:6]}")
-                    if which == "mutating":
-                        documents = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
-                    register_webhook_configurations(api, documents)
-                    wait_until_webhook_is_called(api, namespace)
-                else:
-                    deadline = time.monotonic() + 60
-                    while mutated(api, namespace):  # configurations are dropped asynchronously
-                        assert time.monotonic() < deadline
-                        time.sleep(0.2)
-                try:
-                    tag = f"r{round_}-{modes.index(mode)}"
-                    results[mode] += time_creates(api.core, namespace, count // rounds, tag)
-                finally:
-                    delete_webhook_configurations(api, documents)
+        for mode, (target, which) in PLAN.items():
+            if not target:
+                continue
+            url = go_url if target == "go" else servers[target].url
+            ca_bundle = servers["local" if target == "go" else target].ca_bundle  # Go serves local's cert
+            documents = local_webhook_configurations(url, ca_bundle, name_suffix=f"-{mode}",
+                                                     namespace_selector={"matchLabels": {MODE_LABEL: mode}})
+            if which == "mutating":
+                documents = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
+            register_webhook_configurations(api, documents)
+            wait_until_webhook_is_called(api, f"bench-{mode}")
+        assert not mutated(api, "bench-none"), "a webhook applies to the no-webhook namespace"
+        order = list(PLAN)
+        shuffle = random.Random(8)
+        opened = passive_opens()
+        for cycle in range(WARMUP + cycles):
+            shuffle.shuffle(order)
+            for mode in order:
+                elapsed = create_pod(api.core, f"bench-{mode}", f"pod-{cycle}")
+                if cycle >= WARMUP:
+                    results[mode].append(elapsed)
+        opened = passive_opens() - opened
     finally:
         for process in GO_PROCESSES:
             process.terminate()
@@ -160,15 +178,15 @@ def main() -> None:
             server.stop()
         api.close()
         plane.stop()
-    base = statistics.median(results["no webhook"])
-    print(f"{count} sequential creates per mode in {rounds} alternating rounds (each after {WARMUP} warm-up), "
-          f"one client, keep-alive\n")
-    print("| mode | p50 ms | p90 ms | p99 ms | p50 overhead ms |")
+    base = results["none"]
+    print(f"{cycles} cycles of one create per mode, shuffled order (after {WARMUP} warm-up cycles), one client, "
+          f"one kept-alive connection ({opened} TCP connections accepted on this host while timing)\n")
+    print("| mode | p50 ms | p90 ms | p99 ms | overhead ms (median of paired differences) |")
     print("|---|---|---|---|---|")
     for mode, samples in results.items():
-        p50 = statistics.median(samples)
-        print(f"| {mode} | {p50:.2f} | {percentile(samples, 0.9):.2f} | {percentile(samples, 0.99):.2f} | "
-              f"{p50 - base:+.2f} |")
+        paired = statistics.median(mine - theirs for mine, theirs in zip(samples, base, strict=True))
+        print(f"| {TITLES[mode]} | {statistics.median(samples):.2f} | {percentile(samples, 0.9):.2f} | "
+              f"{percentile(samples, 0.99):.2f} | {paired:+.2f} |")
     (work / "samples.json").write_text(json.dumps(results), encoding="utf-8")
     print(f"\nsamples: {work / 'samples.json'}")
 
