@@ -346,7 +346,7 @@ class AdmissionRoutes:
     """WSGI middleware serving the admission paths itself; every other path goes on to Flask.
 
     Flask's request context, URL matching and Response objects cost about 100 µs of a call that
-    is otherwise ~150-300 µs of our code (docs/benchmarks.md, "Where the time goes"), and
+    is otherwise ~150-300 µs of our code (docs/benchmarks.md, "Optimisations of this round"), and
     admission POSTs are nearly all of this server's traffic. Health, readiness and metrics stay
     Flask routes.
     """
