@@ -9,7 +9,9 @@ Prints two Markdown tables; docs/benchmarks.md holds a recorded run:
   counts (wrk's percentiles leave it out: coordinated omission).
 
 BENCH_DURATION (default 10s) is each row's measured time; BENCH_WARMUP (default 2s) precedes
-each fixed-rate row at the same rate.
+each fixed-rate row at the same rate. BENCH_ROUNDS (default 1) repeats both tables' rows, the
+servers alternating within each round: on a shared VM one run's tail latency can be three times
+the next one's, so a result worth quoting is the median over rounds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ DURATION = os.environ.get("BENCH_DURATION", "10s")
 WARMUP = os.environ.get("BENCH_WARMUP", "2s")
 RATES = tuple(int(rate) for rate in os.environ.get("BENCH_RATES", "1000").split(","))
 FIXED_RATE_CONNECTIONS = 8
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1"))
 
 
 def review(padding_vars: int = 60) -> dict[str, object]:
@@ -184,23 +187,27 @@ def main() -> None:
         wait_healthy("https://127.0.0.1:18443/readyz", certs / "ca.crt")
         time.sleep(1)  # let the Go listener bind; its readiness is simply accepting TLS
         print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
-        print("| server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req | server RSS MiB "
-              "| non-2xx |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
+              "| server RSS MiB | non-2xx |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         ours = "gpuquota (gunicorn gthread 2x4)"
         targets = [(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid),
                    (ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid),
                    ("Go stdlib reference", "https://127.0.0.1:19443/mutate-pods", servers[1].pid)]
-        print("\n".join(row for name, url, pid in targets for row in measure(name, url, pid, body)))
+        for round_ in range(1, ROUNDS + 1):
+            print("\n".join(f"| {round_} {row}" for name, url, pid in targets for row in measure(name, url, pid, body)),
+                  flush=True)
         print(f"\nfixed rate (open loop): bench/loadgen, {FIXED_RATE_CONNECTIONS} keep-alive HTTP/1.1 connections, "
               f"{WARMUP} warm-up then {DURATION} per row; latency from each request's scheduled send time; "
               "loadgen on the same host")
-        print("| server | endpoint | target req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms "
-              "| errors (transport/non-2xx/dropped) | server CPU µs/req | loadgen CPU µs/req | loadgen max lag ms |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| round | server | endpoint | target req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms "
+              "| max ms | errors (transport/non-2xx/dropped) | server CPU µs/req | loadgen CPU µs/req "
+              "| loadgen max lag ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         ca = certs / "ca.crt"
-        print("\n".join(row for name, url, pid in targets
-                        for row in measure_fixed_rate(name, url, pid, body, generator, ca)))
+        for round_ in range(1, ROUNDS + 1):
+            print("\n".join(f"| {round_} {row}" for name, url, pid in targets
+                            for row in measure_fixed_rate(name, url, pid, body, generator, ca)), flush=True)
     finally:
         for server in servers:
             os.killpg(server.pid, signal.SIGTERM)
