@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from gpuquota_core import collector
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, Severity, audit_objects
 from kubeaccess.manifests import ManifestError, load_objects
 
-from . import collector
 from .errors import CommandError
 from .output import FORMATS, document, table
 
@@ -34,7 +34,7 @@ DEFAULT_CHUNK_SIZE = 500
 @click.option("--context", default=None, help="Kubeconfig context to use.")
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=click.IntRange(min=1),
               help="Objects per list request (paged with continue tokens, as kubectl does).")
-@collector.paused()  # see cli/collector.py
+@collector.paused()  # see gpuquota_core/collector.py
 def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespaces: bool, fmt: str,
           fail_on: str, gpu_shared_label: str, kubeconfig: str | None, context: str | None,
           chunk_size: int) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import yaml
 
+from gpuquota_core import collector
 from gpuquota_core.migration import (
     DETACH_PHASES,
     IN_PROGRESS,
@@ -29,7 +30,6 @@ from gpuquota_core.migration import (
 from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
 from kubeaccess.manifests import ManifestError, load_objects
 
-from . import collector
 from .errors import CommandError
 from .output import document
 
@@ -51,7 +51,7 @@ def migrate() -> None:
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
 @click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
-@collector.paused()  # see cli/collector.py
+@collector.paused()  # see gpuquota_core/collector.py
 def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fmt: str,
          update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Show every change, per quota, with before/after in canonical units."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from gpuquota_core import collector
+
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # libyaml's loader reads the same documents into the same objects as the pure-Python SafeLoader,
 # about ten times faster: a 100,000-pod ``kubectl get -o yaml`` snapshot is minutes of parsing
@@ -41,14 +43,11 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
     # and every full collection walks all of them: about half of the parse time of a 404 MiB
     # snapshot, for nothing, since decoded JSON (and YAML without recursive aliases) holds no
     # reference cycles.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector.paused():
         for path in paths:
             for source, text in _read_sources(str(path)):
                 read += len(text)
                 objects.extend(parse_documents(text, source))
-    finally:
         if read > _FREEZE_ABOVE:
             # Re-enabling the collector would make its next collections walk all of that again
             # (the audit that followed slowed down); freezing moves everything alive now into the
@@ -56,8 +55,6 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
             # reference counting as soon as nothing refers to them; only a cycle that already
             # existed at this point is never collected, hence only after a large read.
             gc.freeze()
-        if was_enabled:
-            gc.enable()
     return objects
 
 
