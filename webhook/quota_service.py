@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,27 +39,23 @@ def private_socket_path() -> Path:
     return directory / SOCKET_NAME
 
 
-def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
-    # Shallow on purpose: orjson serialises the nested values; asdict would deep-copy them first.
-    return {item.name: getattr(verdict, item.name) for item in fields(verdict)}
-
-
 class PodAdmitter(Protocol):
     def admit_pod(self, admission: PodAdmission) -> Verdict: ...
 
 
-def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None) -> dict[str, Any]:
+def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None) -> dict[str, Any] | Verdict:
+    """The reply to one message; a Verdict goes on the wire as its fields (orjson writes dataclasses)."""
     op = message.get("op") if isinstance(message, dict) else None
     if op == "ready":
         ready, reason = state.ready()
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
-        return verdict_to_wire((admitter or state).admit_pod(PodAdmission(**message["admission"])))
+        return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
     if op == "review_elasticquota":
         try:
-            return verdict_to_wire(state.review_elasticquota(message["quota"]))
+            return state.review_elasticquota(message["quota"])
         except QuotaShapeError as error:
-            return verdict_to_wire(Verdict(False, f"cannot read the ElasticQuota: {error}", 422, "Invalid"))
+            return Verdict(False, f"cannot read the ElasticQuota: {error}", 422, "Invalid")
     return {"error": f"unknown operation {op!r}"}
 
 
