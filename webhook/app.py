@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -294,8 +295,6 @@ def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-_STATUS_LINES = {200: "200 OK", 400: "400 BAD REQUEST", 405: "405 METHOD NOT ALLOWED",
-                 413: "413 REQUEST ENTITY TOO LARGE", 500: "500 INTERNAL SERVER ERROR"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +364,7 @@ class AdmissionRoutes:
         else:
             status, body = 405, status_body(405, "MethodNotAllowed", f"{endpoint.path} accepts only POST")
             headers.append(("Allow", "POST"))
-        start_response(_STATUS_LINES[status], [*headers, ("Content-Length", str(len(body)))])
+        start_response(f"{status} {HTTPStatus(status).phrase}", [*headers, ("Content-Length", str(len(body)))])
         return [body]
 
 
