@@ -259,7 +259,7 @@ def _check_usage(infos: list[QuotaInfo], pods: list[Mapping[str, Any]], report: 
         if not pod_is_counted(pod):
             continue
         try:
-            records.append(pod_record(pod, config) if shape is None else pod_record(pod, config, shape=shape))
+            records.append(pod_record(pod, config, shape=shape))  # None: no plain shape, computed uncached
         except ValueError:
             continue  # an unreadable pod cannot be charged, as in the webhook's quota state
     usage.load(records)  # as upserting each in turn, with the sums done per quota chain
