@@ -107,9 +107,10 @@ class AdmissionHandlers:
         # Requests and limits of one container change together; count the resource once per container.
         for _container, resource in dict.fromkeys((r.container, r.source) for r in result.rewrites):
             metrics.REWRITES.labels(resource).inc()
-        warnings = [f"gpuquota rewrote {line}" for line in result.summary()] + notes
+        summary = result.summary()
+        warnings = [f"gpuquota rewrote {line}" for line in summary] + notes
         response = patched(req, req.object, result.obj, warnings=warnings)
-        return Outcome(response, f"rewrote {len(result.summary())} container resource(s)")
+        return Outcome(response, f"rewrote {len(summary)} container resource(s)")
 
     # -- /validate-pods ----------------------------------------------------------------------
 
