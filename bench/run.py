@@ -1,5 +1,9 @@
 """Admission throughput and latency over TLS + keep-alive: gpuquota serve vs a Go stdlib reference.
 
+A third server, bench/floor_server.py, is a no-op WSGI app under the product's own gunicorn
+settings: the distance from it to Go is the server stack's, from the product to it the product's
+code. The closed-loop table ends with each round's ratios to Go at 8 connections.
+
 Run with ``make bench`` (bench/run.sh). Needs wrk (Debian: ``apt-get install wrk``) and Go.
 Prints two Markdown tables; docs/benchmarks.md holds a recorded run:
 
@@ -116,13 +120,15 @@ def wrk(url: str, connections: int, body: Path) -> dict[str, float]:
             "p99": latency("99"), "requests": requests, "non2xx": int(errors[1]) if errors else 0}
 
 
-def measure(name: str, url: str, pid: int, body: Path) -> list[str]:
+def measure(name: str, url: str, pid: int, body: Path, throughput: dict[tuple[str, str, int], float]) -> list[str]:
+    """One closed-loop row per connection count; req/s also go to ``throughput`` for the ratios."""
     rows = []
     for connections in CONNECTIONS:
         pids = tree_pids(pid)
         before = cpu_seconds(pids)
         result = wrk(url, connections, body)
         used = cpu_seconds(tree_pids(pid)) - before
+        throughput[(name, url, connections)] = result["rps"]
         rows.append(f"| {name} | {url.rsplit('/', 1)[1]} | {connections} | {result['rps']:.0f} | {result['p50']:.2f} | "
                     f"{result['p99']:.2f} | {1e6 * used / max(result['requests'], 1):.0f} | "
                     f"{rss_mib(tree_pids(pid)):.0f} | {result['non2xx']} |")
@@ -166,7 +172,7 @@ def refuse_busy_ports(*ports: int) -> None:
 def main() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("bench: wrk not found (Debian: apt-get install wrk)")
-    refuse_busy_ports(18443, 19443)
+    refuse_busy_ports(17443, 18443, 19443)
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-"))
     body = work / "review.json"
     body.write_text(json.dumps(review()))
@@ -182,21 +188,33 @@ def main() -> None:
                           "--port", "18443", "--log-level", "warning"], start_new_session=True),
         subprocess.Popen([goref, "-addr", "127.0.0.1:19443", "-cert", certs / "tls.crt", "-key", certs / "tls.key"],
                          start_new_session=True),
+        subprocess.Popen([BIN / "python", ROOT / "bench" / "floor_server.py", certs, "17443"], start_new_session=True),
     ]
     try:
         wait_healthy("https://127.0.0.1:18443/readyz", certs / "ca.crt")
+        wait_healthy("https://127.0.0.1:17443/readyz", certs / "ca.crt")  # the floor app answers any path
         time.sleep(1)  # let the Go listener bind; its readiness is simply accepting TLS
         print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
         print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
               "| server RSS MiB | non-2xx |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        ours = "gpuquota (gunicorn gthread 2x4)"
+        ours, floor, go = "gpuquota (gunicorn gthread 2x4)", "floor: no-op app, same gunicorn", "Go stdlib reference"
         targets = [(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid),
                    (ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid),
-                   ("Go stdlib reference", "https://127.0.0.1:19443/mutate-pods", servers[1].pid)]
+                   (floor, "https://127.0.0.1:17443/mutate-pods", servers[2].pid),
+                   (go, "https://127.0.0.1:19443/mutate-pods", servers[1].pid)]
+        ratios = []
         for round_ in range(1, ROUNDS + 1):
-            print("\n".join(f"| {round_} {row}" for name, url, pid in targets for row in measure(name, url, pid, body)),
-                  flush=True)
+            throughput: dict[tuple[str, str, int], float] = {}
+            print("\n".join(f"| {round_} {row}" for name, url, pid in targets
+                            for row in measure(name, url, pid, body, throughput)), flush=True)
+            reference = throughput[(go, targets[3][1], 8)]
+            ratios.append(f"| {round_} | " + " | ".join(f"{100 * throughput[(name, url, 8)] / reference:.0f} %"
+                                                         for name, url, _pid in targets[:3]) + " |")
+        print("\nthroughput at 8 connections as a share of the Go reference's in the same round")
+        print("| round | gpuquota mutate-pods | gpuquota validate-pods | floor (no-op app) |")
+        print("|---|---|---|---|")
+        print("\n".join(ratios), flush=True)
         print(f"\nfixed rate (open loop): bench/loadgen, {FIXED_RATE_CONNECTIONS} keep-alive HTTP/1.1 connections, "
               f"{WARMUP} warm-up then {DURATION} per row; latency from each request's scheduled send time; "
               "loadgen on the same host")
