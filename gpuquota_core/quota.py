@@ -36,6 +36,7 @@ from .resources import (
     format_list,
     subtract_lists,
 )
+from .validation import GpuRequestProblem, validate_pod_gpu
 
 PREFIX = "quota.scheduling.koordinator.sh/"
 POD_QUOTA_LABEL = PREFIX + "name"
@@ -296,6 +297,36 @@ def remembered_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = 
         _pod_requests[key] = cached
     # Quantities are immutable and may be shared; the map is copied so no caller can alter the cache.
     return dict(cached)
+
+
+_GPU_PROBLEMS_CACHE_SIZE = 4096
+_gpu_problems: dict[object, tuple[GpuRequestProblem, ...]] = {}
+
+
+def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG, *,
+                            shape: object = _UNKEYED) -> list[GpuRequestProblem]:
+    """``validate_pod_gpu`` of a spec, remembered per spec shape and container names.
+
+    The validating webhook judges every pod CREATE, and the replicas of a workload ask alike; the
+    key is what the judgement reads (the shape of :func:`remembered_pod_requests`) plus the
+    container names its messages quote. ``shape``: as for :func:`remembered_pod_requests`, so one
+    admission computes it once for both.
+    """
+    shape_key = spec_shape_key(spec, config) if shape is _UNKEYED else shape
+    key = None
+    if shape_key is not None:
+        # A shape exists only for plain lists of dicts with str names, so this cannot fail.
+        key = (shape_key, tuple([c.get("name", "") for kind in CONTAINER_KINDS for c in spec.get(kind) or ()]))
+        cached = _gpu_problems.get(key)
+        if cached is not None:
+            return list(cached)
+    containers = read_containers(spec)  # a PodShapeError propagates and is not remembered
+    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    if key is not None:
+        if len(_gpu_problems) >= _GPU_PROBLEMS_CACHE_SIZE:
+            _gpu_problems.clear()
+        _gpu_problems[key] = tuple(problems)
+    return problems
 
 
 def gpu_memory_unknown(requests: Mapping[str, Quantity]) -> bool:

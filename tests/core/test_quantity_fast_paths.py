@@ -18,8 +18,10 @@ from gpuquota_core import canonical
 from gpuquota_core import quantity as q
 from gpuquota_core.canonical import canonicalize_resource_list
 from gpuquota_core.conversion import DEFAULT_CONFIG, GPU_MODEL_LABEL, ConversionConfig, load_config
+from gpuquota_core.podspec import pod_requests, read_containers
 from gpuquota_core.quantity import Quantity, QuantityError, QuantityFormat, format_quantity, parse_quantity
-from gpuquota_core.quota import canonical_pod_requests, remembered_pod_requests
+from gpuquota_core.quota import canonical_pod_requests, remembered_gpu_problems, remembered_pod_requests
+from gpuquota_core.validation import validate_pod_gpu
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
@@ -181,6 +183,37 @@ def test_remembered_pod_requests_equal_fresh_ones(spec: dict[str, object], confi
     assert first == again == fresh
     if isinstance(fresh, dict):  # same amounts and the same formats (they decide how messages print)
         assert {n: str(v) for n, v in first.items()} == {n: str(v) for n, v in fresh.items()}  # type: ignore[union-attr]
+
+
+def problems_or_error(compute: object, spec: dict[str, object], config: ConversionConfig) -> object:
+    try:
+        return compute(spec, config)  # type: ignore[operator]
+    except ValueError as error:
+        return f"error: {error}"
+
+
+def fresh_gpu_problems(spec: dict[str, object], config: ConversionConfig) -> object:
+    containers = read_containers(spec)
+    return validate_pod_gpu(containers, pod_requests(spec, containers))
+
+
+@PROFILE
+@given(specs, st.sampled_from([DEFAULT_CONFIG, T4_CONFIG]))
+def test_remembered_gpu_problems_equal_fresh_ones(spec: dict[str, object], config: ConversionConfig) -> None:
+    first = problems_or_error(remembered_gpu_problems, spec, config)
+    again = problems_or_error(remembered_gpu_problems, spec, config)
+    assert first == again == problems_or_error(fresh_gpu_problems, spec, config)
+
+
+def test_remembered_gpu_problems_quote_each_pods_own_container_names() -> None:
+    def spec(name: str) -> dict[str, object]:
+        return {"containers": [{"name": name, "resources": {"requests": {"nvidia.com/gpu": "-1"}}}]}
+
+    first, second = remembered_gpu_problems(spec("trainer")), remembered_gpu_problems(spec("server"))
+    assert first and second
+    assert '"trainer"' in first[0].message and '"server"' in second[0].message
+    first.clear()  # the caller's own list
+    assert remembered_gpu_problems(spec("trainer")) == fresh_gpu_problems(spec("trainer"), DEFAULT_CONFIG)
 
 
 def test_remembered_pod_requests_are_the_callers_own() -> None:
