@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from gunicorn.app.base import BaseApplication
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpuquota_core.conversion import DEFAULT_CONFIG  # noqa: E402
 from webhook.gunicorn_conf import MetricsDirectory, gunicorn_options  # noqa: E402
+from webhook.server import WebhookApplication  # noqa: E402
 from webhook.settings import Settings  # noqa: E402
 
 PRODUCT_ANSWER_BYTES = 1324
@@ -40,14 +40,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
     return [ANSWER]
 
 
-class FloorApplication(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = options
-        super().__init__()
-
-    def load_config(self) -> None:
-        for key, value in self.options.items():
-            self.cfg.set(key, value)
+class FloorApplication(WebhookApplication):
+    """The product's gunicorn application (same options, same ``load_config``) serving the no-op app."""
 
     def load(self) -> Callable[..., Iterable[bytes]]:
         return app
@@ -57,7 +51,7 @@ def main() -> None:
     cert_dir, port = Path(sys.argv[1]), int(sys.argv[2])
     settings = Settings(cert_dir=cert_dir, port=port, log_level="warning")
     metrics = MetricsDirectory(Path(tempfile.mkdtemp(prefix="gpuquota-floor-metrics-")), owned=True)
-    FloorApplication(gunicorn_options(settings, metrics, lambda _settings: None)).run()
+    FloorApplication(settings, DEFAULT_CONFIG, gunicorn_options(settings, metrics, lambda _settings: None)).run()
 
 
 if __name__ == "__main__":

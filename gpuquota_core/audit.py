@@ -14,7 +14,7 @@ from typing import Any
 from . import collector
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import CONTAINER_KINDS, PodShapeError, parse_resource_list, pod_requests, read_containers
+from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity
 from .quota import (
     UNCHECKED_QUOTAS,
@@ -29,6 +29,7 @@ from .quota import (
     pod_is_counted,
     pod_record,
     quota_from_object,
+    spec_names_key,
     spec_shape_key,
 )
 from .resources import (
@@ -320,8 +321,7 @@ def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: obje
         shape = spec_shape_key(spec, config)
     key = None
     if shape is not None:
-        # spec_shape_key only answers for plain lists of dicts with str names, so this cannot fail.
-        key = (shape, tuple([c.get("name", "") for kind in CONTAINER_KINDS for c in spec.get(kind) or ()]))
+        key = spec_names_key(spec, shape)
         cached = _spec_verdicts.get(key)
         if cached is not None:
             return cached

@@ -299,6 +299,13 @@ def remembered_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = 
     return dict(cached)
 
 
+def spec_names_key(spec: Mapping[str, Any], shape: object) -> object:
+    """``shape`` plus the container names in spec order: the key of a per-spec judgement whose
+    messages quote the names. Only for a ``shape`` that is not None (``spec_shape_key`` answers
+    only for plain lists of dicts with str names, so reading them cannot fail)."""
+    return shape, tuple([c.get("name", "") for kind in CONTAINER_KINDS for c in spec.get(kind) or ()])
+
+
 _GPU_PROBLEMS_CACHE_SIZE = 4096
 _gpu_problems: dict[object, tuple[GpuRequestProblem, ...]] = {}
 
@@ -315,8 +322,7 @@ def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = 
     shape_key = spec_shape_key(spec, config) if shape is _UNKEYED else shape
     key = None
     if shape_key is not None:
-        # A shape exists only for plain lists of dicts with str names, so this cannot fail.
-        key = (shape_key, tuple([c.get("name", "") for kind in CONTAINER_KINDS for c in spec.get(kind) or ()]))
+        key = spec_names_key(spec, shape_key)
         cached = _gpu_problems.get(key)
         if cached is not None:
             return list(cached)

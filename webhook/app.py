@@ -27,7 +27,7 @@ from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.podspec import PodShapeError, as_mapping
 from gpuquota_core.quota import QuotaShapeError, remembered_gpu_problems, remembered_pod_requests, spec_shape_key
-from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
+from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO, ResourceList
 from gpuquota_core.validation import GpuRequestProblem
 
 from . import metrics
@@ -125,8 +125,9 @@ class AdmissionHandlers:
         relaxed: list[Relaxed] = []
         try:
             # Computed once: the GPU checks and the canonical requests below are remembered by it.
-            shape = spec_shape_key(as_mapping(pod.get("spec"), "spec"), config)
-            problems = self._gpu_problems(pod, config, shape)
+            spec = as_mapping(pod.get("spec"), "spec")
+            shape = spec_shape_key(spec, config)
+            problems = remembered_gpu_problems(spec, config, shape=shape)
             warnings: list[str] = []
             if problems:
                 if not self._grandfathered(req, problems, config):
@@ -143,7 +144,7 @@ class AdmissionHandlers:
                     # finalizer and status changes needed to delete it, so only warn.
                     warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
                                 for p in problems]
-            admission = self._pod_admission(req, pod, config, caller, shape)
+            admission = self._pod_admission(req, pod, spec, config, caller, shape)
         except PodShapeError as error:
             return self._unreadable(req, error)
         verdict = self.quota.admit_pod(admission)
@@ -164,41 +165,35 @@ class AdmissionHandlers:
         note = f"would-deny {would}" if outcome.response.allowed else f"{outcome.note}; would-deny {would}"
         return Outcome(outcome.response, note, tuple(relaxed))
 
-    @staticmethod
-    def _gpu_problems(pod: Mapping[str, Any], config: ConversionConfig, shape: object) -> list[GpuRequestProblem]:
-        return remembered_gpu_problems(as_mapping(pod.get("spec"), "spec"), config, shape=shape)
-
     def _grandfathered(self, req: AdmissionRequest, problems: list[GpuRequestProblem],
                        config: ConversionConfig) -> bool:
         if req.operation != "UPDATE" or req.old_object is None:
             return False
         try:
-            old_spec = as_mapping(req.old_object.get("spec"), "oldObject.spec")
-            old_problems = self._gpu_problems(req.old_object, config, spec_shape_key(old_spec, config))
+            old_spec = as_mapping(req.old_object.get("spec"), "spec")
+            old_problems = remembered_gpu_problems(old_spec, config)
         except PodShapeError:
             return False
         return {p.message for p in problems} <= {p.message for p in old_problems}
 
     @staticmethod
-    def _canonical_requests(pod: Mapping[str, Any], config: ConversionConfig,
-                            shape: object | None = None) -> dict[str, str]:
+    def _as_text(requests: ResourceList) -> dict[str, str]:
+        return {name: str(requests[name]) for name in sorted(requests)}
+
+    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], spec: Mapping[str, Any],
+                       config: ConversionConfig, caller: str, shape: object) -> PodAdmission:
+        metadata = as_mapping(pod.get("metadata"), "metadata")
         # The cluster-state cache charges stored pods with this same function (remembered by spec
         # shape: the replicas of a workload ask alike), so an admission and the later watch event
         # of the same pod count the same amounts.
-        spec = as_mapping(pod.get("spec"), "spec")
-        requests = remembered_pod_requests(spec, config, shape=spec_shape_key(spec, config) if shape is None else shape)
-        return {name: str(requests[name]) for name in sorted(requests)}
-
-    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], config: ConversionConfig,
-                       caller: str, shape: object) -> PodAdmission:
-        metadata = as_mapping(pod.get("metadata"), "metadata")
-        requests = self._canonical_requests(pod, config, shape)
+        requests = self._as_text(remembered_pod_requests(spec, config, shape=shape))
         old_labels: dict[str, str] | None = None
         old_requests: dict[str, str] | None = None
         if req.operation == "UPDATE" and req.old_object is not None:
             old_labels = _labels(as_mapping(req.old_object.get("metadata"), "oldObject.metadata"))
             try:
-                old_requests = self._canonical_requests(req.old_object, config)
+                old_spec = as_mapping(req.old_object.get("spec"), "spec")
+                old_requests = self._as_text(remembered_pod_requests(old_spec, config))
             except PodShapeError:
                 # The stored object is the API server's own; if even it cannot be read, say
                 # "unknown" rather than refusing an update of something we cannot interpret.
