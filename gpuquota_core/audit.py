@@ -14,6 +14,7 @@ from typing import Any
 from . import collector
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .memo import BoundedMemo
 from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity
 from .quota import (
@@ -294,9 +295,8 @@ class _SpecVerdict:
 
 # Replicas of a workload share one spec shape, so a 100k-pod audit judges a few hundred distinct
 # specs; the verdict is remembered by everything it reads (the quota cache's shape key plus the
-# container names the messages quote). Bounded, like the other shape caches.
-_SPEC_VERDICT_CACHE_SIZE = 4096
-_spec_verdicts: dict[object, _SpecVerdict] = {}
+# container names the messages quote).
+_spec_verdicts: BoundedMemo[_SpecVerdict] = BoundedMemo()
 
 
 def pod_shapes(pods: Iterable[Mapping[str, Any]], config: ConversionConfig = DEFAULT_CONFIG) -> list[object]:
@@ -327,9 +327,7 @@ def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: obje
             return cached
     verdict = _judge_spec(spec, config)
     if key is not None:
-        if len(_spec_verdicts) >= _SPEC_VERDICT_CACHE_SIZE:
-            _spec_verdicts.clear()
-        _spec_verdicts[key] = verdict
+        _spec_verdicts.remember(key, verdict)
     return verdict
 
 

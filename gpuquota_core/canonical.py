@@ -16,6 +16,7 @@ from typing import Any
 
 from .conversion import DEFAULT_CONFIG, ConversionConfig, Strategy, memory_bytes_to_ratio, pinned_gpu_model
 from .jsonpatch import copy_json
+from .memo import BoundedMemo
 from .podspec import CONTAINER_KINDS, as_list, as_mapping, parse_resource_list
 from .quantity import Quantity, QuantityError, parse_quantity
 from .resources import DEPRECATED_RENAMES, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, ResourceList
@@ -126,18 +127,14 @@ def canonicalize_resource_list(
     return dict(result), [(s, q, dict(o), k) for s, q, o, k in changes], list(notes)
 
 
-_REWRITE_CACHE_SIZE = 4096
-_rewrites: dict[object, ListRewrite] = {}
+_rewrites: BoundedMemo[ListRewrite] = BoundedMemo()
 
 
 def _remembered_rewrite(key: object, raw: Mapping[str, Any], path: str, config: ConversionConfig,
                         pinned_model: str | None) -> ListRewrite:
     cached = _rewrites.get(key)
     if cached is None:
-        cached = _rewrite_resource_list(raw, path, config, pinned_model)
-        if len(_rewrites) >= _REWRITE_CACHE_SIZE:
-            _rewrites.clear()  # crude but bounded: a cluster's working set refills it at once
-        _rewrites[key] = cached
+        cached = _rewrites.remember(key, _rewrite_resource_list(raw, path, config, pinned_model))
     return cached
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from .canonical import ConfigIdentity, canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig, pinned_gpu_model
+from .memo import BoundedMemo
 from .podspec import (
     CONTAINER_KINDS,
     MAX_CONTAINERS,
@@ -211,9 +212,8 @@ def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = D
 
 # The quota cache and the audit compute every pod's canonical requests, and a cluster's pods repeat
 # a few shapes (the replicas of each workload ask alike), so answers are remembered by everything
-# the computation reads of the spec (see spec_shape_key). Bounded like canonical's rewrite cache.
-_POD_REQUESTS_CACHE_SIZE = 4096
-_pod_requests: dict[object, ResourceList] = {}
+# the computation reads of the spec (see spec_shape_key).
+_pod_requests: BoundedMemo[ResourceList] = BoundedMemo()
 
 
 def _values_key(values: object) -> object:
@@ -291,10 +291,8 @@ def remembered_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = 
         return canonical_pod_requests(spec, config)
     cached = _pod_requests.get(key)
     if cached is None:
-        cached = canonical_pod_requests(spec, config)  # an error propagates and is not remembered
-        if len(_pod_requests) >= _POD_REQUESTS_CACHE_SIZE:
-            _pod_requests.clear()
-        _pod_requests[key] = cached
+        # An error propagates and is not remembered.
+        cached = _pod_requests.remember(key, canonical_pod_requests(spec, config))
     # Quantities are immutable and may be shared; the map is copied so no caller can alter the cache.
     return dict(cached)
 
@@ -306,8 +304,7 @@ def spec_names_key(spec: Mapping[str, Any], shape: object) -> object:
     return shape, tuple([c.get("name", "") for kind in CONTAINER_KINDS for c in spec.get(kind) or ()])
 
 
-_GPU_PROBLEMS_CACHE_SIZE = 4096
-_gpu_problems: dict[object, tuple[GpuRequestProblem, ...]] = {}
+_gpu_problems: BoundedMemo[tuple[GpuRequestProblem, ...]] = BoundedMemo()
 
 
 def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG, *,
@@ -329,9 +326,7 @@ def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = 
     containers = read_containers(spec)  # a PodShapeError propagates and is not remembered
     problems = validate_pod_gpu(containers, pod_requests(spec, containers))
     if key is not None:
-        if len(_gpu_problems) >= _GPU_PROBLEMS_CACHE_SIZE:
-            _gpu_problems.clear()
-        _gpu_problems[key] = tuple(problems)
+        _gpu_problems.remember(key, tuple(problems))
     return problems
 
 
