@@ -8,6 +8,8 @@ gives every mode its own namespace, selected by the webhook configurations' ``na
 - ``go-mutating`` / ``gpuquota-mutating``: only a mutating configuration, pointing at the Go
   reference or at the local ``gpuquota serve`` (the pair splits what one webhook call costs
   between the apiserver and the server);
+- ``go-both``: the project's mutating and validating configurations, pointing at the Go reference
+  (whose validating path only decodes and allows): the floor of a create that passes two webhooks;
 - ``local`` / ``strict``: the project's mutating and validating configurations, pointing at the
   local or the strict server.
 
@@ -63,9 +65,11 @@ def gpu_pod(name: str, namespace: str) -> dict[str, Any]:
 MODE_LABEL = "gpuquota-bench-mode"
 # mode -> (server, which configurations); the namespace of a mode is "bench-<mode>".
 PLAN = {"none": ("", ""), "go-mutating": ("go", "mutating"), "gpuquota-mutating": ("local", "mutating"),
-        "local": ("local", "all"), "strict": ("strict", "all")}
+        "go-both": ("go", "all"), "local": ("local", "all"), "strict": ("strict", "all")}
 TITLES = {"none": "no webhook", "go-mutating": "mutating only, Go stdlib reference",
-          "gpuquota-mutating": "mutating only, gpuquota", "local": "webhooks, local accounting",
+          "gpuquota-mutating": "mutating only, gpuquota",
+          "go-both": "both webhooks, Go stdlib reference (validating: decode and allow)",
+          "local": "webhooks, local accounting",
           "strict": "webhooks, strict accounting"}
 
 

@@ -1,5 +1,7 @@
 // A minimal Go stdlib admission server doing the same whole-card rewrite as /mutate-pods, used
-// only as the speed reference of bench/run.sh (net/http + crypto/tls, no modules).
+// only as the speed reference of bench/run.sh (net/http + crypto/tls, no modules). Its validating
+// paths decode the review and allow it: in bench/apiserver_overhead.py they stand for the cheapest
+// possible validating webhook, so the run shows what the apiserver alone spends on the second call.
 package main
 
 import (
@@ -50,15 +52,24 @@ func escape(name string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(name, "~", "~0"), "/", "~1")
 }
 
-func mutate(w http.ResponseWriter, r *http.Request) {
+// decode reads the AdmissionReview's request, answering 400 itself when it cannot.
+func decode(w http.ResponseWriter, r *http.Request) (request, bool) {
 	var in review
+	var req request
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 3<<20)).Decode(&in); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
+		return req, false
 	}
-	var req request
 	if err := json.Unmarshal(in.Request, &req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return req, false
+	}
+	return req, true
+}
+
+func mutate(w http.ResponseWriter, r *http.Request) {
+	req, ok := decode(w, r)
+	if !ok {
 		return
 	}
 	var ops []op
@@ -89,11 +100,23 @@ func mutate(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(out)
 }
 
+func allow(w http.ResponseWriter, r *http.Request) {
+	req, ok := decode(w, r)
+	if !ok {
+		return
+	}
+	out := review{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview", Response: &response{UID: req.UID, Allowed: true}}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
 func main() {
 	addr := flag.String("addr", "127.0.0.1:9443", "listen address")
 	cert := flag.String("cert", "tls.crt", "certificate")
 	key := flag.String("key", "tls.key", "private key")
 	flag.Parse()
 	http.HandleFunc("/mutate-pods", mutate)
+	http.HandleFunc("/validate-pods", allow)
+	http.HandleFunc("/validate-elasticquotas", allow)
 	log.Fatal(http.ListenAndServeTLS(*addr, *cert, *key, nil))
 }
