@@ -10,6 +10,11 @@ A reservation is confirmed only by the very pod it was made for: same namespace/
 leaf quota, asking at least what was admitted. Anything else the watch shows under that name, the
 old pod of a delete-and-recreate or the old version of a relabelled pod, leaves the reservation
 in place, so the room is never handed out twice.
+
+A second delivery of the same admission (same AdmissionReview uid: a client retry after a broken
+connection, the API server calling again) is judged as if its first delivery had not reserved:
+both describe one create, which can be stored once, so counting the first against the second
+would refuse a pod that was already admitted.
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ class ReservationLedger:
     def held_by(self, caller: str) -> int:
         """How many unconfirmed reservations ``caller``'s admissions hold right now."""
         return self._by_caller.get(caller, 0)
+
+    def made_by(self, pod_key: str, admission_uid: str) -> Reservation | None:
+        """The reservation an earlier delivery of this very admission made, if there is one."""
+        reservation = self._by_pod.get(pod_key)
+        if reservation is None or not admission_uid or reservation.admission_uid != admission_uid:
+            return None
+        return reservation
 
     def get(self, pod_key: str) -> Reservation | None:
         return self._by_pod.get(pod_key)

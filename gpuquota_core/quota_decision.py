@@ -1,6 +1,7 @@
 """The admission decision for one pod against the quota tree: pure, no I/O, no clock.
 
-Used = watched pods (``UsageIndex``) + reservations not yet seen (``ReservationLedger``).
+Used = watched pods (``UsageIndex``) + reservations not yet seen (``ReservationLedger``), less
+what an earlier delivery of the same admission reserved (``ReservationLedger.made_by``).
 """
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .ledger import ReservationLedger
+from .ledger import Reservation, ReservationLedger
 from .quantity import ZERO, Quantity
 from .quota import QuotaTree, UsageIndex, charges_for_chain, check_chain
-from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists
+from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, subtract_lists
 
 QUOTA_EXCEEDED = "QuotaExceeded"
 QUOTA_NOT_FOUND = "QuotaNotFound"
@@ -51,7 +52,7 @@ def needs_check(new: PodQuotaRequest, old: PodQuotaRequest | None, tree: QuotaTr
 
 
 def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
-           old: PodQuotaRequest | None = None) -> Decision:
+           old: PodQuotaRequest | None = None, replay_of: Reservation | None = None) -> Decision:
     resolution = tree.resolve(pod.namespace, pod.quota_label)
     if resolution.rule == "label-not-found":
         return Decision(False, message=f"pod {pod.namespace}/{pod.name} names ElasticQuota {pod.quota_label!r} "
@@ -74,6 +75,9 @@ def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: P
                     f"instead, or add a model mapping to the conversion config"), reason=UNKNOWN_GPU_MEMORY, code=403)
     counted = _counted_by_old_version(tree, old)
     used: dict[str, ResourceList] = {name: add_lists(usage.used(name), ledger.used(name)) for name in chain}
+    if replay_of is not None:
+        for name in set(chain) & set(replay_of.quotas):
+            used[name] = subtract_lists(used[name], replay_of.charge_of(name))
     exceeded = check_chain(tree, leaf.name, pod.requests, used, counted)
     if exceeded:
         first = exceeded[0]

@@ -227,12 +227,17 @@ class QuotaState:
             return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
         if old is not None and not needs_check(new, old, self.tree):
             return ALLOW, None
-        decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None)
+        pod_key = f"{admission.namespace}/{admission.name}"
+        replay_of = ledger.made_by(pod_key, admission.uid)
+        decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
+                          replay_of=replay_of)
         if not decision.allowed:
             return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
         if admission.dry_run or not decision.quotas:
             return ALLOW, None
         held = ledger.held_by(admission.caller)
+        if replay_of is not None and replay_of.caller == admission.caller:
+            held -= 1  # a retry replaces its own reservation, it does not add one
         if admission.caller and held >= self.max_reservations_per_caller:
             return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: caller {admission.caller} "
                            f"already holds {held} quota reservations no created pod has confirmed (limit "
@@ -240,7 +245,7 @@ class QuotaState:
                            429, TOO_MANY_RESERVATIONS), None
         # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
         # relabel's new leaf, a resize's growth) is held in the ledger.
-        reservation = ledger.reserve(f"{admission.namespace}/{admission.name}", admission.uid, decision.quotas,
+        reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
                                      new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
                                      caller=admission.caller)
         return ALLOW, reservation

@@ -133,3 +133,17 @@ def test_quota_naming_both_families_is_judged_by_the_stricter_and_says_so() -> N
 
 def _record(name: str, ratio: str, label: str) -> PodRecord:
     return PodRecord("team", name, "uid-" + name, label, requests_of({RATIO: ratio}))
+
+
+def test_a_second_delivery_of_the_same_admission_is_not_charged_against_itself() -> None:
+    tree, usage, ledger = world()
+    first = admit(tree, usage, ledger, pod("p1", "150"))
+    assert first.allowed
+    replay_of = ledger.made_by("team/p1", "uid-p1")
+    assert replay_of is not None
+    assert decide(tree, usage, ledger, pod("p1", "150"), replay_of=replay_of).allowed
+    # Without the rule, the pod's own 150 would be counted: 150 + 150 > 200.
+    assert not decide(tree, usage, ledger, pod("p1", "150")).allowed
+    # Another admission under the same pod name (a recreate) is not a replay: its room stays taken.
+    assert ledger.made_by("team/p1", "uid-other") is None
+    assert ledger.made_by("team/p1", "") is None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota_core import shared_ledger
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota import quota_from_object
 from webhook.quota_client import QuotaClient
@@ -168,3 +169,41 @@ def test_one_caller_cannot_hold_more_than_its_bound_of_unconfirmed_reservations(
     # Once a pod of the caller shows up in the watch, its reservation no longer counts against it.
     state.apply_event("Pod", "ADDED", {**pod_object("f1", "uid-f1", "10")})
     assert state.admit_pod(ask("f4", "10.0.0.9")).allowed
+
+
+def test_a_retried_admission_is_allowed_and_holds_its_room_once(client: QuotaClient) -> None:
+    # The client retries once when the connection breaks, which can be after the service reserved.
+    assert client.admit_pod(admission("big", "600")).allowed
+    assert client.admit_pod(admission("big", "600")).allowed  # 300 + 600 + 600 would exceed 1000
+    denied = client.admit_pod(admission("next", "200"))
+    assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=200, used: {RATIO}=900, "
+                              f"limited: {RATIO}=1k")
+    assert client.admit_pod(admission("next", "100")).allowed
+
+
+def test_a_retry_at_the_callers_bound_replaces_its_reservation() -> None:
+    state = QuotaState(max_reservations_per_caller=1)
+    state.load([QUOTA])
+    first = PodAdmission(uid="adm-p", operation="CREATE", namespace="team", name="p", pod_uid="uid-p",
+                         labels={"quota.scheduling.koordinator.sh/name": "team-a"},
+                         canonical_requests={RATIO: "10"}, caller="10.0.0.1")
+    assert state.admit_pod(first).allowed
+    assert state.admit_pod(first).allowed
+    assert len(state.ledger) == 1 and state.ledger.used("team-a") == {RATIO: Quantity.parse("10")}
+
+
+def test_strict_accounting_judges_a_retry_against_the_stored_ledger_without_its_own_entry() -> None:
+    state = QuotaState()
+    state.load([QUOTA, RUNNING])
+    retried = PodAdmission(uid="adm-p", operation="CREATE", namespace="team", name="p", pod_uid="uid-p",
+                           labels={"quota.scheduling.koordinator.sh/name": "team-a"}, canonical_requests={RATIO: "600"})
+    [(verdict, reservation)] = state.judge_batch([retried], {}, now=1000.0)
+    assert verdict.allowed and reservation is not None
+    # The first delivery's write landed; the second delivery sees it in the shared ledger.
+    stored = {reservation.pod_key: shared_ledger.StoredReservation(reservation, "replica-1", 1000.0)}
+    [(verdict, again)] = state.judge_batch([retried], stored, now=1001.0)
+    assert verdict.allowed and again is not None and again.requests == {RATIO: Quantity.parse("600")}
+    other = PodAdmission(uid="adm-q", operation="CREATE", namespace="team", name="q", pod_uid="uid-q",
+                         labels={"quota.scheduling.koordinator.sh/name": "team-a"}, canonical_requests={RATIO: "200"})
+    [(denied, _)] = state.judge_batch([other], stored, now=1001.0)
+    assert not denied.allowed and "used: koordinator.sh/gpu-memory-ratio=900" in denied.message
