@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from .canonical import ConfigIdentity, canonicalize_pod_spec
+from .canonical import canonicalize_pod_spec, config_identity, values_key
 from .conversion import DEFAULT_CONFIG, ConversionConfig, pinned_gpu_model
 from .memo import BoundedMemo
 from .podspec import (
@@ -216,31 +216,6 @@ def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = D
 _pod_requests: BoundedMemo[ResourceList] = BoundedMemo()
 
 
-def _values_key(values: object) -> object:
-    """A resource map as a key: each value with its type (1, 1.0 and True differ as quantities)."""
-    if values is None:
-        return None
-    if type(values) is not dict:
-        raise TypeError("not plain JSON")
-    # The pairs and, beside them, the values' types: the same information as a (name, type, value)
-    # triple per entry, built by C loops instead of a generator (this runs for every container of
-    # every pod an audit reads, twice: a third of the audit's time went into these keys).
-    return tuple(values.items()), tuple(map(type, values.values()))
-
-
-# ConfigIdentity hashes and compares by the config's identity, so one instance per config serves
-# every key; building a new one per pod cost more than the rest of a cache hit.
-_last_identity: ConfigIdentity | None = None
-
-
-def _identity(config: ConversionConfig) -> ConfigIdentity:
-    global _last_identity
-    identity = _last_identity
-    if identity is None or identity.config is not config:
-        identity = _last_identity = ConfigIdentity(config)
-    return identity
-
-
 def spec_shape_key(spec: Mapping[str, Any], config: ConversionConfig) -> object | None:
     """What canonical_pod_requests reads of ``spec`` (resources, init restartPolicy, overhead, the
     pinned GPU model) and the config, or None when the spec is not plain JSON of the usual shape:
@@ -262,13 +237,13 @@ def spec_shape_key(spec: Mapping[str, Any], config: ConversionConfig) -> object 
                 if resources is not None and type(resources) is not dict:
                     return None
                 resources = resources or {}
-                containers.append((entry.get("restartPolicy"), _values_key(resources.get("requests")),
-                                   _values_key(resources.get("limits"))))
+                containers.append((entry.get("restartPolicy"), values_key(resources.get("requests")),
+                                   values_key(resources.get("limits"))))
             kinds.append(tuple(containers))
         # Most pods pin no GPU model; without either field pinned_gpu_model has nothing to read.
         pinned = (pinned_gpu_model(spec, config.model_label)
                   if "nodeSelector" in spec or "affinity" in spec else None)
-        key = (tuple(kinds), _values_key(spec.get("overhead")), pinned, _identity(config))
+        key = (tuple(kinds), values_key(spec.get("overhead")), pinned, config_identity(config))
         hash(key)
     except TypeError:
         return None

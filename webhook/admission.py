@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gpuquota_core.jsonpatch import Operation, diff
+from gpuquota_core.jsonpatch import Operation
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -186,10 +186,9 @@ def allowed(request: AdmissionRequest, *, warnings: Iterable[str] = ()) -> Admis
     return AdmissionResponse(request.uid, True, warnings=tuple(warnings), decision="allowed")
 
 
-def patched(request: AdmissionRequest, original: Any, mutated: Any, *,
+def patched(request: AdmissionRequest, operations: list[Operation], *,
             warnings: Iterable[str] = ()) -> AdmissionResponse:
-    """Allow with the JSONPatch that turns ``original`` into ``mutated`` (no patch when they are equal)."""
-    operations = diff(original, mutated)
+    """Allow with a JSONPatch (a plain allow when there is nothing to change)."""
     if not operations:
         return allowed(request, warnings=warnings)
     return AdmissionResponse(request.uid, True, patch=operations, warnings=tuple(warnings), decision="patched")

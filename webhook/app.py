@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 from flask import Flask, Response
 
-from gpuquota_core.canonical import canonical_view
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
+from gpuquota_core.mutation import remembered_pod_mutation
 from gpuquota_core.podspec import PodShapeError, as_mapping
 from gpuquota_core.quota import QuotaShapeError, remembered_gpu_problems, remembered_pod_requests, spec_shape_key
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO, ResourceList
@@ -98,19 +98,17 @@ class AdmissionHandlers:
         if req.object is None:
             return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
         try:
-            result = canonical_view(req.object, self.config)
+            mutation = remembered_pod_mutation(req.object, self.config)
         except PodShapeError as error:
             return self._unreadable(req, error)
-        notes = [f"gpuquota: {note}" for note in result.notes]
-        if not result.changed:
+        notes = [f"gpuquota: {note}" for note in mutation.notes]
+        if not mutation.changed:
             return Outcome(allowed(req, warnings=notes), "already canonical")
-        # Requests and limits of one container change together; count the resource once per container.
-        for _container, resource in dict.fromkeys((r.container, r.source) for r in result.rewrites):
+        for resource in mutation.rewritten_sources:
             metrics.REWRITES.labels(resource).inc()
-        summary = result.summary()
-        warnings = [f"gpuquota rewrote {line}" for line in summary] + notes
-        response = patched(req, req.object, result.obj, warnings=warnings)
-        return Outcome(response, f"rewrote {len(summary)} container resource(s)")
+        warnings = [f"gpuquota rewrote {line}" for line in mutation.summary] + notes
+        response = patched(req, mutation.operations(), warnings=warnings)
+        return Outcome(response, f"rewrote {len(mutation.summary)} container resource(s)")
 
     # -- /validate-pods ----------------------------------------------------------------------
 

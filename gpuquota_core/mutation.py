@@ -1,0 +1,140 @@
+"""What the mutating webhook answers for a pod: the JSON Patch, the rewrites, the notes.
+
+Computing it means rewriting the pod (:func:`canonical.canonical_view`) and diffing the result
+against the request, about two thirds of a ``/mutate-pods`` call's own work (docs/benchmarks.md).
+The replicas of a workload send the same shape again and again, so the answer is remembered by a
+key that holds everything the rewrite and the diff read, and nothing else: the resource maps
+of every container (values with their types, in order), container names and positions, the order
+of the fields the patch touches, the pinned GPU model, the state of the one annotation written,
+and the config. Anything outside plain JSON of the usual shape takes the uncached path, which
+raises its own precise error. ``tests/core/test_mutation_memo.py`` checks, on generated pods,
+that the remembered answer is the computed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .canonical import (
+    ORIGINAL_RESOURCES_ANNOTATION,
+    RESOURCE_FIELDS,
+    Rewrite,
+    canonical_view,
+    config_identity,
+    values_key,
+)
+from .conversion import ConversionConfig, pinned_gpu_model
+from .jsonpatch import Operation, copy_json, diff
+from .memo import BoundedMemo
+from .podspec import CONTAINER_KINDS, MAX_CONTAINERS
+
+
+@dataclass(frozen=True, slots=True)
+class PodMutation:
+    """The rewrite of one pod as the webhook reports it; ``changed`` is False for canonical input."""
+
+    patch: tuple[Operation, ...]
+    rewrites: tuple[Rewrite, ...]
+    notes: tuple[str, ...]  # things left alone on purpose, with the reason
+    summary: tuple[str, ...]  # one line per container and resource (see CanonicalResult.summary)
+    # Each rewritten resource once per container (requests and limits change together): the metric.
+    rewritten_sources: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.rewrites)
+
+    def operations(self) -> list[Operation]:
+        """The patch as a list the caller owns: a remembered answer is never handed out to be changed."""
+        # An operation is a flat dict; only its value can nest (the annotations object).
+        return [{**operation, "value": copy_json(operation["value"])} if "value" in operation else dict(operation)
+                for operation in self.patch]
+
+
+def pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
+    view = canonical_view(pod, config)
+    patch = tuple(diff(pod, view.obj)) if view.changed else ()
+    sources = tuple(source for _container, source in dict.fromkeys((r.container, r.source) for r in view.rewrites))
+    return PodMutation(patch, tuple(view.rewrites), tuple(view.notes), tuple(view.summary()), sources)
+
+
+_mutations: BoundedMemo[PodMutation] = BoundedMemo()
+
+
+def remembered_pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
+    """:func:`pod_mutation`, remembered per :func:`mutation_key`."""
+    key = mutation_key(pod, config)
+    if key is None:
+        return pod_mutation(pod, config)
+    cached = _mutations.get(key)
+    if cached is None:
+        cached = _mutations.remember(key, pod_mutation(pod, config))
+    return cached
+
+
+def mutation_key(pod: object, config: ConversionConfig) -> object | None:
+    """Everything :func:`pod_mutation` reads of ``pod`` and ``config``, or None (not plain JSON)."""
+    if type(pod) is not dict:
+        return None
+    spec = pod.get("spec")
+    if spec is None:
+        spec = {}
+    elif type(spec) is not dict:
+        return None
+    try:
+        # The patch lists its operations in the order of the fields it changes, so the order of the
+        # container kinds in the spec and of spec and metadata in the pod is part of the answer.
+        kinds = tuple((kind, _containers_key(spec[kind])) for kind in spec if kind in CONTAINER_KINDS)
+        pinned = (pinned_gpu_model(spec, config.model_label)
+                  if "nodeSelector" in spec or "affinity" in spec else None)
+        first = next((field for field in pod if field == "spec" or field == "metadata"), None)
+        key = (kinds, pinned, first, _metadata_key(pod), config_identity(config))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _containers_key(entries: object) -> object:
+    if entries is None:
+        return None
+    if type(entries) is not list or len(entries) > MAX_CONTAINERS:
+        raise TypeError("not plain JSON")
+    containers: list[object] = []
+    for entry in entries:
+        if type(entry) is not dict:
+            raise TypeError("not plain JSON")
+        name = entry.get("name")
+        resources = entry.get("resources")
+        if resources is not None and type(resources) is not dict:
+            raise TypeError("not plain JSON")
+        fields = () if resources is None else tuple(
+            (field, values_key(resources[field])) for field in resources if field in RESOURCE_FIELDS)
+        # A name that is not a string is labelled by position, whatever it is.
+        containers.append((name if type(name) is str else None, fields))
+    return tuple(containers)
+
+
+def _metadata_key(pod: Mapping[str, Any]) -> object:
+    """The state of what the rewrite writes in metadata: the original-resources annotation."""
+    if "metadata" not in pod:
+        return "absent"
+    metadata = pod["metadata"]
+    if metadata is None:
+        return "null"
+    if type(metadata) is not dict:
+        raise TypeError("not plain JSON")
+    if "annotations" not in metadata:
+        return "no annotations"
+    annotations = metadata["annotations"]
+    if annotations is None:
+        return "null annotations"
+    if type(annotations) is not dict:
+        raise TypeError("not plain JSON")
+    if ORIGINAL_RESOURCES_ANNOTATION not in annotations:
+        return "not annotated"
+    value = annotations[ORIGINAL_RESOURCES_ANNOTATION]
+    # Only a string is read back (anything else is replaced whole).
+    return ("annotated", value if type(value) is str else None)
