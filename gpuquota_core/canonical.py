@@ -119,6 +119,14 @@ def values_key(values: object) -> object:
 _last_identity: ConfigIdentity | None = None
 
 
+def pinned_model_key(spec: Mapping[str, Any], config: ConversionConfig) -> str | None:
+    """The GPU model ``spec`` pins, as a memo key reads it."""
+    # Most pods pin no GPU model; without either field pinned_gpu_model has nothing to read.
+    if "nodeSelector" not in spec and "affinity" not in spec:
+        return None
+    return pinned_gpu_model(spec, config.model_label)
+
+
 def config_identity(config: ConversionConfig) -> ConfigIdentity:
     global _last_identity
     identity = _last_identity

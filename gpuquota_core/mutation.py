@@ -23,9 +23,10 @@ from .canonical import (
     Rewrite,
     canonical_view,
     config_identity,
+    pinned_model_key,
     values_key,
 )
-from .conversion import ConversionConfig, pinned_gpu_model
+from .conversion import ConversionConfig
 from .jsonpatch import Operation, copy_json, diff
 from .memo import BoundedMemo
 from .podspec import CONTAINER_KINDS, MAX_CONTAINERS
@@ -87,8 +88,7 @@ def mutation_key(pod: object, config: ConversionConfig) -> object | None:
         # The patch lists its operations in the order of the fields it changes, so the order of the
         # container kinds in the spec and of spec and metadata in the pod is part of the answer.
         kinds = tuple((kind, _containers_key(spec[kind])) for kind in spec if kind in CONTAINER_KINDS)
-        pinned = (pinned_gpu_model(spec, config.model_label)
-                  if "nodeSelector" in spec or "affinity" in spec else None)
+        pinned = pinned_model_key(spec, config)
         first = next((field for field in pod if field == "spec" or field == "metadata"), None)
         key = (kinds, pinned, first, _metadata_key(pod), config_identity(config))
         hash(key)
@@ -119,22 +119,17 @@ def _containers_key(entries: object) -> object:
 
 def _metadata_key(pod: Mapping[str, Any]) -> object:
     """The state of what the rewrite writes in metadata: the original-resources annotation."""
-    if "metadata" not in pod:
-        return "absent"
-    metadata = pod["metadata"]
-    if metadata is None:
-        return "null"
-    if type(metadata) is not dict:
-        raise TypeError("not plain JSON")
-    if "annotations" not in metadata:
-        return "no annotations"
-    annotations = metadata["annotations"]
-    if annotations is None:
-        return "null annotations"
-    if type(annotations) is not dict:
-        raise TypeError("not plain JSON")
-    if ORIGINAL_RESOURCES_ANNOTATION not in annotations:
+    level: Mapping[str, Any] = pod
+    for field in ("metadata", "annotations"):
+        if field not in level:
+            return field, "absent"
+        level = level[field]
+        if level is None:
+            return field, "null"
+        if type(level) is not dict:
+            raise TypeError("not plain JSON")
+    if ORIGINAL_RESOURCES_ANNOTATION not in level:
         return "not annotated"
-    value = annotations[ORIGINAL_RESOURCES_ANNOTATION]
+    value = level[ORIGINAL_RESOURCES_ANNOTATION]
     # Only a string is read back (anything else is replaced whole).
-    return ("annotated", value if type(value) is str else None)
+    return "annotated", value if type(value) is str else None

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from .canonical import canonicalize_pod_spec, config_identity, values_key
-from .conversion import DEFAULT_CONFIG, ConversionConfig, pinned_gpu_model
+from .canonical import canonicalize_pod_spec, config_identity, pinned_model_key, values_key
+from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .memo import BoundedMemo
 from .podspec import (
     CONTAINER_KINDS,
@@ -240,10 +240,8 @@ def spec_shape_key(spec: Mapping[str, Any], config: ConversionConfig) -> object 
                 containers.append((entry.get("restartPolicy"), values_key(resources.get("requests")),
                                    values_key(resources.get("limits"))))
             kinds.append(tuple(containers))
-        # Most pods pin no GPU model; without either field pinned_gpu_model has nothing to read.
-        pinned = (pinned_gpu_model(spec, config.model_label)
-                  if "nodeSelector" in spec or "affinity" in spec else None)
-        key = (tuple(kinds), values_key(spec.get("overhead")), pinned, config_identity(config))
+        key = (tuple(kinds), values_key(spec.get("overhead")), pinned_model_key(spec, config),
+               config_identity(config))
         hash(key)
     except TypeError:
         return None
