@@ -11,9 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from .quota_port import PodAdmission, Verdict
-from .quota_wire import recv_frame, send_frame
+from .quota_wire import FrameReader, kernel_timeouts, send_frame
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
+
+
+class QuotaServiceTimeout(TimeoutError):
+    """The quota service took longer than the client's timeout to answer."""
+
+
+def _connect(path: Path, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        kernel_timeouts(sock, timeout)
+        sock.connect(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class QuotaClient:
@@ -24,25 +39,31 @@ class QuotaClient:
 
     def _call(self, message: dict[str, Any]) -> Any:
         for attempt in (1, 2):  # one retry on a stale kept connection
-            sock: socket.socket | None = getattr(self._local, "sock", None)
+            reader: FrameReader | None = getattr(self._local, "reader", None)
             try:
-                if sock is None:
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    sock.settimeout(self.timeout)
-                    sock.connect(str(self.path))
-                    self._local.sock = sock
-                send_frame(sock, message)
-                reply = recv_frame(sock)
+                if reader is None:
+                    reader = self._local.reader = FrameReader(_connect(self.path, self.timeout))
+                send_frame(reader.sock, message)
+                reply = reader.read()
                 if reply is None:
                     raise ConnectionError("quota service closed the connection")
                 return reply
+            except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
+                self._drop(reader)
+                if attempt == 2:
+                    raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
             except (OSError, ValueError):
-                if sock is not None:
-                    sock.close()
-                self._local.sock = None
+                self._drop(reader)
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def _drop(self, reader: FrameReader | None) -> None:
+        # A timed-out connection may still deliver the late reply; it must never be read as the
+        # answer to the next call, so the connection goes.
+        if reader is not None:
+            reader.sock.close()
+        self._local.reader = None
 
     def ready(self) -> tuple[bool, str]:
         try:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,9 +24,9 @@ from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
+from .quota_loop import ServiceLoop
 from .quota_port import PodAdmission, Verdict
 from .quota_state import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS, QuotaState
-from .quota_wire import recv_frame, send_frame
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
@@ -59,37 +60,22 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None)
     return {"error": f"unknown operation {op!r}"}
 
 
-def serve_connection(state: QuotaState, conn: socket.socket, admitter: PodAdmitter | None = None) -> None:
-    with conn:
-        while True:
-            try:
-                message = recv_frame(conn)
-                if message is None:
-                    return
-                send_frame(conn, handle(state, message, admitter))
-            except (OSError, ValueError, TypeError, KeyError) as error:
-                log.warning("quota service: dropping connection: %s", error)
-                return
-
-
-def serve(state: QuotaState, path: Path, stop: threading.Event | None = None,
-          admitter: PodAdmitter | None = None) -> socket.socket:
-    """Listen on ``path`` and serve each connection in a thread; returns the listening socket."""
+def serve(state: QuotaState, path: Path, admitter: PodAdmitter | None = None) -> socket.socket:
+    """Listen on ``path`` and answer in one thread (webhook.quota_loop); closing the returned
+    listening socket stops it. With ``admitter`` (strict accounting) admissions go to it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     path.chmod(0o600)
     listener.listen(128)
-
-    def accept_loop() -> None:
-        while stop is None or not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve_connection, args=(state, conn, admitter), daemon=True).start()
-
-    threading.Thread(target=accept_loop, daemon=True, name="quota-accept").start()
+    loop = ServiceLoop(listener, partial(handle, state),
+                       partial(handle, state, admitter=admitter) if admitter is not None else None,
+                       slow=_is_admission)
+    threading.Thread(target=loop.run, daemon=True, name="quota-loop").start()
     return listener
+
+
+def _is_admission(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("op") == "admit_pod"
 
 
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import socket
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gpuquota_core import shared_ledger
@@ -13,6 +16,7 @@ from webhook.quota_client import QuotaClient
 from webhook.quota_port import PodAdmission
 from webhook.quota_service import serve
 from webhook.quota_state import QuotaState
+from webhook.quota_wire import FrameReader
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA = {"kind": "ElasticQuota", "metadata": {"name": "team-a", "namespace": "team"},
@@ -207,3 +211,70 @@ def test_strict_accounting_judges_a_retry_against_the_stored_ledger_without_its_
                          labels={"quota.scheduling.koordinator.sh/name": "team-a"}, canonical_requests={RATIO: "200"})
     [(denied, _)] = state.judge_batch([other], stored, now=1001.0)
     assert not denied.allowed and "used: koordinator.sh/gpu-memory-ratio=900" in denied.message
+
+
+def frame(message: object) -> bytes:
+    body = orjson.dumps(message)
+    return struct.pack(">I", len(body)) + body
+
+
+def test_a_frame_split_across_sends_is_read_whole() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        reader = FrameReader(right)
+        data = frame({"op": "ready"}) + frame(None)
+        left.sendall(data[:3])
+        assert reader.read_available() == []  # not even the header yet
+        left.sendall(data[3:10])
+        assert reader.read_available() == []
+        left.sendall(data[10:])
+        # Both frames came in one recv; JSON null is a message like any other.
+        assert reader.read_available() == [{"op": "ready"}, None]
+        left.sendall(data[:7])
+        threading.Timer(0.05, left.sendall, args=(data[7:],)).start()
+        assert reader.read() == {"op": "ready"}  # waits for the rest of its frame
+        assert reader.read() is None  # the second frame, already received
+        left.sendall(data[:5])
+        left.close()
+        with pytest.raises(ConnectionError, match="inside a frame"):
+            reader.read()
+
+
+def test_frames_sent_together_are_answered_in_order(tmp_path: Path, client: QuotaClient) -> None:
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.connect(str(client.path))
+        raw.sendall(frame({"op": "ready"}) + frame({"op": "admit_pod", "admission": admission("big", "800")}))
+        reader = FrameReader(raw)
+        assert reader.read() == {"ready": True, "reason": "quota state synced"}
+        reply = reader.read()
+        assert reply["allowed"] is False and reply["reason"] == "QuotaExceeded"
+
+
+def test_a_connection_that_breaks_the_protocol_is_dropped_and_the_others_served(client: QuotaClient) -> None:
+    assert client.ready()[0]  # this worker thread's connection, opened before the bad ones
+    bad_messages = [
+        b"\x00\x00\x00\x02{x",  # not JSON
+        frame({"op": "admit_pod", "admission": {"uid": "u"}}),  # missing fields
+        # Wrong types inside: the decision itself fails (AttributeError, not a wire error).
+        frame({"op": "admit_pod", "admission": {**orjson.loads(orjson.dumps(admission("p", "1"))), "labels": None}}),
+        struct.pack(">I", 5 * 1024 * 1024),  # a frame larger than any message
+    ]
+    for message in bad_messages:
+        with socket.socket(socket.AF_UNIX) as raw:
+            raw.settimeout(5)
+            raw.connect(str(client.path))
+            raw.sendall(message)
+            assert raw.recv(100) == b""  # dropped, not answered and not left hanging
+    assert client.ready() == (True, "quota state synced")
+    assert client.admit_pod(admission("after", "100")).allowed
+
+
+def test_a_service_that_does_not_answer_is_refused_after_the_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)  # accepted by the kernel, never read
+        client = QuotaClient(path, timeout=0.2)
+        verdict = client.admit_pod(admission("p", "1"))
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "QuotaServiceDown")
+    assert verdict.message == "quota service unavailable, pod not admitted: no answer within 0.2s"
