@@ -113,6 +113,14 @@ class Quantity:
             return a.numerator < b.numerator
         return a < b
 
+    # Written out rather than derived by total_ordering, whose derived methods cost a second
+    # comparison (__eq__ through Fraction) each: quota checks compare with > on every admission.
+    def __gt__(self, other: Quantity) -> bool:
+        a, b = self.amount, other.amount
+        if a.denominator == 1 and b.denominator == 1:
+            return a.numerator > b.numerator
+        return a > b
+
     def __str__(self) -> str:
         return format_quantity(self.amount, self.format)
 

@@ -458,6 +458,8 @@ def _pick(resources: Mapping[str, Quantity], names: list[str]) -> ResourceList:
 
 def added_requests(request: Mapping[str, Quantity], counted: Mapping[str, Quantity]) -> ResourceList:
     """What ``request`` adds on top of what the same pod is already counted for (never negative)."""
+    if not counted:  # a CREATE, nearly every admission: nothing to take off
+        return {name: asked for name, asked in request.items() if asked > ZERO}
     return {name: asked - counted.get(name, ZERO) for name, asked in request.items()
             if asked > counted.get(name, ZERO)}
 
@@ -473,18 +475,16 @@ def charges_for_chain(chain: Iterable[str], request: Mapping[str, Quantity],
     return {quota: added_requests(request, counted.get(quota, {})) for quota in chain}
 
 
-def check_chain(tree: QuotaTree, leaf: str, request: Mapping[str, Quantity],
-                used_of: Mapping[str, ResourceList],
-                counted: Mapping[str, ResourceList] | None = None) -> list[Exceeded]:
-    """Every quota from ``leaf`` up to the root whose limit ``used + request`` would exceed.
+def check_chain(tree: QuotaTree, leaf: str, charges: Mapping[str, ResourceList],
+                used_of: Mapping[str, ResourceList]) -> list[Exceeded]:
+    """Every quota from ``leaf`` up to the root whose limit ``used + charge`` would exceed.
 
-    Only names present in a quota's limit are enforced there (names absent from max are
-    unlimited, as in Koordinator). ``counted``: see :func:`charges_for_chain`.
+    ``charges``: what admitting adds in each quota of the chain (:func:`charges_for_chain`). Only
+    names present in a quota's limit are enforced there (names absent from max are unlimited, as
+    in Koordinator).
     """
     exceeded: list[Exceeded] = []
-    chain = tree.chain(leaf)
-    charges = charges_for_chain((q.name for q in chain), request, counted)
-    for quota in chain:
+    for quota in tree.chain(leaf):
         if quota.name in UNCHECKED_QUOTAS:
             continue
         limit, _ = tree.limit(quota.name)

@@ -78,7 +78,8 @@ def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: P
     if replay_of is not None:
         for name in set(chain) & set(replay_of.quotas):
             used[name] = subtract_lists(used[name], replay_of.charge_of(name))
-    exceeded = check_chain(tree, leaf.name, pod.requests, used, counted)
+    charges = charges_for_chain(chain, pod.requests, counted)
+    exceeded = check_chain(tree, leaf.name, charges, used)
     if exceeded:
         first = exceeded[0]
         # A quota naming both GPU families is judged by the stricter spelling; say so, or the
@@ -88,7 +89,7 @@ def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: P
         message = first.message + "".join(f"; {note}" for note in notes)
         return Decision(False, message=message, reason=QUOTA_EXCEEDED, code=403,
                         details={"quota": first.quota.ref})
-    return Decision(True, quotas=chain, charges=charges_for_chain(chain, pod.requests, counted))
+    return Decision(True, quotas=chain, charges=charges)
 
 
 def _counted_by_old_version(tree: QuotaTree, old: PodQuotaRequest | None) -> dict[str, ResourceList]:

@@ -106,6 +106,7 @@ def test_integer_arithmetic_equals_fraction_arithmetic(a: Fraction, b: Fraction)
     assert (left < right) == (a < b)
     assert (left <= right) == (a <= b)
     assert (left > right) == (a > b)
+    assert (left >= right) == (a >= b)
     assert type((left + right).amount) is Fraction
 
 
