@@ -19,6 +19,8 @@ would refuse a pod that was already admitted.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -57,6 +59,11 @@ class ReservationLedger:
         self._by_pod: dict[str, Reservation] = {}
         self._used: dict[str, ResourceList] = {}
         self._by_caller: dict[str, int] = {}
+        # Every reservation's expiry, soonest first, so expire() costs what expired rather than a
+        # scan of everything held (it runs on every admission). An entry can outlive its
+        # reservation (confirmed, released, or reserved again later); expire() skips those.
+        self._expiries: list[tuple[float, int, str]] = []
+        self._sequence = itertools.count()  # ties in expiry never compare the pod keys' order
 
     def __len__(self) -> int:
         return len(self._by_pod)
@@ -69,6 +76,7 @@ class ReservationLedger:
         reservation = Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds,
                                   pod_uid, dict(charges or {}), caller)
         self._by_pod[pod_key] = reservation
+        heapq.heappush(self._expiries, (reservation.expires_at, next(self._sequence), pod_key))
         self._by_caller[caller] = self._by_caller.get(caller, 0) + 1
         for quota in quotas:
             self._used[quota] = add_lists(self._used.get(quota, {}), reservation.charge_of(quota))
@@ -93,9 +101,15 @@ class ReservationLedger:
         return self.release(pod_key)
 
     def expire(self, now: float) -> list[Reservation]:
-        expired = [r for r in self._by_pod.values() if r.expires_at <= now]
-        for reservation in expired:
-            self.release(reservation.pod_key)
+        """Release every reservation that expired by ``now``, soonest first."""
+        expired: list[Reservation] = []
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            _, _, pod_key = heapq.heappop(expiries)
+            reservation = self._by_pod.get(pod_key)
+            if reservation is not None and reservation.expires_at <= now:
+                self.release(pod_key)
+                expired.append(reservation)
         return expired
 
     def held_by(self, caller: str) -> int:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_decision import requests_of
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -57,3 +63,35 @@ def test_retried_admission_replaces_and_expiry_releases() -> None:
     assert ledger.expire(now=39.0) == []
     assert [r.admission_uid for r in ledger.expire(now=40.0)] == ["adm-2"]
     assert ledger.used("org")[RATIO].is_zero()
+
+
+# expire() keeps its own index of expiries; this model is the plain definition it must match:
+# every reservation held whose expiry has come, however it got there.
+STEPS = st.lists(st.tuples(st.sampled_from(["reserve", "confirm", "release", "expire"]),
+                           st.integers(0, 5),  # which pod
+                           st.integers(0, 20)),  # how far the clock moves first
+                 max_size=60)
+
+
+@settings(max_examples=int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300")), deadline=None,
+          derandomize=os.environ.get("GPUQUOTA_PROPERTY_RANDOM") != "1")
+@given(STEPS, st.sampled_from([0.0, 5.0, 30.0]))
+def test_expire_releases_exactly_what_a_scan_would(steps: list[tuple[str, int, int]], ttl: float) -> None:
+    ledger = ReservationLedger(ttl_seconds=ttl)
+    request = requests_of({RATIO: "10"})
+    now = 0.0
+    for number, (action, pod, advance) in enumerate(steps):
+        now += advance
+        key = f"team/p{pod}"
+        if action == "reserve":
+            ledger.reserve(key, f"adm-{number}", CHAIN, request, now, pod_uid=f"uid-{pod}")
+        elif action == "confirm":
+            ledger.confirm(key, f"uid-{pod}", CHAIN, request)
+        elif action == "release":
+            ledger.release(key)
+        else:
+            held = {k: ledger.get(k) for k in (f"team/p{p}" for p in range(6)) if ledger.get(k) is not None}
+            due = {k for k, r in held.items() if r is not None and r.expires_at <= now}
+            assert {r.pod_key for r in ledger.expire(now)} == due
+            assert len(ledger) == len(held) - len(due)
+            assert ledger.used("org").get(RATIO, Quantity.of(0)) == Quantity.of(10 * len(ledger))
