@@ -77,10 +77,16 @@ ResourceList = dict[str, Quantity]
 
 
 def add_lists(*lists: Mapping[str, Quantity]) -> ResourceList:
+    """The sums, each in decimal-SI format (what a sum started from ZERO has always had)."""
     total: ResourceList = {}
     for resources in lists:
         for name, quantity in resources.items():
-            total[name] = total.get(name, ZERO) + quantity
+            if name in total:
+                total[name] = total[name] + quantity
+            else:
+                # ZERO + quantity, without the new Fraction: a quota's used totals are already
+                # decimal-SI, and every admission sums them with the ledger's (usually nothing).
+                total[name] = quantity if quantity.format is ZERO.format else Quantity(quantity.amount, ZERO.format)
     return total
 
 

@@ -186,7 +186,8 @@ class QuotaState:
             if expired:
                 metrics.RESERVATIONS_EXPIRED.inc(len(expired))
             verdict, _ = self._judge(admission, self.ledger, now)
-            metrics.RESERVATIONS.set(len(self.ledger))
+            if expired or verdict.allowed:  # nothing else changes the count of reservations here
+                self._publish()
             return verdict
 
     def tree_of(self, admission: PodAdmission) -> str | None:

@@ -21,6 +21,7 @@ from gpuquota_core.conversion import DEFAULT_CONFIG, GPU_MODEL_LABEL, Conversion
 from gpuquota_core.podspec import pod_requests, read_containers
 from gpuquota_core.quantity import Quantity, QuantityError, QuantityFormat, format_quantity, parse_quantity
 from gpuquota_core.quota import canonical_pod_requests, remembered_gpu_problems, remembered_pod_requests
+from gpuquota_core.resources import add_lists
 from gpuquota_core.validation import validate_pod_gpu
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
@@ -228,3 +229,19 @@ def test_a_spec_of_unusual_shape_gets_the_precise_error() -> None:
         remembered_pod_requests({"containers": [{"name": 7}]})
     with pytest.raises(ValueError, match="expected an object"):
         remembered_pod_requests({"containers": [{"name": "a", "resources": {"requests": ["1"]}}]})
+
+
+resource_lists = st.dictionaries(st.sampled_from(["cpu", "memory", "koordinator.sh/gpu-core"]),
+                                 st.builds(Quantity, amounts, st.sampled_from(list(QuantityFormat))), max_size=3)
+
+
+@PROFILE
+@given(st.lists(resource_lists, max_size=4))
+def test_add_lists_equals_summing_from_zero(lists: list[dict[str, Quantity]]) -> None:
+    expected: dict[str, Quantity] = {}
+    for resources in lists:
+        for name, quantity in resources.items():
+            expected[name] = expected.get(name, q.ZERO) + quantity
+    total = add_lists(*lists)
+    assert list(total) == list(expected)
+    assert [(v.amount, v.format) for v in total.values()] == [(v.amount, v.format) for v in expected.values()]
