@@ -45,7 +45,12 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1"))
 
 
 def review(padding_vars: int = 60) -> dict[str, object]:
-    """A realistic ~6 KB pod review: env, volumes, labels, probes, two whole cards."""
+    """A realistic ~6 KB pod review: env, volumes, labels, probes, two whole cards.
+
+    In team-vision, so /validate-pods makes a whole quota decision (the leaf and its parent
+    ml-platform of examples/cluster). A dry run, so every call makes the same decision: offline no
+    watch confirms a reservation, and real ones would pile up until the per-caller bound refused.
+    """
     env = [{"name": f"TRAINER_SETTING_{i}", "value": f"value-{i}-" + "x" * 40} for i in range(padding_vars)]
     container = {"name": "trainer", "image": "registry.example/ml/trainer:2026.11.3", "env": env,
                  "command": ["python", "-m", "trainer", "--config", "/etc/trainer/config.yaml"],
@@ -53,13 +58,26 @@ def review(padding_vars: int = 60) -> dict[str, object]:
                                "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"}},
                  "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "cfg", "mountPath": "/etc/trainer"}]}
     pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "trainer-0", "namespace": "bench", "labels": {"app": "trainer", "team": "vision"}},
+           "metadata": {"name": "trainer-0", "namespace": "team-vision",
+                        "labels": {"app": "trainer", "team": "vision"}},
            "spec": {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}},
                                                             {"name": "cfg", "configMap": {"name": "trainer"}}]}}
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "bench-uid", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "bench",
-                        "operation": "CREATE", "userInfo": {"username": "bench"}, "object": pod, "dryRun": False}}
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "namespace": "team-vision", "operation": "CREATE", "userInfo": {"username": "bench"},
+                        "object": pod, "dryRun": True}}
+
+
+def check_answer(url: str, body: Path, ca: Path, *, patched: bool) -> None:
+    """Stop unless the endpoint admits the review (with a patch, for a mutating one): wrk counts
+    HTTP statuses only, and a denial is a 200 too."""
+    context = ssl.create_default_context(cafile=str(ca))
+    request = urllib.request.Request(url, data=body.read_bytes(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+        response = json.load(reply)["response"]
+    if not response["allowed"] or ("patch" in response) != patched:
+        raise SystemExit(f"bench: {url} did not answer as the benchmark assumes: {response}")
 
 
 def wait_healthy(url: str, ca: Path) -> None:
@@ -194,6 +212,10 @@ def main() -> None:
         wait_healthy("https://127.0.0.1:18443/readyz", certs / "ca.crt")
         wait_healthy("https://127.0.0.1:17443/readyz", certs / "ca.crt")  # the floor app answers any path
         time.sleep(1)  # let the Go listener bind; its readiness is simply accepting TLS
+        for url, patched in (("https://127.0.0.1:18443/mutate-pods", True),
+                             ("https://127.0.0.1:18443/validate-pods", False),
+                             ("https://127.0.0.1:19443/mutate-pods", True)):
+            check_answer(url, body, certs / "ca.crt", patched=patched)
         print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
         print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
               "| server RSS MiB | non-2xx |")
