@@ -21,6 +21,7 @@ import contextlib
 import logging
 import selectors
 import socket
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,6 +39,40 @@ STOP_CHECK_SECONDS = 1.0
 SEND_TIMEOUT_SECONDS = 2.0
 
 Handler = Callable[[Any], Any]
+
+
+class _Connection:
+    """One client connection; closed only once no pool thread still has a reply to send on it.
+
+    Closing a socket while another thread is about to write to it could hand its descriptor
+    number to the next accepted connection, and the late reply would reach a client that asked
+    something else. A client that times out and reconnects does exactly that sequence.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.reader = FrameReader(sock)
+        self.sock = sock
+        self._lock = threading.Lock()
+        self._replies_pending = 0
+        self._closing = False
+
+    def reply_later(self) -> None:
+        with self._lock:
+            self._replies_pending += 1
+
+    def replied(self) -> None:
+        with self._lock:
+            self._replies_pending -= 1
+            close = self._closing and not self._replies_pending
+        if close:
+            self.sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            close = not self._replies_pending
+        if close:
+            self.sock.close()
 
 
 class ServiceLoop:
@@ -67,7 +102,8 @@ class ServiceLoop:
                         self._serve(key.data)
         finally:
             for key in list(self.selector.get_map().values()):
-                key.fileobj.close()  # type: ignore[union-attr]
+                if key.data is not None:
+                    key.data.close()
             self.selector.close()
             if self.pool is not None:
                 self.pool.shutdown(wait=False)
@@ -78,34 +114,37 @@ class ServiceLoop:
         except OSError:
             return  # closed while a client was connecting; the loop sees it next round
         kernel_timeouts(conn, SEND_TIMEOUT_SECONDS, receive=False)
-        self.selector.register(conn, selectors.EVENT_READ, FrameReader(conn))
+        self.selector.register(conn, selectors.EVENT_READ, _Connection(conn))
 
-    def _serve(self, reader: FrameReader) -> None:
+    def _serve(self, connection: _Connection) -> None:
         try:
-            messages = reader.read_available()
+            messages = connection.reader.read_available()
             if messages is None:
-                self._drop(reader)
+                self._drop(connection)
                 return
             for message in messages:
                 if self.pool is not None and self.answer_slowly is not None and self.slow(message):
-                    self.pool.submit(self._answer_in_pool, reader, message)
+                    connection.reply_later()
+                    self.pool.submit(self._answer_in_pool, connection, message)
                 else:
-                    send_frame(reader.sock, self.answer(message))
+                    send_frame(connection.sock, self.answer(message))
         except Exception as error:  # one bad connection must never stop the loop serving the rest
             log.warning("quota service: dropping connection: %s: %s", type(error).__name__, error)
-            self._drop(reader)
+            self._drop(connection)
 
-    def _answer_in_pool(self, reader: FrameReader, message: Any) -> None:
+    def _answer_in_pool(self, connection: _Connection, message: Any) -> None:
         assert self.answer_slowly is not None
         try:
-            send_frame(reader.sock, self.answer_slowly(message))
+            send_frame(connection.sock, self.answer_slowly(message))
         except Exception as error:
-            # The client sees the connection close and refuses the pod (fails closed); the loop
-            # notices the closed socket on its next read of it.
+            # The client sees the connection end and refuses the pod (fails closed); the loop
+            # reads the end and drops the connection.
             log.warning("quota service: dropping connection: %s: %s", type(error).__name__, error)
-            with contextlib.suppress(OSError):  # the loop may have closed it already
-                reader.sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            connection.replied()
 
-    def _drop(self, reader: FrameReader) -> None:
-        self.selector.unregister(reader.sock)
-        reader.sock.close()
+    def _drop(self, connection: _Connection) -> None:
+        self.selector.unregister(connection.sock)
+        connection.close()

@@ -13,6 +13,7 @@ from gpuquota_core import shared_ledger
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota import quota_from_object
 from webhook.quota_client import QuotaClient
+from webhook.quota_loop import ServiceLoop
 from webhook.quota_port import PodAdmission
 from webhook.quota_service import serve
 from webhook.quota_state import QuotaState
@@ -278,3 +279,52 @@ def test_a_service_that_does_not_answer_is_refused_after_the_timeout(tmp_path: P
         verdict = client.admit_pod(admission("p", "1"))
     assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "QuotaServiceDown")
     assert verdict.message == "quota service unavailable, pod not admitted: no answer within 0.2s"
+
+
+def test_a_slow_reply_for_a_client_that_left_never_reaches_another(tmp_path: Path) -> None:
+    # Strict accounting answers admissions from a pool; a client that timed out and reconnected
+    # must get its own answers only, never the late one for its old connection.
+    release = threading.Event()
+
+    def slow(message: dict[str, str]) -> dict[str, str]:
+        release.wait(10)
+        return {"slow": message["n"]}
+
+    path = tmp_path / "loop.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(8)
+    loop = ServiceLoop(listener, lambda message: {"fast": message["n"]}, slow,
+                       slow=lambda message: message["op"] == "slow")
+    runner = threading.Thread(target=loop.run, daemon=True)
+    runner.start()
+
+    def connect() -> tuple[socket.socket, FrameReader]:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(5)
+        sock.connect(str(path))
+        return sock, FrameReader(sock)
+
+    try:
+        gone, _ = connect()
+        gone.sendall(frame({"op": "slow", "n": "1"}))
+        waiting, waiting_reader = connect()
+        waiting.sendall(frame({"op": "slow", "n": "2"}))
+        gone.close()
+        again, reader = connect()
+        again.sendall(frame({"op": "fast", "n": "3"}))
+        assert reader.read() == {"fast": "3"}
+        release.set()
+        assert waiting_reader.read() == {"slow": "2"}  # a client that stayed gets its late answer
+        again.sendall(frame({"op": "fast", "n": "4"}))
+        assert reader.read() == {"fast": "4"}
+        again.setblocking(False)
+        with pytest.raises(BlockingIOError):  # and nothing else is waiting on that connection
+            again.recv(100)
+        again.close()
+        waiting.close()
+    finally:
+        release.set()
+        listener.close()
+        runner.join(5)
+    assert not runner.is_alive()  # closing the listener stops the loop
