@@ -62,13 +62,26 @@ def encode(reservations: Iterable[StoredReservation]) -> dict[str, str]:
             "podUID": r.pod_uid,
             "quotas": list(r.quotas),
             "requests": _text(r.requests),
-            "charges": {quota: _text(r.charge_of(quota)) for quota in r.quotas},
+            "charges": _charges_text(r),
             "admittedAt": round(stored.admitted_at, 3),
             "expiresAt": round(r.expires_at, 3),
             "replica": stored.replica,
             "caller": r.caller,
         }
     return {LEDGER_DATA_KEY: json.dumps(entries, separators=(",", ":"), sort_keys=True)}
+
+
+def _charges_text(r: Reservation) -> dict[str, dict[str, str]]:
+    """Per quota what the reservation holds there, or {} when that is its whole request everywhere.
+
+    A CREATE charges every quota of its chain its whole request, and the object is rewritten on
+    every strict admission, so repeating the request per quota made most of each entry. An empty
+    map reads back as "the request, everywhere" (Reservation.charge_of) in every version that
+    reads this format, so replicas of the previous release still count these entries right.
+    """
+    if all(r.charge_of(quota) == r.requests for quota in r.quotas):
+        return {}
+    return {quota: _text(r.charge_of(quota)) for quota in r.quotas}
 
 
 def decode(data: Mapping[str, str] | None) -> dict[str, StoredReservation]:

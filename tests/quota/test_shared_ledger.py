@@ -71,3 +71,16 @@ def test_pruning_keeps_confirmed_reservations_until_other_replicas_had_time_to_s
     assert set(shared_ledger.pruned(entries, usage, now=102.0, settle_seconds=5)) == {"team/p", "team/q"}
     assert set(shared_ledger.pruned(entries, usage, now=105.0, settle_seconds=5)) == {"team/q"}
     assert shared_ledger.pruned(entries, usage, now=130.0, settle_seconds=5) == {}
+
+
+def test_a_create_is_stored_without_repeating_its_request_per_quota() -> None:
+    request = requests_of({RATIO: "100", "koordinator.sh/gpu-core": "100"})
+    create = Reservation("team/c", "adm-c", ("team-a", "org"), request, 130.0, "uc",
+                         {"team-a": dict(request), "org": dict(request)})
+    data = shared_ledger.encode([shared_ledger.StoredReservation(create, "replica-1", 100.0)])
+    assert '"charges":{}' in data[shared_ledger.LEDGER_DATA_KEY]
+    read = shared_ledger.decode(data)["team/c"].reservation
+    # Read back, it charges what it charged before, in every quota of its chain.
+    assert [read.charge_of(quota) for quota in read.quotas] == [request, request]
+    # A reservation whose charges differ anywhere keeps them all (the relabel case above).
+    assert '"charges":{}' not in shared_ledger.encode([stored("p", "u1", 100.0)])[shared_ledger.LEDGER_DATA_KEY]
