@@ -46,8 +46,24 @@ def needs_check(new: PodQuotaRequest, old: PodQuotaRequest | None, tree: QuotaTr
     """UPDATE is judged again only when the quota changes or a request grows."""
     if old is None:
         return True
+    if quota_use_unchanged(new, old):
+        return False
     if tree.resolve(new.namespace, new.quota_label) != tree.resolve(old.namespace, old.quota_label):
         return True
+    return _grows(new, old)
+
+
+def quota_use_unchanged(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
+    """An UPDATE that keeps its namespace and quota label and grows no request.
+
+    The pod then resolves to the same quota for no more than before, whatever the tree holds, so
+    there is nothing to decide: a webhook worker answers it without the quota service, and the
+    metadata updates a GPU pod needs (finalizers, labels) pass even while that service is down.
+    """
+    return new.namespace == old.namespace and new.quota_label == old.quota_label and not _grows(new, old)
+
+
+def _grows(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
     return any(asked > old.requests.get(name, ZERO) for name, asked in new.requests.items())
 
 

@@ -43,7 +43,7 @@ from .admission import (
     status_body,
 )
 from .config_source import ConfigSource
-from .quota_port import PodAdmission, QuotaDecider, Verdict
+from .quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
 from .settings import MAX_BODY_BYTES
 
 LOGGER_NAME = "gpuquota.webhook"
@@ -145,7 +145,9 @@ class AdmissionHandlers:
             admission = self._pod_admission(req, pod, spec, config, caller, shape)
         except PodShapeError as error:
             return self._unreadable(req, error)
-        verdict = self.quota.admit_pod(admission)
+        # An UPDATE that cannot change what a quota counts needs no decision (and so no quota
+        # service: a finalizer removal passes during an outage too).
+        verdict = self.quota.admit_pod(admission) if needs_quota_service(admission) else ALLOW
         # mode_for answers enforce for every reason that is not a check (NotReady,
         # QuotaServiceDown, LedgerUnavailable, ...): an unavailable quota view keeps denying.
         if not verdict.allowed and verdict.reason != INVALID:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpuquota_core.quota import POD_QUOTA_LABEL
+from gpuquota_core.quota_decision import PodQuotaRequest, quota_use_unchanged, requests_of
+
 
 @dataclass(frozen=True, slots=True)
 class PodAdmission:
@@ -42,6 +45,27 @@ class Verdict:
 
 
 ALLOW = Verdict(True)
+
+
+def quota_requests(admission: PodAdmission) -> tuple[PodQuotaRequest, PodQuotaRequest | None]:
+    """The pod's new and old (UPDATE) request as the quota decision reads them.
+
+    One function for the quota service and the workers, so that a worker answering an UPDATE
+    itself (``quota_use_unchanged``) reads it exactly as the service would.
+    """
+    new = PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),
+                          requests_of(admission.canonical_requests), admission.unknown_gpu_memory)
+    if admission.operation != "UPDATE" or admission.old_canonical_requests is None:
+        return new, None
+    old = PodQuotaRequest(admission.namespace, admission.name, (admission.old_labels or {}).get(POD_QUOTA_LABEL, ""),
+                          requests_of(admission.old_canonical_requests))
+    return new, old
+
+
+def needs_quota_service(admission: PodAdmission) -> bool:
+    """False for an UPDATE that cannot change what any quota counts (see ``quota_use_unchanged``)."""
+    new, old = quota_requests(admission)
+    return old is None or not quota_use_unchanged(new, old)
 
 
 class QuotaDecider(Protocol):

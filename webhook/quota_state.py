@@ -20,12 +20,12 @@ from gpuquota_core.quota import (
     pod_record,
     quota_from_object,
 )
-from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, requests_of
+from gpuquota_core.quota_decision import decide, needs_check
 from gpuquota_core.quota_review import review_quota
 from gpuquota_core.resources import add_lists
 
 from . import quota_metrics as metrics
-from .quota_port import ALLOW, PodAdmission, Verdict
+from .quota_port import ALLOW, PodAdmission, Verdict, quota_requests
 
 KINDS = ("Pod", "ElasticQuota")
 # How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
@@ -217,13 +217,7 @@ class QuotaState:
     def _judge(self, admission: PodAdmission, ledger: ReservationLedger,
                now: float) -> tuple[Verdict, Reservation | None]:
         """Decide one admission against ``ledger`` and reserve in it when admitted (lock held)."""
-        new = PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),
-                              requests_of(admission.canonical_requests), admission.unknown_gpu_memory)
-        old = None
-        if admission.operation == "UPDATE" and admission.old_canonical_requests is not None:
-            old = PodQuotaRequest(admission.namespace, admission.name,
-                                  (admission.old_labels or {}).get(POD_QUOTA_LABEL, ""),
-                                  requests_of(admission.old_canonical_requests))
+        new, old = quota_requests(admission)
         if not self.synced:
             return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
         if old is not None and not needs_check(new, old, self.tree):

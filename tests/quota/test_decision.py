@@ -4,7 +4,7 @@ from typing import Any
 
 from gpuquota_core.ledger import ReservationLedger
 from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object
-from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, requests_of
+from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, quota_use_unchanged, requests_of
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 
@@ -88,6 +88,19 @@ def test_update_checked_only_on_quota_change_or_growth() -> None:
     assert not needs_check(pod("p", "50"), old, tree)
     assert needs_check(pod("p", "150"), old, tree)
     assert needs_check(pod("p", "100", label="team-b"), old, tree)
+
+
+def test_what_a_worker_may_answer_without_the_tree_is_what_needs_check_lets_pass() -> None:
+    tree, _, _ = world()
+    old = pod("p", "100")
+    for new in (pod("p", "100"), pod("p", "50"), pod("p", "150"), pod("p", "100", label="team-b"),
+                pod("p", "100", label="")):
+        # Unchanged is a sufficient answer, never a different one: whatever the worker lets pass
+        # the quota service would have let pass too.
+        assert not (quota_use_unchanged(new, old) and needs_check(new, old, tree))
+    assert quota_use_unchanged(pod("p", "50"), old) and not quota_use_unchanged(pod("p", "150"), old)
+    # A label naming the same quota differently is for the tree to judge, not the worker.
+    assert not quota_use_unchanged(pod("p", "100", label=""), old)
 
 
 def test_label_change_into_full_quota_is_refused() -> None:

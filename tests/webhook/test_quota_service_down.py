@@ -1,0 +1,90 @@
+"""A real ``gpuquota serve`` whose quota service has died: what still passes, what is refused.
+
+Validation fails closed when the quota view is gone (503 QuotaServiceDown), but an UPDATE that
+cannot change what any quota counts needs no decision: the finalizer and label changes a GPU pod
+goes through on its way out must not be refused because of an outage.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from reviews import body, pod, review
+from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
+
+CANONICAL = {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
+GROWN = {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
+
+
+def quota_service_pid(master: int) -> int:
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(master)], capture_output=True, text=True,
+                         check=True).stdout
+    pids = [int(line.split(None, 1)[0]) for line in out.splitlines() if "webhook.quota_service" in line]
+    assert len(pids) == 1, out
+    return pids[0]
+
+
+def validate(server: WebhookProcess, document: dict[str, Any]) -> dict[str, Any]:
+    connection = http.client.HTTPSConnection(LOOPBACK, server.port, context=server.ssl_context(), timeout=10)
+    try:
+        connection.request("POST", "/validate-pods", body=body(document), headers={"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        assert reply.status == 200
+        response: dict[str, Any] = json.loads(reply.read())["response"]
+        return response
+    finally:
+        connection.close()
+
+
+def wait_dead(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":  # dead, not yet reaped by the master: its socket is closed already
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"quota service {pid} still alive")
+
+
+@pytest.fixture
+def server_without_quota_service(tmp_path: Path) -> Iterator[WebhookProcess]:
+    server = WebhookProcess(tmp_path, serve_args=["--state", str(REPO_ROOT / "examples" / "cluster")])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_nothing(
+        server_without_quota_service: WebhookProcess) -> None:
+    server = server_without_quota_service
+    running = pod("p", resources=CANONICAL)
+    relabelled = pod("p", resources=CANONICAL, labels={"app": "trainer"})
+    assert validate(server, review(relabelled, operation="UPDATE", old=running))["allowed"] is True
+
+    service = quota_service_pid(server.pid)
+    os.kill(service, signal.SIGKILL)
+    wait_dead(service)
+
+    assert validate(server, review(relabelled, operation="UPDATE", old=running))["allowed"] is True
+    moved = pod("p", resources=CANONICAL, labels={"quota.scheduling.koordinator.sh/name": "team-nlp"})
+    for document in (review(pod("q", resources=CANONICAL)),  # a create needs a decision
+                     review(pod("p", resources=GROWN), operation="UPDATE", old=running),  # a request grew
+                     review(moved, operation="UPDATE", old=running)):  # a move to another quota
+        refused = validate(server, document)
+        assert refused["allowed"] is False
+        assert (refused["status"]["code"], refused["status"]["reason"]) == (503, "QuotaServiceDown")
+        assert refused["status"]["message"].startswith("quota service unavailable, pod not admitted:")
