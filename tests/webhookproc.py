@@ -8,6 +8,8 @@ through real HTTPS with CA verification.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import signal
 import ssl
@@ -19,7 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from controlplane import LOOPBACK, free_ports
 
@@ -174,3 +176,18 @@ class WebhookProcess:
         if self._log is not None:
             self._log.flush()
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def post_review(server: WebhookProcess, path: str, document: Any, *, source: str | None = None) -> dict[str, Any]:
+    """POST an AdmissionReview over a fresh verified TLS connection (from ``source``); its response."""
+    connection = http.client.HTTPSConnection(LOOPBACK, server.port, context=server.ssl_context(), timeout=10,
+                                             source_address=(source, 0) if source else None)
+    try:
+        connection.request("POST", path, body=json.dumps(document).encode(),
+                           headers={"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        assert reply.status == 200, reply.read()
+        response: dict[str, Any] = json.loads(reply.read())["response"]
+        return response
+    finally:
+        connection.close()

@@ -7,8 +7,6 @@ goes through on its way out must not be refused because of an outage.
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import subprocess
@@ -18,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reviews import body, pod, review
-from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
+from reviews import pod, review
+from webhookproc import REPO_ROOT, WebhookProcess, post_review
 
 CANONICAL = {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
 GROWN = {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
@@ -34,15 +32,7 @@ def quota_service_pid(master: int) -> int:
 
 
 def validate(server: WebhookProcess, document: dict[str, Any]) -> dict[str, Any]:
-    connection = http.client.HTTPSConnection(LOOPBACK, server.port, context=server.ssl_context(), timeout=10)
-    try:
-        connection.request("POST", "/validate-pods", body=body(document), headers={"Content-Type": "application/json"})
-        reply = connection.getresponse()
-        assert reply.status == 200
-        response: dict[str, Any] = json.loads(reply.read())["response"]
-        return response
-    finally:
-        connection.close()
+    return post_review(server, "/validate-pods", document)
 
 
 def wait_dead(pid: int) -> None:

@@ -7,14 +7,13 @@ holds unconfirmed. The flood comes from 127.0.0.2, the "API server" from 127.0.0
 
 from __future__ import annotations
 
-import http.client
-import json
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from reviews import body, pod, review
-from webhookproc import WebhookProcess
+from reviews import pod, review
+from webhookproc import WebhookProcess, post_review
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
@@ -39,19 +38,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]
         process.stop()
 
 
-def ask(server: WebhookProcess, source: str, name: str) -> dict[str, object]:
-    connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=server.ssl_context(), timeout=10,
-                                             source_address=(source, 0))
-    try:
-        document = review(pod(name, "team", labels={QUOTA_LABEL: "team-a"}, resources={RATIO: "100"}),
-                          uid=str(uuid.uuid4()))
-        connection.request("POST", "/validate-pods", body=body(document), headers={"Content-Type": "application/json"})
-        reply = connection.getresponse()
-        assert reply.status == 200
-        answer: dict[str, object] = json.loads(reply.read())["response"]
-        return answer
-    finally:
-        connection.close()
+def ask(server: WebhookProcess, source: str, name: str) -> dict[str, Any]:
+    document = review(pod(name, "team", labels={QUOTA_LABEL: "team-a"}, resources={RATIO: "100"}),
+                      uid=str(uuid.uuid4()))
+    return post_review(server, "/validate-pods", document, source=source)
 
 
 def test_fake_uid_flood_is_capped_and_the_quota_stays_usable(server: WebhookProcess) -> None:
@@ -66,5 +56,5 @@ def test_fake_uid_flood_is_capped_and_the_quota_stays_usable(server: WebhookProc
     real = [ask(server, "127.0.0.1", f"real-{i}") for i in range(BOUND)]
     assert all(a["allowed"] for a in real)
     over = ask(server, "127.0.0.1", "one-too-many")
-    assert not over["allowed"] and str(over["status"]["message"]).startswith(  # type: ignore[index]
+    assert not over["allowed"] and str(over["status"]["message"]).startswith(
         "exceeded quota: team/team-a, ")
