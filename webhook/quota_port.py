@@ -64,6 +64,8 @@ def quota_requests(admission: PodAdmission) -> tuple[PodQuotaRequest, PodQuotaRe
 
 def needs_quota_service(admission: PodAdmission) -> bool:
     """False for an UPDATE that cannot change what any quota counts (see ``quota_use_unchanged``)."""
+    if admission.operation != "UPDATE" or admission.old_canonical_requests is None:
+        return True  # every CREATE: no need to read its requests here as well
     new, old = quota_requests(admission)
     return old is None or not quota_use_unchanged(new, old)
 
