@@ -44,13 +44,11 @@ class Decision:
 
 def needs_check(new: PodQuotaRequest, old: PodQuotaRequest | None, tree: QuotaTree) -> bool:
     """UPDATE is judged again only when the quota changes or a request grows."""
-    if old is None:
+    if old is None or _grows(new, old):
         return True
-    if quota_use_unchanged(new, old):
-        return False
-    if tree.resolve(new.namespace, new.quota_label) != tree.resolve(old.namespace, old.quota_label):
-        return True
-    return _grows(new, old)
+    if _same_quota_label(new, old):
+        return False  # the same quota, whatever the tree holds
+    return tree.resolve(new.namespace, new.quota_label) != tree.resolve(old.namespace, old.quota_label)
 
 
 def quota_use_unchanged(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
@@ -60,7 +58,11 @@ def quota_use_unchanged(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
     there is nothing to decide: a webhook worker answers it without the quota service, and the
     metadata updates a GPU pod needs (finalizers, labels) pass even while that service is down.
     """
-    return new.namespace == old.namespace and new.quota_label == old.quota_label and not _grows(new, old)
+    return _same_quota_label(new, old) and not _grows(new, old)
+
+
+def _same_quota_label(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
+    return new.namespace == old.namespace and new.quota_label == old.quota_label
 
 
 def _grows(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:

@@ -123,7 +123,7 @@ class ServiceLoop:
                 self._drop(connection)
                 return
             for message in messages:
-                if self.pool is not None and self.answer_slowly is not None and self.slow(message):
+                if self.pool is not None and self.slow(message):
                     connection.reply_later()
                     self.pool.submit(self._answer_in_pool, connection, message)
                 else:

@@ -53,21 +53,25 @@ def quota_requests(admission: PodAdmission) -> tuple[PodQuotaRequest, PodQuotaRe
     One function for the quota service and the workers, so that a worker answering an UPDATE
     itself (``quota_use_unchanged``) reads it exactly as the service would.
     """
-    new = PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),
-                          requests_of(admission.canonical_requests), admission.unknown_gpu_memory)
-    if admission.operation != "UPDATE" or admission.old_canonical_requests is None:
-        return new, None
-    old = PodQuotaRequest(admission.namespace, admission.name, (admission.old_labels or {}).get(POD_QUOTA_LABEL, ""),
-                          requests_of(admission.old_canonical_requests))
-    return new, old
+    return _new_request(admission), _old_request(admission)
 
 
 def needs_quota_service(admission: PodAdmission) -> bool:
     """False for an UPDATE that cannot change what any quota counts (see ``quota_use_unchanged``)."""
+    old = _old_request(admission)  # None for every CREATE, which then reads nothing more here
+    return old is None or not quota_use_unchanged(_new_request(admission), old)
+
+
+def _new_request(admission: PodAdmission) -> PodQuotaRequest:
+    return PodQuotaRequest(admission.namespace, admission.name, admission.labels.get(POD_QUOTA_LABEL, ""),
+                           requests_of(admission.canonical_requests), admission.unknown_gpu_memory)
+
+
+def _old_request(admission: PodAdmission) -> PodQuotaRequest | None:
     if admission.operation != "UPDATE" or admission.old_canonical_requests is None:
-        return True  # every CREATE: no need to read its requests here as well
-    new, old = quota_requests(admission)
-    return old is None or not quota_use_unchanged(new, old)
+        return None
+    return PodQuotaRequest(admission.namespace, admission.name, (admission.old_labels or {}).get(POD_QUOTA_LABEL, ""),
+                           requests_of(admission.old_canonical_requests))
 
 
 class QuotaDecider(Protocol):
