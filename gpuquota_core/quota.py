@@ -511,6 +511,9 @@ class UsageIndex:
         self._pods: dict[str, PodRecord] = {}
         self._charged: dict[str, tuple[str, ...]] = {}  # pod key -> quotas it is charged to
         self._used: dict[str, ResourceList] = {}
+        # Quotas whose totals changed since a reader last cleared this (the quota service publishes
+        # just those to the webhook workers). ``load`` and ``rebuild`` change all and do not record.
+        self.touched: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -539,6 +542,7 @@ class UsageIndex:
     def discard(self, key: str) -> PodRecord | None:
         record = self._pods.pop(key, None)
         for quota in self._charged.pop(key, ()):
+            self.touched.add(quota)
             self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests if record else {})
         return record
 
@@ -549,6 +553,7 @@ class UsageIndex:
     def _charge(self, record: PodRecord) -> None:
         quotas = self._chain_of(record)
         self._charged[record.key] = quotas
+        self.touched.update(quotas)
         for quota in quotas:
             used = self._used.setdefault(quota, {})
             for name, quantity in record.requests.items():

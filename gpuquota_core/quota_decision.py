@@ -8,16 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from .ledger import Reservation, ReservationLedger
+from .ledger import Reservation
 from .quantity import ZERO, Quantity
-from .quota import QuotaTree, UsageIndex, charges_for_chain, check_chain
+from .quota import QuotaTree, charges_for_chain, check_chain
 from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, subtract_lists
 
 QUOTA_EXCEEDED = "QuotaExceeded"
 QUOTA_NOT_FOUND = "QuotaNotFound"
 PARENT_QUOTA = "ParentQuota"
 UNKNOWN_GPU_MEMORY = "UnknownGpuMemory"
+
+
+class Totals(Protocol):
+    """What ``decide`` reads of the usage and the ledger: one quota's totals."""
+
+    def used(self, quota: str) -> ResourceList: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +76,7 @@ def _grows(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
     return any(asked > old.requests.get(name, ZERO) for name, asked in new.requests.items())
 
 
-def decide(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
+def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
            old: PodQuotaRequest | None = None, replay_of: Reservation | None = None) -> Decision:
     resolution = tree.resolve(pod.namespace, pod.quota_label)
     if resolution.rule == "label-not-found":

@@ -1,0 +1,105 @@
+"""The quota tree and per-quota totals as the webhook workers read them from the quota service.
+
+The quota service publishes its tree (one JSON document per generation) and, per quota and per
+resource that quota limits, one total: watched usage plus reservations, in nano-units. A worker
+rebuilds the same :class:`QuotaTree` from the document and runs the very same ``decide`` on
+those totals, so the two can only differ in the direction of caution: totals are rounded up,
+never down, and a worker that finds a pod does not fit leaves the answer to the service.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .quantity import Quantity, QuantityFormat
+from .quota import QuotaInfo, QuotaTree
+from .resources import ResourceList
+
+NANOS_PER_UNIT = 10**9
+
+# (quota, resource) -> the index of that total in the service's table
+SlotLayout = dict[str, dict[str, int]]
+
+
+def nanos_ceil(quantity: Quantity) -> int:
+    """The quantity in nano-units, rounded up: a total read back is never less than the truth."""
+    return math.ceil(quantity.amount * NANOS_PER_UNIT)
+
+
+def from_nanos(nanos: int) -> Quantity:
+    return Quantity(Fraction(nanos, NANOS_PER_UNIT))
+
+
+def slot_layout(tree: QuotaTree) -> SlotLayout:
+    """One slot per quota and limited resource; names a quota does not limit it never checks."""
+    layout: SlotLayout = {}
+    index = 0
+    for name in sorted(tree.quotas):
+        limit, _ = tree.limit(name)
+        slots = layout[name] = {}
+        for resource in sorted(limit):
+            slots[resource] = index
+            index += 1
+    return layout
+
+
+def slot_count(layout: SlotLayout) -> int:
+    return sum(len(slots) for slots in layout.values())
+
+
+def encode_tree(tree: QuotaTree, generation: int, layout: SlotLayout) -> dict[str, Any]:
+    return {"generation": generation, "quotas": [_encode_quota(q) for q in tree.quotas.values()], "slots": layout}
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSnapshot:
+    generation: int
+    tree: QuotaTree
+    layout: SlotLayout
+
+
+def decode_tree(document: Mapping[str, Any]) -> TreeSnapshot:
+    tree = QuotaTree.build(_decode_quota(q) for q in document["quotas"])
+    layout = {quota: dict(slots) for quota, slots in document["slots"].items()}
+    return TreeSnapshot(int(document["generation"]), tree, layout)
+
+
+class PublishedTotals:
+    """``used(quota)`` over the published totals, for ``decide`` (the ledger's part is included)."""
+
+    def __init__(self, layout: SlotLayout, read: Callable[[int], int]) -> None:
+        self._layout = layout
+        self._read = read
+
+    def used(self, quota: str) -> ResourceList:
+        return {resource: from_nanos(self._read(slot)) for resource, slot in self._layout.get(quota, {}).items()}
+
+
+def _encode_list(resources: ResourceList | None) -> list[list[Any]] | None:
+    if resources is None:
+        return None
+    return [[name, q.amount.numerator, q.amount.denominator, q.format.value] for name, q in resources.items()]
+
+
+def _decode_list(entries: list[list[Any]] | None) -> ResourceList | None:
+    if entries is None:
+        return None
+    return {name: Quantity(Fraction(numerator, denominator), QuantityFormat(fmt))
+            for name, numerator, denominator, fmt in entries}
+
+
+def _encode_quota(quota: QuotaInfo) -> dict[str, Any]:
+    return {"name": quota.name, "namespace": quota.namespace, "parent": quota.parent, "is_parent": quota.is_parent,
+            "min": _encode_list(quota.min), "max": _encode_list(quota.max), "admission": _encode_list(quota.admission),
+            "bound_namespaces": list(quota.bound_namespaces), "tree_id": quota.tree_id}
+
+
+def _decode_quota(entry: Mapping[str, Any]) -> QuotaInfo:
+    return QuotaInfo(name=entry["name"], namespace=entry["namespace"], parent=entry["parent"],
+                     is_parent=entry["is_parent"], min=_decode_list(entry["min"]) or {},
+                     max=_decode_list(entry["max"]) or {}, admission=_decode_list(entry["admission"]),
+                     bound_namespaces=tuple(entry["bound_namespaces"]), tree_id=entry["tree_id"])
