@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -191,3 +191,30 @@ def post_review(server: WebhookProcess, path: str, document: Any, *, source: str
         return response
     finally:
         connection.close()
+
+
+def quota_service_pid(master: int) -> int:
+    """The quota service process of the ``gpuquota serve`` whose gunicorn master is ``master``."""
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(master)], capture_output=True, text=True,
+                         check=True).stdout
+    pids = [int(line.split(None, 1)[0]) for line in out.splitlines() if "webhook.quota_service" in line]
+    assert len(pids) == 1, out
+    return pids[0]
+
+
+def quota_service_directory(master: int) -> Path:
+    """The private directory of that quota service's socket and shared region."""
+    arguments = Path(f"/proc/{quota_service_pid(master)}/cmdline").read_text().split("\0")
+    return Path(next(argument for argument in arguments if argument.endswith("quota.sock"))).parent
+
+
+@contextlib.contextmanager
+def served_from_state(work: Path, state: str, *serve_args: str) -> Iterator[WebhookProcess]:
+    """``gpuquota serve --state`` on the manifests in ``state``, stopped on leaving."""
+    (work / "state.yaml").write_text(state, encoding="utf-8")
+    process = WebhookProcess(work, serve_args=["--state", str(work / "state.yaml"), *serve_args])
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -130,8 +130,12 @@ def _worker_tmp_dir() -> str | None:
 
 
 def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
-                     on_master_start: Callable[[Settings], None]) -> dict[str, Any]:
-    """The gunicorn configuration as ``{setting: value}`` for ``BaseApplication.load_config``."""
+                     on_master_start: Callable[[Settings], None],
+                     on_master_exit: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """The gunicorn configuration as ``{setting: value}`` for ``BaseApplication.load_config``.
+
+    Both callbacks run in the master only (not atexit: forked workers would inherit that).
+    """
 
     def on_starting(_arbiter: Any) -> None:
         metrics_dir.reset()
@@ -146,6 +150,7 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
 
     def on_exit(_arbiter: Any) -> None:
         metrics_dir.remove()
+        on_master_exit()
 
     return {
         "bind": [settings.bind],

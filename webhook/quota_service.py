@@ -9,8 +9,10 @@ pid and stops when it changes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,10 +28,16 @@ from kubeaccess.manifests import load_objects
 
 from .quota_loop import ServiceLoop
 from .quota_port import PodAdmission, Verdict
+from .quota_publisher import Publisher
 from .quota_state import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS, QuotaState
+from .shared_region import SharedRegion
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
+REGION_NAME = "quota.region"
+# How often the service takes in the reservations workers made when nothing else happens, and
+# releases expired ones: both only make the shared totals more cautious while they wait.
+EXPIRE_EVERY_SECONDS = 0.25
 # Accounting modes (README "Several replicas"): the reservation ledger in this process's memory,
 # or shared by all replicas through the API server.
 LOCAL, STRICT = "local", "strict"
@@ -38,6 +46,29 @@ LOCAL, STRICT = "local", "strict"
 def private_socket_path() -> Path:
     directory = Path(tempfile.mkdtemp(prefix="gpuquota-quota-"))  # mkdtemp makes it 0700
     return directory / SOCKET_NAME
+
+
+def region_path(socket_path: Path) -> Path:
+    """The memory shared with the workers under local accounting (webhook.shared_region)."""
+    return socket_path.with_name(REGION_NAME)
+
+
+def share_with_workers(state: QuotaState, socket_path: Path) -> None:
+    """Create the shared region, hold its alive mutex (calling thread: the main one, for life)
+    and take in the workers' reservations and expire the ledger's periodically."""
+    publisher = Publisher(SharedRegion.create(region_path(socket_path), state.max_reservations_per_caller))
+    publisher.hold_alive()
+    state.publisher = publisher
+
+    def expire_periodically() -> None:
+        never = threading.Event()
+        while not never.wait(EXPIRE_EVERY_SECONDS):
+            try:
+                state.expire_reservations()
+            except Exception as error:  # a stuck worker (lock timeout): try again next round
+                log.warning("quota service: periodic expiry failed: %s: %s", type(error).__name__, error)
+
+    threading.Thread(target=expire_periodically, daemon=True, name="quota-expiry").start()
 
 
 class PodAdmitter(Protocol):
@@ -86,6 +117,8 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
     """The service process's main: serve, load or start syncing, and exit when the parent does."""
     state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds,
                        max_reservations_per_caller=max_reservations_per_caller)
+    if accounting == LOCAL:
+        share_with_workers(state, path)
     if state_path is not None:
         serve(state, path)
         state.load(load_objects(str(state_path)))
@@ -107,9 +140,27 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         serve(state, path, admitter=admitter)
         start_live_sync(state, api)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
+    # SIGTERM exits through the same cleanup as the parent's end.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     stopped = threading.Event()
-    while os.getppid() == parent_pid:
-        stopped.wait(1.0)
+    try:
+        while os.getppid() == parent_pid:
+            stopped.wait(1.0)
+    finally:
+        remove_private_files(path)
+
+
+def remove_private_files(socket_path: Path) -> None:
+    """Remove what this service created beside its socket, then the directory if nothing else is there.
+
+    Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
+    """
+    region = region_path(socket_path)
+    tree = SharedRegion.tree_path_of(region)
+    for created in (socket_path, region, tree, tree.with_name(tree.name + ".new")):
+        created.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty, or gone already
+        socket_path.parent.rmdir()
 
 
 def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,

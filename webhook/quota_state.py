@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from gpuquota_core import shared_ledger
@@ -26,6 +27,7 @@ from gpuquota_core.resources import add_lists
 
 from . import quota_metrics as metrics
 from .quota_port import ALLOW, PodAdmission, Verdict, quota_requests
+from .quota_publisher import Publisher
 
 KINDS = ("Pod", "ElasticQuota")
 # How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
@@ -54,6 +56,26 @@ class QuotaState:
         self._listed_kinds: set[str] = set()
         self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
         self._published: tuple[int, ...] = ()  # the gauges' last values (see _publish)
+        # Local accounting in a server: the totals shared with the webhook workers (webhook.shared_region).
+        self.publisher: Publisher | None = None
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """The state lock and, with a publisher, the shared region's lock too.
+
+        What workers reserved is taken into the ledger first, so everything in the section sees
+        it; the totals the section changed are published last, before workers can read again.
+        """
+        with self._lock:
+            publisher = self.publisher
+            if publisher is None:
+                yield
+                return
+            publisher.enter(self.ledger, self._clock())
+            try:
+                yield
+            finally:
+                publisher.leave(self.tree, self.usage, self.ledger, self.synced)
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
@@ -67,7 +89,11 @@ class QuotaState:
 
     def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None]) -> None:
         """Like replace_kind, from what :func:`compact` kept of each object (None: not counted)."""
-        with self._lock:
+        with self._changing():
+            if self.publisher is not None:
+                self.publisher.usage_rebuilt()
+                if kind != "Pod":
+                    self.publisher.tree_replaced()
             if kind == "Pod":
                 self.usage = UsageIndex(self.tree)
                 for record in items:
@@ -86,7 +112,7 @@ class QuotaState:
 
     def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event, applied incrementally (cheap: only the fields the decision needs)."""
-        with self._lock:
+        with self._changing():
             self._contact(kind)
             metrics.WATCH_EVENTS.labels(kind, event_type).inc()
             if event_type == "BOOKMARK":
@@ -104,9 +130,13 @@ class QuotaState:
                     self._upsert_pod(obj)
             else:
                 quota = quota_from_object(obj)
+                if self.publisher is not None:
+                    self.publisher.quota_changed(self.tree.get(quota.name), None if event_type == "DELETED" else quota)
                 moved = self.tree.remove(quota.name) if event_type == "DELETED" else self.tree.upsert(quota)
                 if moved:
                     self.usage.rebuild()
+                    if self.publisher is not None:
+                        self.publisher.usage_rebuilt()
             self._publish()
 
     def sync_failed(self, kind: str) -> None:
@@ -171,7 +201,7 @@ class QuotaState:
     def review_elasticquota(self, quota: Mapping[str, Any]) -> Verdict:
         """Refuse invalid quotas; warn on legacy names and on a max below current usage."""
         info = quota_from_object(quota)
-        with self._lock:
+        with self._changing():  # reservations workers made count in the used it compares with
             used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
             review = review_quota(info, self.tree, used, migrating=_migrating(quota))
         if review.problems:
@@ -180,15 +210,25 @@ class QuotaState:
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         """Local accounting: decide and reserve in this instance's own ledger."""
-        with self._lock:
+        with self._changing():
             now = self._clock()
-            expired = self.ledger.expire(now)
-            if expired:
-                metrics.RESERVATIONS_EXPIRED.inc(len(expired))
+            expired = self._expire(now)
             verdict, _ = self._judge(admission, self.ledger, now)
-            if expired or verdict.allowed:  # nothing else changes the count of reservations here
+            if expired or verdict.allowed or self.publisher is not None:  # what changes the count here
                 self._publish()
             return verdict
+
+    def expire_reservations(self) -> None:
+        """Release what expired and take in what workers reserved (a server's quota service, periodically)."""
+        with self._changing():
+            self._expire(self._clock())
+            self._publish()
+
+    def _expire(self, now: float) -> int:
+        expired = self.ledger.expire(now)
+        if expired:
+            metrics.RESERVATIONS_EXPIRED.inc(len(expired))
+        return len(expired)
 
     def tree_of(self, admission: PodAdmission) -> str | None:
         """The quota tree whose shared ledger a pod's admission writes to (strict accounting)."""

@@ -65,6 +65,15 @@ def start_shared_services(settings: Settings) -> None:
     os.environ[QUOTA_SOCKET_ENV] = str(path)
 
 
+def remove_shared_services_files() -> None:
+    """In the master at exit: the quota service removes its files itself, unless it was killed."""
+    socket_path = os.environ.get(QUOTA_SOCKET_ENV)
+    if socket_path:
+        from .quota_service import remove_private_files
+
+        remove_private_files(Path(socket_path))
+
+
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -94,7 +103,13 @@ def build_quota_decider(settings: Settings) -> QuotaDecider:
         return NoQuota()
     from .quota_client import QuotaClient
 
-    return QuotaClient(Path(socket_path))
+    client = QuotaClient(Path(socket_path))
+    if settings.accounting != "local":
+        return client  # strict accounting decides against the ledger in the API server, in the service
+    from .fast_admission import FastAdmission
+    from .quota_service import region_path
+
+    return FastAdmission(region_path(Path(socket_path)), client)
 
 
 def load_conversion_config(path: Path | None) -> ConversionConfig:
@@ -220,5 +235,5 @@ def run(settings: Settings) -> None:
     directory = _metrics_directory(settings)
     _enable_multiprocess_metrics(directory)
     configure_logging(settings.log_level)
-    options = gunicorn_options(settings, directory, start_shared_services)
+    options = gunicorn_options(settings, directory, start_shared_services, remove_shared_services_files)
     WebhookApplication(settings, config, options).run()

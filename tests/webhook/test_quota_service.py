@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from racing import race
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.quantity import Quantity
@@ -61,22 +62,7 @@ def test_dry_run_never_reserves(client: QuotaClient) -> None:
 
 def test_concurrent_admissions_take_exactly_the_room(client: QuotaClient) -> None:
     # 700 of room left, 10 each: exactly 70 of 300 racing pods may pass.
-    results: list[bool] = []
-    guard = threading.Lock()
-    start = threading.Barrier(30)
-
-    def worker(index: int) -> None:
-        start.wait()
-        for n in range(10):
-            allowed = client.admit_pod(admission(f"p-{index}-{n}", "10")).allowed
-            with guard:
-                results.append(allowed)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(30)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = race(30, 10, lambda index, n: client.admit_pod(admission(f"p-{index}-{n}", "10")).allowed)
     assert len(results) == 300 and results.count(True) == 70
 
 

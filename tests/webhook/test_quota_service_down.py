@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,18 +16,10 @@ from typing import Any
 
 import pytest
 from reviews import pod, review
-from webhookproc import REPO_ROOT, WebhookProcess, post_review
+from webhookproc import REPO_ROOT, WebhookProcess, post_review, quota_service_directory, quota_service_pid
 
 CANONICAL = {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
 GROWN = {"koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
-
-
-def quota_service_pid(master: int) -> int:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(master)], capture_output=True, text=True,
-                         check=True).stdout
-    pids = [int(line.split(None, 1)[0]) for line in out.splitlines() if "webhook.quota_service" in line]
-    assert len(pids) == 1, out
-    return pids[0]
 
 
 def validate(server: WebhookProcess, document: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +57,7 @@ def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_noth
     assert validate(server, review(relabelled, operation="UPDATE", old=running))["allowed"] is True
 
     service = quota_service_pid(server.pid)
+    directory = quota_service_directory(server.pid)
     os.kill(service, signal.SIGKILL)
     wait_dead(service)
 
@@ -78,3 +70,8 @@ def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_noth
         assert refused["allowed"] is False
         assert (refused["status"]["code"], refused["status"]["reason"]) == (503, "QuotaServiceDown")
         assert refused["status"]["message"].startswith("quota service unavailable, pod not admitted:")
+
+    # A killed service cannot remove its socket and shared region; the master does as it exits.
+    assert directory.exists()
+    server.stop()
+    assert not directory.exists()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from reviews import pod, review
-from webhookproc import WebhookProcess, post_review
+from webhookproc import WebhookProcess, post_review, served_from_state
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
@@ -27,15 +27,9 @@ spec: {max: {koordinator.sh/gpu-memory-ratio: "1000"}}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
-    work = tmp_path_factory.mktemp("flood")
-    (work / "state.yaml").write_text(STATE, encoding="utf-8")
-    process = WebhookProcess(work, serve_args=["--state", str(work / "state.yaml"),
-                                               "--max-reservations-per-caller", str(BOUND)])
-    process.start()
-    try:
+    with served_from_state(tmp_path_factory.mktemp("flood"), STATE, "--max-reservations-per-caller",
+                           str(BOUND)) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def ask(server: WebhookProcess, source: str, name: str) -> dict[str, Any]:
