@@ -80,16 +80,16 @@ class PublishedTotals:
 
 
 def _encode_list(resources: ResourceList | None) -> list[list[Any]] | None:
+    # Amounts as exact fraction text ("3/2"): a quantity may exceed what a JSON integer carries.
     if resources is None:
         return None
-    return [[name, q.amount.numerator, q.amount.denominator, q.format.value] for name, q in resources.items()]
+    return [[name, str(q.amount), q.format.value] for name, q in resources.items()]
 
 
 def _decode_list(entries: list[list[Any]] | None) -> ResourceList | None:
     if entries is None:
         return None
-    return {name: Quantity(Fraction(numerator, denominator), QuantityFormat(fmt))
-            for name, numerator, denominator, fmt in entries}
+    return {name: Quantity(Fraction(amount), QuantityFormat(fmt)) for name, amount, fmt in entries}
 
 
 def _encode_quota(quota: QuotaInfo) -> dict[str, Any]:

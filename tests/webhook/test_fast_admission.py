@@ -230,3 +230,21 @@ def test_a_dead_service_is_noticed_at_once(tmp_path: Path) -> None:
     assert worker.admit_pod(admission("p", "1")).allowed
     assert service.asked == ["p"]
     assert region.alive_mutex.owner_alive() is False  # and stays so for every later look
+
+
+def test_limits_beyond_64_bits_are_published_and_decided_exactly(tmp_path: Path) -> None:
+    # Kubernetes quantities have no upper bound worth relying on; the tree document must carry
+    # any of them (JSON integers past 64 bits are not portable, and orjson refuses them).
+    huge = quota("team-a", "1e30")
+    huge["spec"]["max"]["memory"] = "1e40"
+    setup = Setup(tmp_path, [huge, running_pod("running", "300")])
+    assert setup.region.generation != 0
+    assert setup.admit("p", "1000").allowed and setup.service.asked == []
+    # A total past the slots' 128 bits (1e30 units are 1e39 nano-units): the service decides,
+    # and then stops publishing rather than write a wrong total.
+    assert setup.admit("q", "999999999999999999999999998700").allowed and setup.service.asked == ["q"]
+    assert setup.region.generation == 0
+    refused = setup.admit("r", "1")
+    assert setup.service.asked == ["q", "r"] and not refused.allowed
+    assert refused.message == (f"exceeded quota: team/team-a, requested: {RATIO}=1, "
+                               f"used: {RATIO}=1000000000000E, limited: {RATIO}=1000000000000E")
