@@ -2,9 +2,10 @@
 
 The quota service publishes its tree (one JSON document per generation) and, per quota and per
 resource that quota limits, one total: watched usage plus reservations, in nano-units. A worker
-rebuilds the same :class:`QuotaTree` from the document and runs the very same ``decide`` on
-those totals, so the two can only differ in the direction of caution: totals are rounded up,
-never down, and a worker that finds a pod does not fit leaves the answer to the service.
+rebuilds the same :class:`QuotaTree` from the document and reduces the very same ``decide`` to
+integer bounds per pod shape (:func:`fit_check`), so the two can only differ in the direction of
+caution: totals and charges are rounded up, limits down, and a worker that finds a pod does not
+fit leaves the answer to the service.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from fractions import Fraction
 from typing import Any
 
 from .quantity import Quantity, QuantityFormat
-from .quota import QuotaInfo, QuotaTree
+from .quota import UNCHECKED_QUOTAS, QuotaInfo, QuotaTree
+from .quota_decision import PodQuotaRequest, decide
 from .resources import ResourceList
 
 NANOS_PER_UNIT = 10**9
@@ -30,8 +32,9 @@ def nanos_ceil(quantity: Quantity) -> int:
     return math.ceil(quantity.amount * NANOS_PER_UNIT)
 
 
-def from_nanos(nanos: int) -> Quantity:
-    return Quantity(Fraction(nanos, NANOS_PER_UNIT))
+def nanos_floor(quantity: Quantity) -> int:
+    """Rounded down: a limit read back is never more than the truth."""
+    return math.floor(quantity.amount * NANOS_PER_UNIT)
 
 
 def slot_layout(tree: QuotaTree) -> SlotLayout:
@@ -68,15 +71,50 @@ def decode_tree(document: Mapping[str, Any]) -> TreeSnapshot:
     return TreeSnapshot(int(document["generation"]), tree, layout)
 
 
-class PublishedTotals:
-    """``used(quota)`` over the published totals, for ``decide`` (the ledger's part is included)."""
+@dataclass(frozen=True, slots=True)
+class FitCheck:
+    """``decide`` for one pod shape against one published tree, reduced to integer bounds.
 
-    def __init__(self, layout: SlotLayout, read: Callable[[int], int]) -> None:
-        self._layout = layout
-        self._read = read
+    ``bounds`` holds, per total the pod is checked against, (slot, charge, limit) in nano-units:
+    the charge rounded up, the limit rounded down, so a pod that fits here fits the exact
+    decision too. ``quotas`` and ``charges`` are that decision's, for the reservation.
+    """
 
+    quotas: tuple[str, ...]
+    charges: dict[str, ResourceList]
+    bounds: tuple[tuple[int, int, int], ...]
+
+    def fits(self, read: Callable[[int], int]) -> bool:
+        return all(read(slot) + charge <= limit for slot, charge, limit in self.bounds)
+
+
+class _NothingUsed:
     def used(self, quota: str) -> ResourceList:
-        return {resource: from_nanos(self._read(slot)) for resource, slot in self._layout.get(quota, {}).items()}
+        return {}
+
+
+_NOTHING_USED = _NothingUsed()
+
+
+def fit_check(tree: QuotaTree, layout: SlotLayout, pod: PodQuotaRequest) -> FitCheck | None:
+    """The :class:`FitCheck` of a pod CREATE, or None when ``decide`` refuses it whatever is used.
+
+    Built by ``decide`` itself on zero totals, so its rules stay stated once: what it refuses with
+    nothing used (an unknown quota, a parent quota, a request over the limit by itself) it
+    refuses with anything used, as usage is never negative. ``layout`` is the tree's own.
+    """
+    decision = decide(tree, _NOTHING_USED, _NOTHING_USED, pod)
+    if not decision.allowed:
+        return None
+    bounds = []
+    for quota in decision.quotas:
+        if quota in UNCHECKED_QUOTAS:
+            continue
+        limit, _ = tree.limit(quota)
+        for name, asked in decision.charges[quota].items():
+            if name in limit and not asked.is_zero():
+                bounds.append((layout[quota][name], nanos_ceil(asked), nanos_floor(limit[name])))
+    return FitCheck(decision.quotas, decision.charges, tuple(bounds))
 
 
 def _encode_list(resources: ResourceList | None) -> list[list[Any]] | None:

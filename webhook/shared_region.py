@@ -36,6 +36,7 @@ _FIXED = 2 * MUTEX_BYTES
 _GENERATION, _HEAD, _TAIL, _HELD, _MAX_HELD, _REPAIR = (_FIXED + _HEADER.size + 8 * i for i in range(6))
 _SLOTS_AT = 4096
 SLOT_BYTES = 16
+MAX_SLOT_VALUE = 2 ** (8 * SLOT_BYTES - 1) - 1  # a signed 128-bit total
 DEFAULT_SLOT_CAPACITY = 65536  # e.g. 2,000 quotas limiting 32 resources each; 1 MiB
 DEFAULT_RING_CAPACITY = 1024
 DEFAULT_RING_SLOT_BYTES = 2048  # a reservation frame; a larger one goes to the service instead

@@ -1,18 +1,20 @@
 """The quota tree and totals as the webhook workers see them (gpuquota_core.quota_snapshot).
 
-A worker admits a pod from the published totals only when ``decide`` on them allows it; the
-service then takes that yes as its own. So the one property that matters: over any tree, usage,
-reservations and request, a yes from the published view is a yes from the service's exact view,
-and where every total is a whole number of nano-units the two views decide alike.
+A worker admits a pod from the published totals only when its fit check (``decide`` reduced to
+integer bounds) passes; the service then takes that yes as its own. So the one property that
+matters: over any tree, usage, reservations and request, a fit on the published view is a yes
+from the service's exact view with the same charges, and where nothing needs rounding the two
+decide alike.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuquota_core.ledger import ReservationLedger
@@ -21,11 +23,11 @@ from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_obj
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, requests_of
 from gpuquota_core.quota_snapshot import (
     NANOS_PER_UNIT,
-    PublishedTotals,
     decode_tree,
     encode_tree,
-    from_nanos,
+    fit_check,
     nanos_ceil,
+    nanos_floor,
     slot_count,
     slot_layout,
 )
@@ -64,10 +66,34 @@ def quota(name: str, max_: dict[str, str], parent: str = "", is_parent: bool = F
                               "spec": {"max": max_}})
 
 
+World = tuple[QuotaTree, UsageIndex, ReservationLedger, PodQuotaRequest]
+
+
+def world_of(leaf_max: dict[str, Quantity], running: dict[str, Quantity], asked: dict[str, Quantity]) -> World:
+    """team-a under org: one running pod and one new pod in team-a."""
+    tree = QuotaTree.build([quota("org", {}, is_parent=True), replace(quota("team-a", {}, parent="org"),
+                                                                      max=leaf_max)])
+    usage = UsageIndex(tree)
+    usage.upsert(PodRecord("team", "running", "uid-running", "team-a", running))
+    return tree, usage, ReservationLedger(ttl_seconds=30), PodQuotaRequest("team", "new", "team-a", asked)
+
+
+DUST = Fraction(1, 3 * 10**9)
+# Used dust the totals must round up: 100 of room less a third of a nano-unit does not hold 100.
+DUST_USED = world_of({RATIO: Quantity(Fraction(100))}, {RATIO: Quantity(DUST)}, {RATIO: Quantity(Fraction(100))})
+# A limit finer than a nano-unit must round down: 100 and a third of a nano-unit, with one
+# nano-unit used, does not hold 100 more.
+DUST_LIMIT = world_of({RATIO: Quantity(100 + DUST)}, {RATIO: Quantity(Fraction(1, 10**9))},
+                      {RATIO: Quantity(Fraction(100))})
+
+
 @st.composite
-def worlds(draw: st.DrawFn) -> tuple[QuotaTree, UsageIndex, ReservationLedger, PodQuotaRequest]:
+def worlds(draw: st.DrawFn) -> World:
     parent = quota("org", draw(limits), is_parent=True)
     leaves = [quota(name, draw(limits), parent="org", admission=draw(st.none() | limits)) for name in LEAVES]
+    # Parsed limits are whole nano-units (as in Kubernetes); one built by arithmetic need not be.
+    if draw(st.booleans()):
+        leaves[0] = replace(leaves[0], max={name: Quantity(amount) for name, amount in draw(request_maps).items()})
     tree = QuotaTree.build([parent, *leaves])
     usage = UsageIndex(tree)
     for index, (leaf, requests) in enumerate(draw(st.lists(st.tuples(st.sampled_from(LEAVES), request_maps),
@@ -83,45 +109,47 @@ def worlds(draw: st.DrawFn) -> tuple[QuotaTree, UsageIndex, ReservationLedger, P
     return tree, usage, ledger, PodQuotaRequest("team", "new", draw(st.sampled_from(LEAVES)), asked)
 
 
-def published_view(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger) -> tuple[QuotaTree, PublishedTotals]:
-    """What a worker reads: the tree through its JSON document, the totals through nano-unit slots."""
-    layout = slot_layout(tree)
+def published_slots(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger) -> dict[int, int]:
+    """The totals as the quota service publishes them: usage plus reservations, nano-units rounded up."""
     slots: dict[int, int] = {}
-    for name, resources in layout.items():
+    for name, resources in slot_layout(tree).items():
         total = add_lists(usage.used(name), ledger.used(name))
         for resource, slot in resources.items():
             slots[slot] = nanos_ceil(total[resource]) if resource in total else 0
-    snapshot = decode_tree(encode_tree(tree, 1, layout))
-    return snapshot.tree, PublishedTotals(snapshot.layout, slots.__getitem__)
+    return slots
 
 
-class _Nothing:
-    def used(self, quota: str) -> dict[str, Quantity]:
-        return {}
+def whole_nanos(quantity: Quantity) -> bool:
+    return (quantity.amount * NANOS_PER_UNIT).denominator == 1
 
 
 @settings(max_examples=400, deadline=None)
 @given(worlds())
-def test_a_yes_from_the_published_totals_is_a_yes_from_the_service(
-        world: tuple[QuotaTree, UsageIndex, ReservationLedger, PodQuotaRequest]) -> None:
+@example(DUST_USED)
+@example(DUST_LIMIT)
+def test_a_fit_on_the_published_totals_is_a_yes_from_the_service(world: World) -> None:
     tree, usage, ledger, pod = world
     service = decide(tree, usage, ledger, pod)
-    worker_tree, totals = published_view(tree, usage, ledger)
-    worker = decide(worker_tree, totals, _Nothing(), pod)
-    if worker.allowed:
+    # The worker's side: the tree through its JSON document, the totals through nano-unit slots.
+    snapshot = decode_tree(encode_tree(tree, 1, slot_layout(tree)))
+    check = fit_check(snapshot.tree, snapshot.layout, pod)
+    if check is None:
+        assert not service.allowed  # refused whatever is used: the service refuses too
+        return
+    fits = check.fits(published_slots(tree, usage, ledger).__getitem__)
+    if fits:
         assert service.allowed
         # What the worker then reserves is what the service would have charged.
-        assert worker.quotas == service.quotas and worker.charges == service.charges
-    exact = all(total.amount * NANOS_PER_UNIT == int(total.amount * NANOS_PER_UNIT)
-                for name in tree.quotas for total in add_lists(usage.used(name), ledger.used(name)).values())
-    if exact:
-        assert worker.allowed == service.allowed
+        assert check.quotas == service.quotas and check.charges == service.charges
+    totals = [total for name in tree.quotas for total in add_lists(usage.used(name), ledger.used(name)).values()]
+    limits = [limit for name in tree.quotas for limit in tree.limit(name)[0].values()]
+    if all(whole_nanos(q) for q in [*totals, *limits, *pod.requests.values()]):
+        assert fits == service.allowed  # nothing rounded: the two decide alike
 
 
 @settings(max_examples=200, deadline=None)
 @given(worlds())
-def test_the_tree_document_rebuilds_the_same_tree(
-        world: tuple[QuotaTree, UsageIndex, ReservationLedger, PodQuotaRequest]) -> None:
+def test_the_tree_document_rebuilds_the_same_tree(world: World) -> None:
     tree = world[0]
     layout = slot_layout(tree)
     snapshot = decode_tree(encode_tree(tree, 42, layout))
@@ -144,10 +172,26 @@ def test_slots_cover_each_limited_resource_once() -> None:
     assert slot_count(layout) == 4
 
 
-def test_nano_units_round_up_and_read_back_exactly() -> None:
-    assert nanos_ceil(Quantity.parse("1")) == 10**9
+def test_nano_units_round_totals_up_and_limits_down() -> None:
+    assert nanos_ceil(Quantity.parse("1")) == nanos_floor(Quantity.parse("1")) == 10**9
     assert nanos_ceil(Quantity.parse("1n")) == 1
     assert nanos_ceil(Quantity(Fraction(1, 3 * 10**9))) == 1  # finer than a nano-unit: never less
+    assert nanos_floor(Quantity(Fraction(5, 3 * 10**9))) == 1  # a limit: never more
     assert nanos_ceil(Quantity.parse("-1500m")) == -1_500_000_000
-    assert from_nanos(2_500_000_000).amount == Fraction(5, 2)
-    assert requests_of({RATIO: "250"})[RATIO].amount == from_nanos(250 * 10**9).amount
+    assert nanos_ceil(requests_of({RATIO: "250"})[RATIO]) == 250 * 10**9
+
+
+def test_a_fit_check_holds_the_chain_and_refuses_what_never_fits() -> None:
+    tree = QuotaTree.build([quota("org", {GPU: "2"}, is_parent=True), quota("team-a", {RATIO: "150"}, parent="org")])
+    layout = slot_layout(tree)
+    check = fit_check(tree, layout, PodQuotaRequest("team", "p", "team-a", requests_of({RATIO: "100", "cpu": "2"})))
+    assert check is not None and check.quotas == ("team-a", "org")
+    # org's 2 cards are 200 of each canonical name; cpu is limited nowhere, so checked nowhere.
+    assert set(check.bounds) == {(layout["team-a"][RATIO], 100 * 10**9, 150 * 10**9),
+                                 (layout["org"][RATIO], 100 * 10**9, 200 * 10**9)}
+    assert check.fits({layout["team-a"][RATIO]: 50 * 10**9, layout["org"][RATIO]: 0}.__getitem__)
+    assert not check.fits({layout["team-a"][RATIO]: 50 * 10**9 + 1, layout["org"][RATIO]: 0}.__getitem__)
+    too_big = PodQuotaRequest("team", "p", "team-a", requests_of({RATIO: "151"}))
+    assert fit_check(tree, layout, too_big) is None
+    assert fit_check(tree, layout, PodQuotaRequest("team", "p", "org", requests_of({RATIO: "1"}))) is None  # parent
+    assert fit_check(tree, layout, PodQuotaRequest("team", "p", "nope", requests_of({RATIO: "1"}))) is None
