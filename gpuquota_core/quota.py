@@ -270,6 +270,23 @@ def remembered_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = 
     return dict(cached)
 
 
+_request_texts: BoundedMemo[dict[str, str]] = BoundedMemo()
+
+
+def remembered_request_texts(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG, *,
+                             shape: object = _UNKEYED) -> dict[str, str]:
+    """The canonical requests as text by sorted name, as an admission carries them to the quota
+    decision; remembered per spec shape like :func:`remembered_pod_requests` (``shape`` the same)."""
+    key = spec_shape_key(spec, config) if shape is _UNKEYED else shape
+    cached = _request_texts.get(key) if key is not None else None
+    if cached is None:
+        requests = remembered_pod_requests(spec, config, shape=key)
+        cached = {name: str(requests[name]) for name in sorted(requests)}
+        if key is not None:
+            _request_texts.remember(key, cached)
+    return dict(cached)  # a copy: no caller can alter the cache
+
+
 def spec_names_key(spec: Mapping[str, Any], shape: object) -> object:
     """``shape`` plus the container names in spec order: the key of a per-spec judgement whose
     messages quote the names. Only for a ``shape`` that is not None (``spec_shape_key`` answers

@@ -26,8 +26,8 @@ from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.mutation import remembered_pod_mutation
 from gpuquota_core.podspec import PodShapeError, as_mapping
-from gpuquota_core.quota import QuotaShapeError, remembered_gpu_problems, remembered_pod_requests, spec_shape_key
-from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO, ResourceList
+from gpuquota_core.quota import QuotaShapeError, remembered_gpu_problems, remembered_request_texts, spec_shape_key
+from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
 from gpuquota_core.validation import GpuRequestProblem
 
 from . import metrics
@@ -176,24 +176,20 @@ class AdmissionHandlers:
             return False
         return {p.message for p in problems} <= {p.message for p in old_problems}
 
-    @staticmethod
-    def _as_text(requests: ResourceList) -> dict[str, str]:
-        return {name: str(requests[name]) for name in sorted(requests)}
-
     def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], spec: Mapping[str, Any],
                        config: ConversionConfig, caller: str, shape: object) -> PodAdmission:
         metadata = as_mapping(pod.get("metadata"), "metadata")
         # The cluster-state cache charges stored pods with this same function (remembered by spec
         # shape: the replicas of a workload ask alike), so an admission and the later watch event
         # of the same pod count the same amounts.
-        requests = self._as_text(remembered_pod_requests(spec, config, shape=shape))
+        requests = remembered_request_texts(spec, config, shape=shape)
         old_labels: dict[str, str] | None = None
         old_requests: dict[str, str] | None = None
         if req.operation == "UPDATE" and req.old_object is not None:
             old_labels = _labels(as_mapping(req.old_object.get("metadata"), "oldObject.metadata"))
             try:
                 old_spec = as_mapping(req.old_object.get("spec"), "spec")
-                old_requests = self._as_text(remembered_pod_requests(old_spec, config))
+                old_requests = remembered_request_texts(old_spec, config)
             except PodShapeError:
                 # The stored object is the API server's own; if even it cannot be read, say
                 # "unknown" rather than refusing an update of something we cannot interpret.

@@ -1,4 +1,5 @@
-"""The remembered mutation (gpuquota_core.mutation) is exactly the computed one.
+"""The remembered mutation (gpuquota_core.mutation) is exactly the computed one, and so are the
+remembered request texts an admission carries to the quota decision (gpuquota_core.quota).
 
 The memo exists only for speed (docs/benchmarks.md), and its key must hold everything the rewrite
 and the diff read. Generated pods are drawn from a small alphabet so that many of them share a key
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuquota_core import mutation
+from gpuquota_core import mutation, quota
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION, canonicalize_pod
 from gpuquota_core.conversion import DEFAULT_CONFIG, GPU_MODEL_LABEL, ConversionConfig
 from gpuquota_core.jsonpatch import apply, copy_json
@@ -24,6 +25,7 @@ from gpuquota_core.memo import BoundedMemo
 from gpuquota_core.mutation import PodMutation, mutation_key, pod_mutation, remembered_pod_mutation
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
+from gpuquota_core.quota import canonical_pod_requests, remembered_request_texts
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
@@ -210,3 +212,36 @@ def test_a_caller_changing_its_patch_does_not_change_the_remembered_one() -> Non
         if isinstance(operation.get("value"), dict):
             operation["value"].clear()
     assert remembered_pod_mutation(pod, DEFAULT_CONFIG) == pod_mutation(pod, DEFAULT_CONFIG)
+
+
+def request_texts(compute: Any, spec: Any, config: ConversionConfig) -> dict[str, str] | str:
+    try:
+        return dict(compute(spec, config))
+    except (PodShapeError, QuantityError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def computed_texts(spec: Any, config: ConversionConfig) -> dict[str, str]:
+    requests = canonical_pod_requests(spec, config)
+    return {name: str(requests[name]) for name in sorted(requests)}
+
+
+@PROFILE
+@given(data=st.data(), config=st.sampled_from(CONFIGS))
+def test_the_remembered_request_texts_are_the_computed_ones(data: st.DataObject, config: ConversionConfig) -> None:
+    quota._request_texts, quota._pod_requests = BoundedMemo(), BoundedMemo()
+    base = data.draw(pods())
+    batch = [base] + [data.draw(look_alikes(base)) for _ in range(8)]
+    for pod in batch + batch[::-1]:  # the second pass answers keyed specs from the memo
+        spec = pod.get("spec")
+        if not isinstance(spec, dict):
+            continue  # the webhook reads the spec with as_mapping before it asks (as for the requests)
+        assert request_texts(remembered_request_texts, spec, config) == request_texts(computed_texts, spec, config)
+
+
+def test_a_caller_changing_its_request_texts_does_not_change_the_remembered_ones() -> None:
+    spec = {"containers": [{"name": "a", "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "2"}}}]}
+    first = remembered_request_texts(spec)
+    assert first == {"cpu": "2", "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
+    first["cpu"] = "999"
+    assert remembered_request_texts(spec)["cpu"] == "2"
