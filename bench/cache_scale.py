@@ -214,15 +214,25 @@ def paged_sync(state: Any, api: Any) -> None:
     state.replace_kind("Pod", pages(client.CoreV1Api(api).list_pod_for_all_namespaces, trimmed))
 
 
-def measure(kubeconfig: str, events: int, variant: str = "live") -> dict[str, Any]:
-    """Initial sync of a QuotaState from the live cluster, its RSS, and apply_event's cost per event."""
+def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = True) -> dict[str, Any]:
+    """Initial sync of a QuotaState from the live cluster, its RSS, and apply_event's cost per event.
+
+    ``shared``: as the quota service runs with local accounting (the default), publishing its
+    totals to the workers' shared region on every change (webhook.quota_service.share_with_workers).
+    """
+    import tempfile
+
     from kubeaccess import kube
     from webhook.cluster_state import start_live_sync
+    from webhook.quota_service import remove_private_files, share_with_workers
     from webhook.quota_state import QuotaState
 
     gc.collect()
     rss_before = _status_kib("VmRSS")
     state = QuotaState()
+    socket_path = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "quota.sock"
+    if shared:
+        share_with_workers(state, socket_path)
     start = time.monotonic()
     if variant == "live":
         stop = start_live_sync(state, kube.connect(kubeconfig, None))
@@ -247,7 +257,8 @@ def measure(kubeconfig: str, events: int, variant: str = "live") -> dict[str, An
         limit=1000, _preload_content=False).data)["items"]
     sample_quotas = orjson.loads(client.CustomObjectsApi(api).list_cluster_custom_object(
         "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas", limit=200, _preload_content=False).data)["items"]
-    result: dict[str, Any] = {"variant": variant, "pods_cached": pods_cached, "quotas_cached": quotas_cached,
+    result: dict[str, Any] = {"variant": variant, "shared_region": shared, "pods_cached": pods_cached,
+                              "quotas_cached": quotas_cached,
                               "sync_seconds": round(sync_seconds, 2), "rss_before_mib": round(rss_before / 1024, 1),
                               "peak_rss_mib": round(peak_kib / 1024, 1), "rss_synced_mib": round(rss_synced / 1024, 1),
                               "rss_after_gc_mib": round(rss_after_gc / 1024, 1)}
@@ -261,12 +272,13 @@ def measure(kubeconfig: str, events: int, variant: str = "live") -> dict[str, An
             state.apply_event(kind, "MODIFIED", obj)
         result[f"{kind.lower()}_event_us"] = round(1e6 * (time.perf_counter() - began) / events, 1)
     stop.set()
+    remove_private_files(socket_path)
     return result
 
 
-def measure_in_subprocess(kubeconfig: Path, events: int, variant: str) -> dict[str, Any]:
+def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, shared: bool = True) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events),
-                          "--variant", variant],
+                          "--variant", variant, *([] if shared else ["--no-shared-region"])],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -280,15 +292,18 @@ def main() -> None:
     one.add_argument("kubeconfig")
     one.add_argument("--events", type=int, default=20000)
     one.add_argument("--variant", choices=("live", "paged"), default="live")
+    one.add_argument("--no-shared-region", dest="shared", action="store_false")
     parser.add_argument("--pods", default="10000,100000", help="pod counts to measure at, comma-separated")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--variants", default="live,paged",
-                        help="live: webhook.cluster_state as shipped; paged: the what-if of paged_sync")
+                        help="live: webhook.cluster_state as shipped (local accounting: publishing to the "
+                             "workers' shared region); live-unshared: the same without the region; paged: the "
+                             "what-if of paged_sync (any of them with -unshared)")
     parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
     args = parser.parse_args()
     if args.command == "measure":
-        print(json.dumps(measure(args.kubeconfig, args.events, args.variant)))
+        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared)))
         return
 
     import yaml
@@ -319,11 +334,14 @@ def main() -> None:
                   flush=True)
             for variant in args.variants.split(","):
                 runs = []
+                sync, shared = variant.removesuffix("-unshared"), not variant.endswith("-unshared")
                 for attempt in range(args.repeat):
-                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, variant)
+                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, shared)
+                    run["variant"] = variant
                     print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
                     runs.append(run)
-                median = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "variant"}
+                median = {key: statistics.median(r[key] for r in runs) for key in runs[0]
+                          if key not in ("variant", "shared_region")}
                 rows.append({"target": target, "variant": variant, "created": created,
                              "created_seconds": round(seconds), **median})
         print("\n| sync | pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
