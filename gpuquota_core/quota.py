@@ -516,6 +516,21 @@ def check_chain(tree: QuotaTree, leaf: str, charges: Mapping[str, ResourceList],
     return exceeded
 
 
+def _counts_alike(counted: PodRecord, record: PodRecord) -> bool:
+    """Whether charging ``record`` instead of ``counted`` leaves every total as it is: the same
+    quota, and the same requests to the format and the order of names (totals keep both)."""
+    if (counted.namespace, counted.quota_label, counted.uid, counted.unknown_gpu_memory) != (
+            record.namespace, record.quota_label, record.uid, record.unknown_gpu_memory):
+        return False
+    if counted.requests is record.requests:
+        return True
+    if len(counted.requests) != len(record.requests):
+        return False
+    pairs = zip(counted.requests.items(), record.requests.items(), strict=True)
+    return all(name == other_name and (quantity is other or (quantity == other and quantity.format is other.format))
+               for (name, quantity), (other_name, other) in pairs)
+
+
 class UsageIndex:
     """Canonical usage per quota, kept incrementally as pods and quotas come and go.
 
@@ -552,6 +567,16 @@ class UsageIndex:
         return self._charged.get(key, ())
 
     def upsert(self, record: PodRecord) -> None:
+        # Most watch events of a pod change its status only: the record is the one counted, and
+        # charging it again would rebuild totals (and make the quota service republish them) to
+        # the same values.
+        counted = self._pods.get(record.key)
+        if counted is not None and _counts_alike(counted, record):
+            # Moved to the end all the same, where a discard and a charge would put it: the
+            # order of pods is the order of every later rebuild.
+            self._pods[record.key] = self._pods.pop(record.key)
+            self._charged[record.key] = self._charged.pop(record.key)
+            return
         self.discard(record.key)
         self._pods[record.key] = record
         self._charge(record)

@@ -162,3 +162,34 @@ def test_capacity_totals_equal_the_running_text_sum(capacities: list[dict[str, s
             bucket[resource] = str(Quantity.parse(bucket.get(resource, "0")) + Quantity.parse(text))
     assert report.capacity == expected
     assert [list(b) for b in report.capacity.values()] == [list(b) for b in expected.values()]
+
+
+@PROFILE
+@given(st.lists(records, min_size=1, max_size=8), st.lists(st.integers(0, 7), max_size=12), st.data())
+def test_a_pod_upserted_as_it_is_counted_changes_nothing(start: list[PodRecord], picks: list[int],
+                                                         data: st.DataObject) -> None:
+    # A status-only watch event brings an equal record (a new map, the same or equal quantities).
+    # Skipping its charge must leave the index exactly as discarding and charging it would.
+    skipping, recharging = UsageIndex(tree()), UsageIndex(tree())
+    for record in start:
+        skipping.upsert(record)
+        recharging.upsert(record)
+    skipping.touched.clear()
+    for pick in picks:
+        counted = list(skipping.pods())[pick % len(skipping)]
+        same = data.draw(st.booleans())  # the same Quantity objects, or equal copies of them
+        requests = {name: q if same else Quantity(q.amount, q.format) for name, q in counted.requests.items()}
+        again = PodRecord(counted.namespace, counted.name, counted.uid, counted.quota_label, requests)
+        skipping.upsert(again)
+        recharging.discard(again.key)
+        recharging.upsert(again)
+    assert state(skipping) == state(recharging)
+    assert skipping.touched == set()  # the quota service has nothing to republish
+
+
+def test_an_equal_amount_in_another_format_is_charged_again() -> None:
+    usage = UsageIndex(tree())
+    usage.upsert(PodRecord("ns-1", "p", "", "team-1", {"memory": Quantity(Fraction(1024), QuantityFormat.BINARY_SI)}))
+    usage.touched.clear()
+    usage.upsert(PodRecord("ns-1", "p", "", "team-1", {"memory": Quantity(Fraction(1024))}))
+    assert usage.touched == {"team-1", "org-a"}  # totals keep formats, so this one is charged again
