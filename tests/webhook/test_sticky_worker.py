@@ -7,6 +7,7 @@ idle connections, and an idle connection must be closed after ``--keepalive`` se
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
+
+from webhook.gunicorn_worker import DateOncePerSecond
 
 EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 PAYLOAD = body(review(pod(resources={"nvidia.com/gpu": "1"})))
@@ -48,10 +51,33 @@ def mutate(connection: http.client.HTTPSConnection) -> float:
     return time.monotonic() - started
 
 
+def test_the_date_header_is_gunicorns_own_text_formatted_once_a_second() -> None:
+    now = [1_764_921_600.25]
+    calls: list[float] = []
+
+    def format_date(timestamp: float) -> str:
+        calls.append(timestamp)
+        return email.utils.formatdate(timestamp, usegmt=True)
+
+    date = DateOncePerSecond(format_date, clock=lambda: now[0])
+    first = date()
+    now[0] += 0.5
+    assert date() == first == "Fri, 05 Dec 2025 08:00:00 GMT" and len(calls) == 1
+    now[0] += 0.5  # the next second
+    assert date() == email.utils.formatdate(now[0], usegmt=True) == "Fri, 05 Dec 2025 08:00:01 GMT"
+    assert len(calls) == 2
+    assert date(0.0) == "Thu, 01 Jan 1970 00:00:00 GMT"  # an explicit time is gunicorn's own call
+
+
 def test_connections_outnumbering_threads_are_all_answered(tmp_path: Path) -> None:
     server = start(tmp_path, threads=2)
     try:
         connections = [connect(server) for _ in range(6)]
+        # The answers carry the current Date (formatted once a second, DateOncePerSecond).
+        connections[0].request("GET", "/healthz")
+        answer = connections[0].getresponse()
+        answer.read()
+        assert abs(email.utils.parsedate_to_datetime(answer.getheader("Date")).timestamp() - time.time()) < 5
         # Round-robin: after its first answer each of the first two connections holds a thread
         # waiting for its next request, so the other four are answered only if those threads
         # give their connections back when a request queues up behind them.
