@@ -137,7 +137,6 @@ class FastAdmission:
         return True
 
 
-
 def _plan(tree: _PublishedTree, admission: PodAdmission) -> _Plan | _Refused:
     # Everything decide() reads of a CREATE but the pod's name, which only its messages use.
     key = (admission.namespace, admission.labels.get(POD_QUOTA_LABEL, ""), admission.unknown_gpu_memory,

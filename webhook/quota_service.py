@@ -155,9 +155,7 @@ def remove_private_files(socket_path: Path) -> None:
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
-    region = region_path(socket_path)
-    tree = SharedRegion.tree_path_of(region)
-    for created in (socket_path, region, tree, tree.with_name(tree.name + ".new")):
+    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path))):
         created.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # not empty, or gone already
         socket_path.parent.rmdir()

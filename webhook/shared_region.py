@@ -62,6 +62,12 @@ class SharedRegion:
     def tree_path_of(region_path: Path) -> Path:
         return region_path.with_name(region_path.name + ".tree.json")
 
+    @staticmethod
+    def files_of(region_path: Path) -> tuple[Path, ...]:
+        """Every file a region at ``region_path`` may leave: itself, its tree, a tree being written."""
+        tree = SharedRegion.tree_path_of(region_path)
+        return region_path, tree, _being_written(tree)
+
     @classmethod
     def create(cls, path: Path, max_held: int, slot_capacity: int = DEFAULT_SLOT_CAPACITY,
                ring_capacity: int = DEFAULT_RING_CAPACITY,
@@ -182,7 +188,7 @@ class SharedRegion:
 
     def write_tree(self, document: Any) -> None:
         """Replace the tree file whole (a worker reading it sees the old one or the new one)."""
-        temporary = self.tree_path.with_name(self.tree_path.name + ".new")
+        temporary = _being_written(self.tree_path)
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # like the region
         with os.fdopen(descriptor, "wb") as out:
             out.write(orjson.dumps(document))
@@ -193,3 +199,7 @@ class SharedRegion:
             return orjson.loads(self.tree_path.read_bytes())
         except FileNotFoundError:
             return None
+
+
+def _being_written(path: Path) -> Path:
+    return path.with_name(path.name + ".new")
