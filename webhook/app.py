@@ -49,6 +49,7 @@ from .settings import MAX_BODY_BYTES
 LOGGER_NAME = "gpuquota.webhook"
 ELASTICQUOTA_GROUP = "scheduling.sigs.k8s.io"
 JSON = "application/json"
+ROUTES_EXTENSION = "gpuquota.admission_routes"
 
 
 class BodyTooLarge(Exception):
@@ -365,6 +366,13 @@ class AdmissionRoutes:
         return [body]
 
 
+def admission_endpoints(app: object) -> Mapping[str, AdmissionEndpoint]:
+    """The admission endpoints of an app made by :func:`create_app`, by path; empty for any other app."""
+    extensions = getattr(app, "extensions", None)
+    routes = extensions.get(ROUTES_EXTENSION) if isinstance(extensions, dict) else None
+    return routes.endpoints if isinstance(routes, AdmissionRoutes) else {}
+
+
 def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
                logger: logging.Logger | None = None, config_path: Path | None = None) -> Flask:
     """A WSGI app serving the admission endpoints, health, readiness and metrics.
@@ -382,7 +390,9 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
         for path, handle in (("/mutate-pods", handlers.mutate_pod), ("/validate-pods", handlers.validate_pod),
                              ("/validate-elasticquotas", handlers.validate_elasticquota))
     }
-    app.wsgi_app = AdmissionRoutes(endpoints, app.wsgi_app)  # type: ignore[method-assign]
+    routes = AdmissionRoutes(endpoints, app.wsgi_app)
+    app.wsgi_app = routes  # type: ignore[method-assign]
+    app.extensions[ROUTES_EXTENSION] = routes
 
     @app.get("/healthz")
     def healthz() -> Response:
