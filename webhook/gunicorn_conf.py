@@ -169,7 +169,8 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         "control_socket_disable": True,
         "worker_tmp_dir": _worker_tmp_dir(),
         "loglevel": settings.log_level,
-        # Access log stays off: the app writes one structured line per admission decision.
+        # Access log stays off: the app writes one structured line per admission decision (and the
+        # worker answers admission reviews without gunicorn's access log, see webhook.gunicorn_worker).
         "accesslog": None,
         "errorlog": "-",
         "preload_app": False,

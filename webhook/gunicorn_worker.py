@@ -25,8 +25,10 @@ Content-Length body, which is every call the API server makes) is answered by
 object, ``start_response`` and the two writes (headers, then body) are a fifth of a worker's Python
 time under load for an endpoint that reads three values (the body, its length, the peer's address)
 and returns one status and one JSON body. The answer keeps gunicorn's status line and headers and
-its keep-alive rules. The Date header of each answer is formatted once a second instead of once an
-answer (:class:`DateOncePerSecond`).
+its keep-alive rules. gunicorn's ``pre_request``/``post_request`` hooks and its access log are
+not run for these answers: the server configures neither (each decision is logged by the app, one
+structured line per review), so turning either on would need this path to call it too. The Date
+header of each answer is formatted once a second instead of once an answer (:class:`DateOncePerSecond`).
 """
 
 from __future__ import annotations
