@@ -115,7 +115,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
             self.alive = False
-        close = (req.should_close() or not self.alive or not self.cfg.keepalive or self.nr >= self.max_requests
+        close = (req.should_close() or not self.alive or not self.cfg.keepalive  # alive covers max_requests
                  or len(self.keepalived_conns) >= self.max_keepalived)
         peer = _peer_address(conn.client)
         status, body = endpoint.serve({"wsgi.input": req.body, "CONTENT_LENGTH": str(req.body.reader.length),

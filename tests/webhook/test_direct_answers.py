@@ -138,14 +138,20 @@ def parsed(raw: bytes, peer: tuple[str, int] = ("10.0.0.7", 40123)) -> Any:
     return next(RequestParser(Config(), iter([raw]), peer))
 
 
+def bare_worker(endpoint: RecordingEndpoint, max_requests: int = sys.maxsize) -> StickyThreadWorker:
+    """A worker with only what handle_request reads, serving ``endpoint`` at /mutate-pods."""
+    worker = StickyThreadWorker.__new__(StickyThreadWorker)
+    worker.cfg, worker.nr, worker.max_requests, worker.alive = Config(), 0, max_requests, True
+    worker.keepalived_conns, worker.max_keepalived = collections.deque(), 100
+    worker._direct = {"/mutate-pods": endpoint}
+    return worker
+
+
 def served_by(raw: bytes, monkeypatch: pytest.MonkeyPatch,
               client: Any = ("10.0.0.7", 40123)) -> tuple[str, RecordingEndpoint, bytes, bool]:
     """Which path served ``raw`` ("direct" or "wsgi"), the endpoint, the bytes written, keep-alive."""
     endpoint = RecordingEndpoint()
-    worker = StickyThreadWorker.__new__(StickyThreadWorker)
-    worker.cfg, worker.nr, worker.max_requests, worker.alive = Config(), 0, sys.maxsize, True
-    worker.keepalived_conns, worker.max_keepalived = collections.deque(), 100
-    worker._direct = {"/mutate-pods": endpoint}
+    worker = bare_worker(endpoint)
     through_wsgi: list[Any] = []
     monkeypatch.setattr(ThreadWorker, "handle_request", lambda self, req, conn: through_wsgi.append(req) or True)
     ours, theirs = socket.socketpair()
@@ -190,11 +196,7 @@ def test_anything_else_goes_through_wsgi(raw: bytes, monkeypatch: pytest.MonkeyP
 
 def test_a_worker_due_to_restart_closes_the_connection_after_its_last_answer(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    endpoint = RecordingEndpoint()
-    worker = StickyThreadWorker.__new__(StickyThreadWorker)
-    worker.cfg, worker.nr, worker.max_requests, worker.alive = Config(), 0, 1, True
-    worker.keepalived_conns, worker.max_keepalived = collections.deque(), 100
-    worker._direct = {"/mutate-pods": endpoint}
+    worker = bare_worker(RecordingEndpoint(), max_requests=1)
     worker.log = type("Log", (), {"info": staticmethod(lambda *args: None)})()
     ours, theirs = socket.socketpair()
     with ours, theirs:
