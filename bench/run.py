@@ -30,6 +30,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,40 @@ def rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-def wrk(url: str, connections: int, body: Path) -> dict[str, float]:
+def vm_cpu_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of the whole VM so far, from /proc/stat's first line."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal guest guest_nice; guest time is already in user.
+    return fields[7], sum(fields[:8])
+
+
+def connections_per_process(port: int) -> list[int]:
+    """How many established connections to ``port`` each server process holds, fewest first: the
+    kernel hashes each new connection to one worker's SO_REUSEPORT socket, and a worker keeps it."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True).stdout
+    held: dict[str, int] = {}
+    for pid in re.findall(r"pid=(\d+)", out):
+        held[pid] = held.get(pid, 0) + 1
+    return sorted(held.values())
+
+
+def wrk(url: str, connections: int, body: Path) -> dict[str, Any]:
     threads = min(connections, 2)
-    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", DURATION, "--latency",
-                          "-s", str(ROOT / "bench" / "post.lua"), url],
-                         capture_output=True, text=True, env={**os.environ, "BODY_FILE": str(body)}, check=True).stdout
+    steal_before, total_before = vm_cpu_ticks()
+    run = subprocess.Popen(["wrk", "-t", str(threads), "-c", str(connections), "-d", DURATION, "--latency",
+                            "-s", str(ROOT / "bench" / "post.lua"), url],
+                           stdout=subprocess.PIPE, text=True, env={**os.environ, "BODY_FILE": str(body)})
+    # wrk opens every connection before its first request; one second in, all are established.
+    spread: list[int] = []
+    try:
+        run.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        spread = connections_per_process(urllib.parse.urlsplit(url).port or 443)
+    out, _ = run.communicate()
+    if run.returncode:
+        raise SystemExit(f"bench: wrk failed on {url} (exit {run.returncode})")
+    steal_after, total_after = vm_cpu_ticks()
     def latency(label: str) -> float:
         match = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)", out, re.M)
         assert match, out
@@ -135,21 +165,27 @@ def wrk(url: str, connections: int, body: Path) -> dict[str, float]:
     requests = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]), "p50": latency("50"),  # type: ignore[index]
-            "p99": latency("99"), "requests": requests, "non2xx": int(errors[1]) if errors else 0}
+            "p99": latency("99"), "requests": requests, "non2xx": int(errors[1]) if errors else 0,
+            "steal": 100 * (steal_after - steal_before) / max(total_after - total_before, 1),
+            "spread": "-".join(map(str, spread)) or "?"}
 
 
-def measure(name: str, url: str, pid: int, body: Path, throughput: dict[tuple[str, str, int], float]) -> list[str]:
-    """One closed-loop row per connection count; req/s also go to ``throughput`` for the ratios."""
+Results = dict[tuple[str, str, int], dict[str, Any]]
+
+
+def measure(name: str, url: str, pid: int, body: Path, throughput: Results) -> list[str]:
+    """One closed-loop row per connection count; wrk's results also go to ``throughput`` for the ratios."""
     rows = []
     for connections in CONNECTIONS:
         pids = tree_pids(pid)
         before = cpu_seconds(pids)
         result = wrk(url, connections, body)
         used = cpu_seconds(tree_pids(pid)) - before
-        throughput[(name, url, connections)] = result["rps"]
+        throughput[(name, url, connections)] = result
         rows.append(f"| {name} | {url.rsplit('/', 1)[1]} | {connections} | {result['rps']:.0f} | {result['p50']:.2f} | "
                     f"{result['p99']:.2f} | {1e6 * used / max(result['requests'], 1):.0f} | "
-                    f"{rss_mib(tree_pids(pid)):.0f} | {result['non2xx']} |")
+                    f"{rss_mib(tree_pids(pid)):.0f} | {result['non2xx']} | {result['steal']:.1f} | "
+                    f"{result['spread']} |")
     return rows
 
 
@@ -218,8 +254,8 @@ def main() -> None:
             check_answer(url, body, certs / "ca.crt", patched=patched)
         print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
         print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
-              "| server RSS MiB | non-2xx |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| server RSS MiB | non-2xx | VM steal % | connections per process |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         ours, floor, go = "gpuquota (gunicorn gthread 2x4)", "floor: no-op app, same gunicorn", "Go stdlib reference"
         targets = [(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid),
                    (ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid),
@@ -227,15 +263,18 @@ def main() -> None:
                    (go, "https://127.0.0.1:19443/mutate-pods", servers[1].pid)]
         ratios = []
         for round_ in range(1, ROUNDS + 1):
-            throughput: dict[tuple[str, str, int], float] = {}
+            throughput: Results = {}
             print("\n".join(f"| {round_} {row}" for name, url, pid in targets
                             for row in measure(name, url, pid, body, throughput)), flush=True)
-            reference = throughput[(go, targets[3][1], 8)]
-            ratios.append(f"| {round_} | " + " | ".join(f"{100 * throughput[(name, url, 8)] / reference:.0f} %"
-                                                         for name, url, _pid in targets[:3]) + " |")
-        print("\nthroughput at 8 connections as a share of the Go reference's in the same round")
-        print("| round | gpuquota mutate-pods | gpuquota validate-pods | floor (no-op app) |")
-        print("|---|---|---|---|")
+            reference = throughput[(go, targets[3][1], 8)]["rps"]
+            ratios.append(f"| {round_} | " + " | ".join(
+                f"{100 * row['rps'] / reference:.0f} % ({row['spread']}, steal {row['steal']:.1f} %)"
+                for row in (throughput[(name, url, 8)] for name, url, _pid in targets[:3]))
+                + f" | {throughput[(go, targets[3][1], 8)]['steal']:.1f} % |")
+        print("\nthroughput at 8 connections as a share of the Go reference's in the same round "
+              "(in brackets: connections per worker, VM steal during the row)")
+        print("| round | gpuquota mutate-pods | gpuquota validate-pods | floor (no-op app) | Go row's steal |")
+        print("|---|---|---|---|---|")
         print("\n".join(ratios), flush=True)
         print(f"\nfixed rate (open loop): bench/loadgen, {FIXED_RATE_CONNECTIONS} keep-alive HTTP/1.1 connections, "
               f"{WARMUP} warm-up then {DURATION} per row; latency from each request's scheduled send time; "
