@@ -35,6 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from webhook.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"
 CONNECTIONS = (1, 8, 32)
@@ -256,7 +258,9 @@ def main() -> None:
         print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
               "| server RSS MiB | non-2xx | VM steal % | connections per process |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        ours, floor, go = "gpuquota (gunicorn gthread 2x4)", "floor: no-op app, same gunicorn", "Go stdlib reference"
+        defaults = Settings()  # what `gpuquota serve` runs with no flags, as here
+        ours = f"gpuquota (gunicorn gthread {defaults.workers}x{defaults.threads})"
+        floor, go = "floor: no-op app, same gunicorn", "Go stdlib reference"
         targets = [(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid),
                    (ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid),
                    (floor, "https://127.0.0.1:17443/mutate-pods", servers[2].pid),

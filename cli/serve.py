@@ -11,6 +11,8 @@ from webhook.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Setti
 from .errors import CommandError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The flags' defaults are the server's own, so `gpuquota serve` and Settings() cannot drift apart.
+DEFAULTS = Settings()
 
 
 @click.command()
@@ -25,28 +27,32 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML conversion table; the built-in defaults without it.")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--workers", type=click.IntRange(min=1), default=DEFAULTS.workers, show_default=True,
               help="gunicorn worker processes.")
-@click.option("--threads", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--threads", type=click.IntRange(min=1), default=DEFAULTS.threads, show_default=True,
               help="Threads per worker (gthread).")
-@click.option("--keepalive", type=click.IntRange(min=1), default=120, show_default=True,
+@click.option("--keepalive", type=click.IntRange(min=1), default=DEFAULTS.keepalive, show_default=True,
               help="Seconds an idle keep-alive connection stays open; keep it above the API server's 90.")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default=DEFAULTS.log_level, show_default=True)
 # No exists=True: the server's own check says in one line whether the file is missing or not a CA.
 @click.option("--client-ca", "client_ca_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Mutual TLS: refuse clients without a certificate signed by this PEM CA "
                    "(reloaded when it changes). Probes must then be tcpSocket or exec, see docs/security.md.")
-@click.option("--accounting", type=click.Choice(["local", "strict"]), default="local", show_default=True,
+@click.option("--accounting", type=click.Choice(["local", "strict"]), default=DEFAULTS.accounting,
+              show_default=True,
               help="Quota reservations per server instance (local), or shared by all replicas through a "
                    "ConfigMap written before each admission (strict; see README 'Several replicas').")
 @click.option("--ledger-namespace", default="",
               help="Namespace of strict accounting's ledger ConfigMaps (default: the pod's own namespace).")
-@click.option("--stale-after", "stale_after_seconds", type=click.FloatRange(min=1), default=120.0,
+@click.option("--stale-after", "stale_after_seconds", type=click.FloatRange(min=1),
+              default=DEFAULTS.stale_after_seconds,
               show_default=True, help="Seconds a failing list/watch may last before /readyz reports the quota "
                                       "view stale (decisions continue from the last state meanwhile).")
-@click.option("--reservation-ttl", "reservation_ttl_seconds", type=click.FloatRange(min=1), default=30.0,
+@click.option("--reservation-ttl", "reservation_ttl_seconds", type=click.FloatRange(min=1),
+              default=DEFAULTS.reservation_ttl_seconds,
               show_default=True, help="Seconds an admitted pod holds quota room until the watch shows it.")
-@click.option("--max-reservations-per-caller", type=click.IntRange(min=1), default=500, show_default=True,
+@click.option("--max-reservations-per-caller", type=click.IntRange(min=1),
+              default=DEFAULTS.max_reservations_per_caller, show_default=True,
               help="Quota reservations one caller (TLS peer) may hold before its pods are confirmed; bounds what "
                    "forged AdmissionReviews can take (docs/security.md).")
 def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,

@@ -8,7 +8,9 @@ Every value here has a measured or operational reason; see ``/work/shared/refere
   thread waits on its kept-alive connection for the next request while no other request needs
   it, which spares an idle server two thread wake-ups per call.
 - ``reuse_port``: a SO_REUSEPORT socket per worker lets the kernel spread the API server's few
-  long-lived connections over the workers; without it they often all land on one worker.
+  long-lived connections over the workers; without it they often all land on one worker. The
+  kernel hashes, it does not balance: hence twice as many workers as cores by default
+  (:attr:`~webhook.settings.Settings.workers`).
 - ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.settings.Settings`).
 - HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
   request at a time, and connections beyond the thread count starve.

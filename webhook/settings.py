@@ -36,8 +36,12 @@ class Settings:
     context: str | None = None
     # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
     config_path: Path | None = None
-    # 2 x 4 matches 2 cores (perf-baseline.md): each extra worker costs ~29 MiB for little gain.
-    workers: int = 2
+    # Twice the 2 cores of the machine measured (docs/benchmarks.md): each worker has its own
+    # SO_REUSEPORT socket and keeps every connection the kernel hashes to it, so with as many
+    # workers as cores the API server's few connections could all land on one worker and leave a
+    # core idle (seen in 2 of 12 benchmark rows at 8 connections: 40 % of the usual throughput).
+    # Four make that rare and leave two busy workers even when it happens, for ~30 MiB each.
+    workers: int = 4
     threads: int = 4
     # Above the API server's 90 s idle-connection timeout, so it is always the client that closes
     # an idle connection; if the server closed first, a request racing the close would fail.
