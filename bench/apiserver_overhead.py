@@ -18,7 +18,7 @@ connection, one create per mode per cycle in a shuffled order, so drift (etcd gr
 on the machine) falls on every mode alike and each mode's overhead is the median of its paired
 differences against ``none`` in the same cycle. Prints a Markdown table.
 
-Usage: .venv/bin/python bench/apiserver_overhead.py [cycles, default 400]
+Usage: .venv/bin/python bench/apiserver_overhead.py [cycles, default 400] [workers, default the server's]
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ def mutated(api: Any, namespace: str) -> bool:
 
 def main() -> None:
     cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    # Comparing worker counts in the same hour is the only fair comparison on this VM (its speed drifts).
+    worker_args = ["--workers", sys.argv[2]] if len(sys.argv) > 2 else []
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-overhead-"))
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
@@ -151,7 +153,7 @@ def main() -> None:
         for accounting in ("local", "strict"):
             servers[accounting] = WebhookProcess(work / accounting, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path), "--accounting", accounting,
-                "--ledger-namespace", "bench-strict"]).start()
+                "--ledger-namespace", "bench-strict", *worker_args]).start()
         go_url = start_go_reference(work, servers["local"].cert_dir)
         for mode, (target, which) in PLAN.items():
             if not target:
