@@ -11,6 +11,13 @@ a *fresh* process (``measure`` below), exactly what the quota service does in li
 the cost of ``QuotaState.apply_event`` for MODIFIED pod and quota events. Prints a JSON line per
 measurement and a Markdown summary (medians); docs/benchmarks.md holds a recorded run.
 
+Variant ``served`` measures the whole product instead: ``gpuquota serve --kubeconfig`` as an
+operator starts it (tests/webhookproc.py; gunicorn master, quota service, ``--workers`` workers),
+the time from launch to ``/readyz`` answering 200, then RSS and PSS of every process in its tree
+(PSS shares the pages processes share, such as the totals region, among them, so its sum is what the
+tree really costs), once synced and again after 8 keep-alive connections sent 4,000 dry-run
+admission reviews (allowed, or denied by an exceeded quota), so every worker has imported and served what it serves.
+
 If pod creation does not reach a count within ``--create-budget`` seconds (per step), the step is
 measured at what was created and says so.
 """
@@ -26,6 +33,7 @@ import ssl
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -220,7 +228,6 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     ``shared``: as the quota service runs with local accounting (the default), publishing its
     totals to the workers' shared region on every change (webhook.quota_service.share_with_workers).
     """
-    import tempfile
 
     from kubeaccess import kube
     from webhook.cluster_state import start_live_sync
@@ -283,6 +290,104 @@ def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, shared: b
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+# --- the whole server ------------------------------------------------------------------------------
+
+SERVED_REVIEWS = 4000
+SERVED_CONNECTIONS = 8
+
+
+def _tree_pids(root: int) -> list[int]:
+    # ps, not /proc/<pid>/task/<pid>/children: a child forked from another thread is listed only there.
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(root)], capture_output=True, text=True).stdout.split()
+    return [root] + [pid for child in children for pid in _tree_pids(int(child))]
+
+
+def _kib(pid: int, path: str, field: str) -> int:
+    for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def process_memory(root: int) -> list[dict[str, Any]]:
+    """RSS, PSS and peak RSS (MiB) of each process in the tree, with the title gunicorn gives it."""
+    rows = []
+    for pid in _tree_pids(root):
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        rows.append({"pid": pid, "title": title[:60],
+                     "rss_mib": round(_kib(pid, "status", "VmRSS") / 1024, 1),
+                     "pss_mib": round(_kib(pid, "smaps_rollup", "Pss") / 1024, 1),
+                     "peak_rss_mib": round(_kib(pid, "status", "VmHWM") / 1024, 1)})
+    return rows
+
+
+def admission_review(index: int, operation_path: str) -> bytes:
+    namespace, pod = pod_object(index)
+    pod["metadata"]["name"] = f"served-{index:06d}"
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": f"served-{index}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                                   "resource": {"group": "", "version": "v1", "resource": "pods"},
+                                   "namespace": namespace, "operation": "CREATE",
+                                   "userInfo": {"username": "bench"}, "object": pod, "dryRun": True}}).encode()
+
+
+def send_reviews(host: str, port: int, context: ssl.SSLContext) -> None:
+    """SERVED_REVIEWS reviews over SERVED_CONNECTIONS keep-alive connections, mutate and validate alike."""
+    failures: list[str] = []
+
+    def connection(offset: int) -> None:
+        conn = http.client.HTTPSConnection(host, port, context=context, timeout=30)
+        for n in range(offset, SERVED_REVIEWS, SERVED_CONNECTIONS):
+            path = "/mutate-pods" if n % 2 else "/validate-pods"
+            conn.request("POST", path, admission_review(n, path), {"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            body = reply.read()
+            # At 100,000 pods the leaves are over their max, so a denial is as much an answer as an allow.
+            answer = json.loads(body).get("response", {}) if reply.status == 200 else {}
+            if answer.get("uid") != f"served-{n}" or not (answer.get("allowed") or answer.get("status", {})
+                                                           .get("reason") == "QuotaExceeded"):
+                failures.append(f"{path} {reply.status}: {body[:200]!r}")
+        conn.close()
+
+    threads = [threading.Thread(target=connection, args=(i,)) for i in range(SERVED_CONNECTIONS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise SystemExit(f"served: {len(failures)} reviews not answered as expected, first: {failures[0]}")
+
+
+def measure_served(kubeconfig: Path, work_dir: Path, workers: int | None) -> dict[str, Any]:
+    from webhookproc import LOOPBACK, WebhookProcess
+
+    from webhook.settings import Settings
+
+    server = WebhookProcess(work_dir, serve_args=["--kubeconfig", str(kubeconfig),
+                                                  *(["--workers", str(workers)] if workers else [])])
+    started = time.monotonic()
+    server.start(ready_path="/readyz")
+    try:
+        ready_seconds = time.monotonic() - started
+        synced = process_memory(server.pid)
+        send_reviews(LOOPBACK, server.port, server.ssl_context())
+        served = process_memory(server.pid)
+    finally:
+        server.stop()
+    for row in served:
+        print(json.dumps({"served_process": row}), file=sys.stderr, flush=True)
+
+    def total(rows: list[dict[str, Any]], key: str) -> float:
+        return round(sum(row[key] for row in rows), 1)
+
+    return {"variant": "served", "workers": workers or Settings().workers, "processes": len(served),
+            "ready_seconds": round(ready_seconds, 2),
+            "rss_synced_mib": total(synced, "rss_mib"), "pss_synced_mib": total(synced, "pss_mib"),
+            "rss_served_mib": total(served, "rss_mib"), "pss_served_mib": total(served, "pss_mib"),
+            "peak_rss_sum_mib": total(served, "peak_rss_mib"),
+            "largest_process_peak_mib": max(row["peak_rss_mib"] for row in served)}
+
+
 # --- driver ----------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -299,8 +404,12 @@ def main() -> None:
     parser.add_argument("--variants", default="live,paged",
                         help="live: webhook.cluster_state as shipped (local accounting: publishing to the "
                              "workers' shared region); live-unshared: the same without the region; paged: the "
-                             "what-if of paged_sync (any of them with -unshared)")
+                             "what-if of paged_sync (any of them with -unshared); served: the whole "
+                             "gpuquota serve process tree")
     parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
+    parser.add_argument("--workers", default="",
+                        help="served: gunicorn worker counts to measure, comma-separated (default: what "
+                             "gpuquota serve starts by default)")
     args = parser.parse_args()
     if args.command == "measure":
         print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared)))
@@ -327,12 +436,22 @@ def main() -> None:
         print(f"created {len(quotas)} ElasticQuotas in {seconds:.1f}s", file=sys.stderr, flush=True)
         created = 0
         rows: list[dict[str, Any]] = []
+        served_rows: list[dict[str, Any]] = []
+        served_dir = Path(tempfile.mkdtemp(prefix="gpuquota-bench-served-"))
         for target in (int(n) for n in args.pods.split(",")):
             created, seconds = create_pods(plane.server, plane.pki_dir, created, target, args.create_budget)
             print(f"pods: {created} (target {target}) after {seconds:.0f}s of creation "
                   f"({CREATE_PROCESSES} processes x {CREATE_THREADS} keep-alive connections)", file=sys.stderr,
                   flush=True)
             for variant in args.variants.split(","):
+                if variant == "served":
+                    for workers in [int(n) for n in args.workers.split(",") if n] or [None]:
+                        for attempt in range(args.repeat):
+                            run = measure_served(plane.kubeconfig_path,
+                                                 served_dir / f"{target}-{workers}-{attempt}", workers)
+                            print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
+                            served_rows.append({"target": target, "created": created, **run})
+                    continue
                 runs = []
                 sync, shared = variant.removesuffix("-unshared"), not variant.endswith("-unshared")
                 for attempt in range(args.repeat):
@@ -340,18 +459,28 @@ def main() -> None:
                     run["variant"] = variant
                     print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
                     runs.append(run)
-                median = {key: statistics.median(r[key] for r in runs) for key in runs[0]
+                median = {key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0]
                           if key not in ("variant", "shared_region")}
                 rows.append({"target": target, "variant": variant, "created": created,
                              "created_seconds": round(seconds), **median})
-        print("\n| sync | pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
-              "| pod MODIFIED µs | quota MODIFIED µs |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        if rows:
+            print("\n| sync | pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
+                  "| pod MODIFIED µs | quota MODIFIED µs |")
+            print("|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             print(f"| {row['variant']} | {row['pods_cached']:.0f} | {row['quotas_cached']:.0f} | "
                   f"{row['sync_seconds']} | "
                   f"{row['peak_rss_mib']} | {row['rss_synced_mib']} | {row['rss_after_gc_mib']} | "
                   f"{row['pod_event_us']} | {row['elasticquota_event_us']} |")
+        if served_rows:
+            print("\n| pods | workers | processes | launch to ready s | RSS synced MiB | PSS synced MiB "
+                  "| RSS served MiB | PSS served MiB | sum of peaks MiB | largest peak MiB |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
+            for row in served_rows:
+                print(f"| {row['created']} | {row['workers']} | {row['processes']} | {row['ready_seconds']} | "
+                      f"{row['rss_synced_mib']} | "
+                      f"{row['pss_synced_mib']} | {row['rss_served_mib']} | {row['pss_served_mib']} | "
+                      f"{row['peak_rss_sum_mib']} | {row['largest_process_peak_mib']} |")
     finally:
         plane.cleanup()
 
