@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import ssl
 import statistics
 import subprocess
@@ -184,6 +185,8 @@ def main() -> None:
             server.stop()
         api.close()
         plane.stop()
+        for server_dir in (work / "cp", work / "local", work / "strict"):  # etcd's data, logs, certs
+            shutil.rmtree(server_dir, ignore_errors=True)
     base = results["none"]
     print(f"{cycles} cycles of one create per mode, shuffled order (after {WARMUP} warm-up cycles), one client, "
           f"one kept-alive connection ({opened} TCP connections accepted on this host while timing)\n")

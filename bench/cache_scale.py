@@ -29,6 +29,7 @@ import gc
 import http.client
 import json
 import multiprocessing
+import shutil
 import ssl
 import statistics
 import subprocess
@@ -419,6 +420,7 @@ def main() -> None:
     from controlplane import ELASTICQUOTA_CRD, ControlPlane, locate_binaries, make_api, wait_for_crd_established
 
     plane = ControlPlane(locate_binaries())
+    served_dir = Path(tempfile.mkdtemp(prefix="gpuquota-bench-served-"))
     plane.start()
     try:
         api = make_api(plane.kubeconfig_path)
@@ -437,7 +439,6 @@ def main() -> None:
         created = 0
         rows: list[dict[str, Any]] = []
         served_rows: list[dict[str, Any]] = []
-        served_dir = Path(tempfile.mkdtemp(prefix="gpuquota-bench-served-"))
         for target in (int(n) for n in args.pods.split(",")):
             created, seconds = create_pods(plane.server, plane.pki_dir, created, target, args.create_budget)
             print(f"pods: {created} (target {target}) after {seconds:.0f}s of creation "
@@ -483,6 +484,7 @@ def main() -> None:
                       f"{row['peak_rss_sum_mib']} | {row['largest_process_peak_mib']} |")
     finally:
         plane.cleanup()
+        shutil.rmtree(served_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

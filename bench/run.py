@@ -30,6 +30,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -83,13 +84,18 @@ def check_answer(url: str, body: Path, ca: Path, *, patched: bool) -> None:
         raise SystemExit(f"bench: {url} did not answer as the benchmark assumes: {response}")
 
 
-def wait_healthy(url: str, ca: Path) -> None:
+def wait_healthy(url: str, ca: Path, *, any_status: bool = False) -> None:
+    """Until ``url`` answers 2xx over verified TLS (any HTTP status with ``any_status``)."""
     context = ssl.create_default_context(cafile=str(ca))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, context=context, timeout=2):
                 return
+        except urllib.error.HTTPError:
+            if any_status:
+                return
+            time.sleep(0.2)
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"{url} did not come up")
@@ -216,19 +222,25 @@ def measure_fixed_rate(name: str, url: str, pid: int, body: Path, binary: Path, 
     return rows
 
 
-def refuse_busy_ports(*ports: int) -> None:
-    """Stop if a port already answers: gunicorn binds with SO_REUSEPORT, so a second bench's server
-    would share 18443 silently and the kernel would spread both benches' connections over both."""
-    for port in ports:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                raise SystemExit(f"bench: 127.0.0.1:{port} is already in use (another make bench?)")
+def unused_ports(count: int) -> list[int]:
+    """Ports nothing listens on, held open together so they differ. Not fixed ones: gunicorn binds with
+    SO_REUSEPORT, so a second bench's server on a fixed port would share it silently and the kernel
+    would spread both benches' connections over both."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def main() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("bench: wrk not found (Debian: apt-get install wrk)")
-    refuse_busy_ports(17443, 18443, 19443)
+    floor_port, ours_port, go_port = unused_ports(3)
+    ours_url, floor_url, go_url = (f"https://127.0.0.1:{port}" for port in (ours_port, floor_port, go_port))
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-"))
     body = work / "review.json"
     body.write_text(json.dumps(review()))
@@ -241,18 +253,19 @@ def main() -> None:
     subprocess.run(["go", "build", "-o", generator, "."], cwd=ROOT / "bench" / "loadgen", check=True)
     servers = [
         subprocess.Popen([BIN / "gpuquota", "serve", "--state", ROOT / "examples" / "cluster", "--cert-dir", certs,
-                          "--port", "18443", "--log-level", "warning"], start_new_session=True),
-        subprocess.Popen([goref, "-addr", "127.0.0.1:19443", "-cert", certs / "tls.crt", "-key", certs / "tls.key"],
+                          "--port", str(ours_port), "--log-level", "warning"], start_new_session=True),
+        subprocess.Popen([goref, "-addr", f"127.0.0.1:{go_port}", "-cert", certs / "tls.crt",
+                          "-key", certs / "tls.key"], start_new_session=True),
+        subprocess.Popen([BIN / "python", ROOT / "bench" / "floor_server.py", certs, str(floor_port)],
                          start_new_session=True),
-        subprocess.Popen([BIN / "python", ROOT / "bench" / "floor_server.py", certs, "17443"], start_new_session=True),
     ]
     try:
-        wait_healthy("https://127.0.0.1:18443/readyz", certs / "ca.crt")
-        wait_healthy("https://127.0.0.1:17443/readyz", certs / "ca.crt")  # the floor app answers any path
-        time.sleep(1)  # let the Go listener bind; its readiness is simply accepting TLS
-        for url, patched in (("https://127.0.0.1:18443/mutate-pods", True),
-                             ("https://127.0.0.1:18443/validate-pods", False),
-                             ("https://127.0.0.1:19443/mutate-pods", True)):
+        wait_healthy(f"{ours_url}/readyz", certs / "ca.crt")
+        wait_healthy(f"{floor_url}/readyz", certs / "ca.crt")  # the floor app answers any path
+        wait_healthy(f"{go_url}/", certs / "ca.crt", any_status=True)  # the Go reference 404s a GET /
+        for url, patched in ((f"{ours_url}/mutate-pods", True),
+                             (f"{ours_url}/validate-pods", False),
+                             (f"{go_url}/mutate-pods", True)):
             check_answer(url, body, certs / "ca.crt", patched=patched)
         print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
         print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
@@ -261,10 +274,10 @@ def main() -> None:
         defaults = Settings()  # what `gpuquota serve` runs with no flags, as here
         ours = f"gpuquota (gunicorn gthread {defaults.workers}x{defaults.threads})"
         floor, go = "floor: no-op app, same gunicorn", "Go stdlib reference"
-        targets = [(ours, "https://127.0.0.1:18443/mutate-pods", servers[0].pid),
-                   (ours, "https://127.0.0.1:18443/validate-pods", servers[0].pid),
-                   (floor, "https://127.0.0.1:17443/mutate-pods", servers[2].pid),
-                   (go, "https://127.0.0.1:19443/mutate-pods", servers[1].pid)]
+        targets = [(ours, f"{ours_url}/mutate-pods", servers[0].pid),
+                   (ours, f"{ours_url}/validate-pods", servers[0].pid),
+                   (floor, f"{floor_url}/mutate-pods", servers[2].pid),
+                   (go, f"{go_url}/mutate-pods", servers[1].pid)]
         ratios = []
         for round_ in range(1, ROUNDS + 1):
             throughput: Results = {}

@@ -1,0 +1,87 @@
+"""The benchmark scripts still run and report what docs/benchmarks.md quotes, at toy sizes.
+
+Nothing here is timed: each script runs as its README command runs it, with sizes small enough
+for CI, and the tests check that it reached the end and that its tables say what was measured
+(the pod and quota counts, the process tree, every mode and every row). A script that rots
+would otherwise only be found the next time someone tries to reproduce a number.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Every script here needs Go (the control plane, the Go reference, bench/loadgen): the same
+# fixture as the rest of the e2e suite skips locally without it and fails under CI.
+pytestmark = pytest.mark.usefixtures("control_plane_binaries")
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT_TIMEOUT = 420
+
+
+def run_script(args: list[str], env: dict[str, str] | None = None) -> str:
+    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=SCRIPT_TIMEOUT, env={**os.environ, **(env or {})}, check=False)
+    assert result.returncode == 0, f"{args[0]} exited {result.returncode}:\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def table_rows(output: str, first_cell: str) -> list[list[str]]:
+    """The cells of every Markdown row whose first cell is ``first_cell``."""
+    rows = []
+    for line in output.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if cells[0] == first_cell:
+                rows.append(cells)
+    return rows
+
+
+def test_cache_scale_measures_the_cache_and_the_whole_server() -> None:
+    output = run_script(["bench/cache_scale.py", "--pods", "300", "--repeat", "1", "--events", "200",
+                         "--variants", "live,served", "--workers", "2"])
+    [live] = table_rows(output, "live")
+    assert live[1:3] == ["300", "2000"]  # every pod and every quota created was cached
+    assert float(live[3]) > 0 and float(live[4]) > 0  # sync seconds, peak RSS
+    [served] = table_rows(output, "300")
+    # pods, workers, processes: the master, the quota service and the two workers.
+    assert served[1:3] == ["2", "4"]
+    rss_synced, pss_synced, rss_served, pss_served = (float(cell) for cell in served[4:8])
+    assert 0 < pss_synced <= rss_synced and 0 < pss_served <= rss_served
+
+
+def test_apiserver_overhead_times_every_mode() -> None:
+    output = run_script(["bench/apiserver_overhead.py", "3", "2"])
+    assert "3 cycles of one create per mode" in output
+    modes = [line for line in output.splitlines()
+             if line.startswith("| ") and not line.startswith(("| mode", "|---"))]
+    assert len(modes) == 6, output
+    for row in modes:
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        assert re.fullmatch(r"[+-]\d+\.\d\d", cells[4]), row  # the paired overhead in ms
+
+
+def test_cli_scale_times_audit_and_plan() -> None:
+    output = run_script(["bench/cli_scale.py", "--nodes", "20", "--quotas", "30", "--pods", "300",
+                         "--repeat", "1", "--format", "json"])
+    for command in ("`audit all`", "`migrate plan`"):
+        [row] = table_rows(output, command)
+        assert row[1].startswith("json") and float(row[2]) > 0 and float(row[5]) > 0
+
+
+def test_admission_bench_checks_every_server_and_prints_every_row() -> None:
+    output = run_script(["bench/run.py"], env={"BENCH_DURATION": "1s", "BENCH_WARMUP": "1s",
+                                               "BENCH_ROUNDS": "1", "BENCH_RATES": "200"})
+    closed = [line for line in output.splitlines() if re.match(r"\| 1 \| [^|]+ \| [a-z-]+ \| (1|8|32) \|", line)]
+    assert len(closed) == 12, output  # four servers or endpoints at 1, 8 and 32 connections
+    assert all(cells.split("|")[10].strip() == "0" for cells in closed), output  # no non-2xx answers
+    [ratios] = [line for line in output.splitlines() if re.match(r"\| 1 \| \d+ % ", line)]
+    assert ratios.count("%") >= 4
+    fixed = [line for line in output.splitlines() if re.match(r"\| 1 \| [^|]+ \| [a-z-]+ \| 200 \|", line)]
+    assert len(fixed) == 4, output
+    assert all(cells.split("|")[11].strip() == "0/0/0" for cells in fixed), output  # no errors at 200 req/s
