@@ -46,6 +46,8 @@ from gunicorn import SERVER, util
 from gunicorn.http.body import LengthReader
 from gunicorn.workers.gthread import ThreadWorker
 
+from .connection_balance import ConnectionTable, Shedder
+
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
 
 
@@ -82,10 +84,18 @@ class DateOncePerSecond:
 
 class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships no type hints
     alive: bool  # set by gunicorn's Worker; cleared here when the worker is to restart
+    nr_conns: int  # gthread's count of the connections this worker holds open
+    # Set by the master's pre_fork hook (webhook.gunicorn_conf); without them nothing is shed.
+    connection_table: ConnectionTable | None = None
+    connection_slot: int | None = None
+    _shedder: Shedder | None = None
+    _count_shed: Callable[[], None] = staticmethod(lambda: None)
 
     def init_process(self) -> None:
         if not isinstance(util.http_date, DateOncePerSecond):  # in this worker process, after the fork
             util.http_date = DateOncePerSecond(util.http_date)
+        if self.connection_table is not None and self.connection_slot is not None:
+            self._shedder = Shedder(self.connection_table, self.connection_slot)
         self._counts = threading.Lock()
         self._queued = 0  # requests submitted to the pool that no thread has taken yet
         self._busy = 0  # threads serving a request
@@ -104,6 +114,9 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         # with either, every request takes the WSGI path, which applies them.
         plain = not os.environ.get("SCRIPT_NAME") and self.cfg.proxy_protocol in ("off", False)
         self._direct = dict(admission_endpoints(self.wsgi)) if plain else {}
+        from .metrics import CONNECTIONS_SHED
+
+        self._count_shed = CONNECTIONS_SHED.inc
 
     def handle_request(self, req: Any, conn: Any) -> bool:
         endpoint = self._direct.get(req.path) if req.method == "POST" else None
@@ -116,7 +129,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
             self.log.info("Autorestarting worker after current request.")
             self.alive = False
         close = (req.should_close() or not self.alive or not self.cfg.keepalive  # alive covers max_requests
-                 or len(self.keepalived_conns) >= self.max_keepalived)
+                 or len(self.keepalived_conns) >= self.max_keepalived or self._shed())
         peer = _peer_address(conn.client)
         status, body = endpoint.serve({"wsgi.input": req.body, "CONTENT_LENGTH": str(req.body.reader.length),
                                        "REMOTE_ADDR": peer})
@@ -126,6 +139,34 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
         conn.sock.sendall(head.encode("latin-1") + body)  # one TLS record where gunicorn writes two
         return not close
+
+    def _shed(self) -> bool:
+        """Close this connection after the answer, to have it rehashed (webhook.connection_balance)."""
+        if self._shedder is None or not self._shedder.should_close(self.nr_conns):
+            return False
+        self._count_shed()
+        return True
+
+    def _publish_connections(self) -> None:
+        if self._shedder is not None:
+            self._shedder.publish(self.nr_conns)
+
+    # gthread changes nr_conns in these four, all on the worker's main thread.
+    def accept(self, listener: Any) -> None:
+        super().accept(listener)
+        self._publish_connections()
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        super().finish_request(conn, fs)
+        self._publish_connections()
+
+    def murder_keepalived(self, force: bool = False) -> None:
+        super().murder_keepalived(force)
+        self._publish_connections()
+
+    def murder_pending(self) -> None:
+        super().murder_pending()
+        self._publish_connections()
 
     def _wake_one(self, count: int = 1) -> None:
         # A full pipe holds wake-ups enough already: waiting threads will see one.

@@ -45,6 +45,11 @@ WOULD_DENY = Counter(
     "Pod denials that a check in warn or dry-run mode let pass, by endpoint, reason (the check) and mode.",
     ["endpoint", "reason", "mode"],
 )
+CONNECTIONS_SHED = Counter(
+    "gpuquota_connections_shed",
+    "Kept-alive connections a worker closed after an answer because it held more than its share "
+    "(webhook.connection_balance); the client reconnects and the kernel hashes it afresh.",
+)
 CONFIG_RELOADS = Counter(
     "gpuquota_config_reloads",
     "Changes of the config file seen by a worker: loaded, or error (the previous config stays in force).",

@@ -25,6 +25,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, WebhookProcess
 
+from webhook.connection_balance import ConnectionTable, Shedder
 from webhook.gunicorn_worker import StickyThreadWorker
 
 REVIEW = body(review(pod(resources={"nvidia.com/gpu": "2"}), uid="uid-direct-1"))
@@ -205,3 +206,22 @@ def test_a_worker_due_to_restart_closes_the_connection_after_its_last_answer(
 
     assert keep is False and worker.alive is False
     assert b"\r\nConnection: close\r\n" in written
+
+
+def test_a_worker_over_its_share_of_connections_closes_the_one_it_answered() -> None:
+    worker = bare_worker(RecordingEndpoint())
+    table = ConnectionTable(slots=2)
+    mine, other = table.claim(), table.claim()
+    assert mine is not None and other is not None
+    table.publish(other, 0)
+    worker._shedder, worker.nr_conns = Shedder(table, mine), 6  # 6 of 6 on two workers
+    shed: list[int] = []
+    worker._count_shed = lambda: shed.append(1)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        keep = worker.handle_request(parsed(with_length("/mutate-pods", b"{}")), Connection(ours, ("10.0.0.7", 1)))
+        written = theirs.recv(65536)
+
+    assert keep is False and worker.alive is True and shed == [1]
+    assert b"\r\nConnection: close\r\n" in written
+    assert table.counts() == [6, 0]

@@ -1,0 +1,94 @@
+"""Keeps the API server's kept-alive connections spread over the gunicorn workers.
+
+Each worker listens on its own SO_REUSEPORT socket. The kernel hashes every new connection to one
+of them, and the connection then stays with that worker for as long as it lives, which for the API
+server's webhook client is as long as it keeps being used. With a handful of connections the hash
+can put most of them on one worker: one core then serves all of them while the others idle
+(docs/benchmarks.md: all 8 connections on one of two workers cut throughput to 22 % of the Go
+reference, against 50-70 % when spread).
+
+So every worker publishes how many connections it holds in a table the master maps before it
+forks them, and a worker holding more than its share (plus one, so an even spread never churns)
+answers the request at hand with ``Connection: close``. The client opens a new connection for its
+next request, which the kernel hashes afresh. A worker sheds at most one connection per
+``SHED_INTERVAL_SECONDS``, so the table sees the reconnection before the next decision, and the
+price (one TLS handshake, about 2 ms of CPU) is paid only while the spread is uneven.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import time
+from collections.abc import Callable, Sequence
+
+SHED_INTERVAL_SECONDS = 1.0
+SHARE_SLACK = 1  # connections above the even share a worker may hold before it sheds one
+
+_SLOT = struct.Struct("<II")  # in use (0/1), connections held
+
+
+def over_share(mine: int, everyone: Sequence[int], slack: int = SHARE_SLACK) -> bool:
+    """Whether a worker holding ``mine`` of the connections counted in ``everyone`` (its own
+    included) holds more than the even share, rounded up, plus ``slack``."""
+    workers, total = len(everyone), sum(everyone)
+    if workers < 2:
+        return False
+    return mine > -(-total // workers) + slack
+
+
+class ConnectionTable:
+    """One slot per worker in anonymous shared memory: created by the master, inherited by every
+    worker it forks. Slots are handed out and taken back by the master alone (gunicorn's
+    ``pre_fork`` and ``child_exit`` hooks, single-threaded); each worker writes only its own."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._map = mmap.mmap(-1, slots * _SLOT.size)  # MAP_SHARED | MAP_ANONYMOUS: kept across fork
+
+    def claim(self) -> int | None:
+        """A free slot, marked in use with no connections; None when all are taken."""
+        for slot in range(self.slots):
+            in_use, _ = _SLOT.unpack_from(self._map, slot * _SLOT.size)
+            if not in_use:
+                _SLOT.pack_into(self._map, slot * _SLOT.size, 1, 0)
+                return slot
+        return None
+
+    def release(self, slot: int) -> None:
+        _SLOT.pack_into(self._map, slot * _SLOT.size, 0, 0)
+
+    def publish(self, slot: int, connections: int) -> None:
+        _SLOT.pack_into(self._map, slot * _SLOT.size, 1, max(connections, 0))
+
+    def counts(self) -> list[int]:
+        """Connections held by each worker with a slot (read without a lock: a count a moment old
+        only delays a decision)."""
+        held = []
+        for slot in range(self.slots):
+            in_use, connections = _SLOT.unpack_from(self._map, slot * _SLOT.size)
+            if in_use:
+                held.append(connections)
+        return held
+
+
+class Shedder:
+    """A worker's side: publish its count, and decide whether to close the connection it just served."""
+
+    def __init__(self, table: ConnectionTable, slot: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.table, self.slot = table, slot
+        self._clock = clock
+        self._last_shed = float("-inf")
+
+    def publish(self, connections: int) -> None:
+        self.table.publish(self.slot, connections)
+
+    def should_close(self, connections: int) -> bool:
+        self.table.publish(self.slot, connections)
+        now = self._clock()
+        if now - self._last_shed < SHED_INTERVAL_SECONDS:
+            return False
+        if not over_share(connections, self.table.counts()):
+            return False
+        self._last_shed = now
+        return True
