@@ -149,6 +149,12 @@ def connections_per_process(port: int) -> list[int]:
     return sorted(held.values())
 
 
+def _seconds(duration: str) -> float:
+    """wrk's duration ("10s", "2m") in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    return float(duration[:-1]) * units[duration[-1]] if duration[-1] in units else float(duration)
+
+
 def wrk(url: str, connections: int, body: Path) -> dict[str, Any]:
     threads = min(connections, 2)
     steal_before, total_before = vm_cpu_ticks()
@@ -156,11 +162,15 @@ def wrk(url: str, connections: int, body: Path) -> dict[str, Any]:
                             "-s", str(ROOT / "bench" / "post.lua"), url],
                            stdout=subprocess.PIPE, text=True, env={**os.environ, "BODY_FILE": str(body)})
     # wrk opens every connection before its first request; one second in, all are established.
-    spread: list[int] = []
-    try:
-        run.wait(timeout=1)
-    except subprocess.TimeoutExpired:
-        spread = connections_per_process(urllib.parse.urlsplit(url).port or 443)
+    # Sampled again a second before the end: workers over their share shed connections meanwhile.
+    port = urllib.parse.urlsplit(url).port or 443
+    spreads: list[str] = []
+    for wait in (1.0, max(_seconds(DURATION) - 2.0, 0.0)):
+        try:
+            run.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            spreads.append("-".join(map(str, connections_per_process(port))))
     out, _ = run.communicate()
     if run.returncode:
         raise SystemExit(f"bench: wrk failed on {url} (exit {run.returncode})")
@@ -175,7 +185,7 @@ def wrk(url: str, connections: int, body: Path) -> dict[str, Any]:
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1]), "p50": latency("50"),  # type: ignore[index]
             "p99": latency("99"), "requests": requests, "non2xx": int(errors[1]) if errors else 0,
             "steal": 100 * (steal_after - steal_before) / max(total_after - total_before, 1),
-            "spread": "-".join(map(str, spread)) or "?"}
+            "spread": " → ".join(dict.fromkeys(spreads)) or "?"}
 
 
 Results = dict[tuple[str, str, int], dict[str, Any]]
@@ -269,7 +279,7 @@ def main() -> None:
             check_answer(url, body, certs / "ca.crt", patched=patched)
         print(f"body: {body.stat().st_size} bytes; {DURATION} per row; {os.cpu_count()} cores; wrk on the same host")
         print("| round | server | endpoint | connections | req/s | p50 ms | p99 ms | server CPU µs/req "
-              "| server RSS MiB | non-2xx | VM steal % | connections per process |")
+              "| server RSS MiB | non-2xx | VM steal % | connections per process (1 s in → 1 s before the end) |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         defaults = Settings()  # what `gpuquota serve` runs with no flags, as here
         ours = f"gpuquota (gunicorn gthread {defaults.workers}x{defaults.threads})"
