@@ -11,8 +11,9 @@ So every worker publishes how many connections it holds in a table the master ma
 forks them, and a worker holding more than its share (plus one, so an even spread never churns)
 answers the request at hand with ``Connection: close``. The client opens a new connection for its
 next request, which the kernel hashes afresh. A worker sheds at most one connection per
-``SHED_INTERVAL_SECONDS``, so the table sees the reconnection before the next decision, and the
-price (one TLS handshake, about 2 ms of CPU) is paid only while the spread is uneven.
+``SHED_INTERVAL_SECONDS``, and only once it has been over its share for that long, so the table
+sees the reconnection before the next decision, and the price (one TLS handshake, about 2 ms of
+CPU) is paid only while the spread stays uneven.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 
 SHED_INTERVAL_SECONDS = 1.0
+CHECK_INTERVAL = 0.1  # seconds between two looks at the table by one worker
 SHARE_SLACK = 1  # connections above the even share a worker may hold before it sheds one
 
 _SLOT = struct.Struct("<II")  # in use (0/1), connections held
@@ -61,34 +63,48 @@ class ConnectionTable:
     def publish(self, slot: int, connections: int) -> None:
         _SLOT.pack_into(self._map, slot * _SLOT.size, 1, max(connections, 0))
 
-    def counts(self) -> list[int]:
-        """Connections held by each worker with a slot (read without a lock: a count a moment old
-        only delays a decision)."""
+    def counts(self, own: tuple[int, int] | None = None) -> list[int]:
+        """Connections held by each worker with a slot, with ``own`` = (slot, count) standing for
+        what that slot says (read without a lock: a count a moment old only delays a decision)."""
         held = []
         for slot in range(self.slots):
             in_use, connections = _SLOT.unpack_from(self._map, slot * _SLOT.size)
-            if in_use:
+            if own is not None and slot == own[0]:
+                held.append(own[1])
+            elif in_use:
                 held.append(connections)
         return held
 
 
 class Shedder:
-    """A worker's side: publish its count, and decide whether to close the connection it just served."""
+    """A worker's side: publish its count, and decide whether to close the connection it just served.
+
+    The decision runs on every answer, so it looks at the table at most every ``CHECK_INTERVAL``
+    and otherwise costs one clock read. A worker must find itself over its share twice, at least
+    ``SHED_INTERVAL_SECONDS`` apart, before it sheds: while a burst of new connections is being
+    accepted the workers' counts disagree for a moment, and the first look would shed for nothing.
+    """
 
     def __init__(self, table: ConnectionTable, slot: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.table, self.slot = table, slot
         self._clock = clock
-        self._last_shed = float("-inf")
+        self._next_check = float("-inf")
+        self._over_since: float | None = None
 
     def publish(self, connections: int) -> None:
         self.table.publish(self.slot, connections)
 
     def should_close(self, connections: int) -> bool:
-        self.table.publish(self.slot, connections)
         now = self._clock()
-        if now - self._last_shed < SHED_INTERVAL_SECONDS:
+        if now < self._next_check:
             return False
-        if not over_share(connections, self.table.counts()):
+        self._next_check = now + CHECK_INTERVAL
+        if not over_share(connections, self.table.counts(own=(self.slot, connections))):
+            self._over_since = None
             return False
-        self._last_shed = now
+        if self._over_since is None:
+            self._over_since = now
+        if now - self._over_since < SHED_INTERVAL_SECONDS:
+            return False
+        self._over_since = now  # still over after this one: the next shed waits another interval
         return True

@@ -49,6 +49,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from .connection_balance import ConnectionTable, Shedder
 
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
+COUNT_INTERVAL = 0.1  # seconds between two counts of a worker's connections
 
 
 def _peer_address(client: tuple[str, int] | str | bytes) -> str:
@@ -84,18 +85,21 @@ class DateOncePerSecond:
 
 class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships no type hints
     alive: bool  # set by gunicorn's Worker; cleared here when the worker is to restart
-    nr_conns: int  # gthread's count of the connections this worker holds open
     # Set by the master's pre_fork hook (webhook.gunicorn_conf); without them nothing is shed.
     connection_table: ConnectionTable | None = None
     connection_slot: int | None = None
     _shedder: Shedder | None = None
     _count_shed: Callable[[], None] = staticmethod(lambda: None)
+    # Connections this worker holds, counted on its main thread (see _count_connections).
+    _held = 0
+    _counted_at = float("-inf")
 
     def init_process(self) -> None:
         if not isinstance(util.http_date, DateOncePerSecond):  # in this worker process, after the fork
             util.http_date = DateOncePerSecond(util.http_date)
         if self.connection_table is not None and self.connection_slot is not None:
             self._shedder = Shedder(self.connection_table, self.connection_slot)
+        self._open_connections: set[Any] = set()
         self._counts = threading.Lock()
         self._queued = 0  # requests submitted to the pool that no thread has taken yet
         self._busy = 0  # threads serving a request
@@ -142,31 +146,31 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
 
     def _shed(self) -> bool:
         """Close this connection after the answer, to have it rehashed (webhook.connection_balance)."""
-        if self._shedder is None or not self._shedder.should_close(self.nr_conns):
+        if self._shedder is None or not self._shedder.should_close(self._held):
             return False
         self._count_shed()
         return True
 
-    def _publish_connections(self) -> None:
-        if self._shedder is not None:
-            self._shedder.publish(self.nr_conns)
+    def _count_connections(self) -> None:
+        """Count and publish the connections this worker holds, at most every COUNT_INTERVAL.
 
-    # gthread changes nr_conns in these four, all on the worker's main thread.
-    def accept(self, listener: Any) -> None:
-        super().accept(listener)
-        self._publish_connections()
-
-    def finish_request(self, conn: Any, fs: Any) -> None:
-        super().finish_request(conn, fs)
-        self._publish_connections()
+        Counted from the connections themselves, not from gthread's ``nr_conns``: that one drifts
+        (measured below zero after a few thousand connections), because a connection whose TLS
+        peer left is closed in ``handle`` and then again, failing, in ``finish_request``, which
+        decrements once for the close and once for the failure.
+        """
+        now = time.monotonic()
+        if self._shedder is None or now - self._counted_at < COUNT_INTERVAL:
+            return
+        self._counted_at = now
+        self._open_connections = {conn for conn in self._open_connections if conn.sock.fileno() != -1}
+        self._held = len(self._open_connections)
+        self._shedder.publish(self._held)
 
     def murder_keepalived(self, force: bool = False) -> None:
+        # gthread's main loop calls this after every round of events and at least once a second.
         super().murder_keepalived(force)
-        self._publish_connections()
-
-    def murder_pending(self) -> None:
-        super().murder_pending()
-        self._publish_connections()
+        self._count_connections()
 
     def _wake_one(self, count: int = 1) -> None:
         # A full pipe holds wake-ups enough already: waiting threads will see one.
@@ -174,6 +178,9 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
             os.write(self._wake_write, b"w" * count)
 
     def enqueue_req(self, conn: Any) -> None:
+        # Every connection passes here when accepted (and again after each wait in the poller),
+        # always on the main thread, which alone reads and prunes the set.
+        self._open_connections.add(conn)
         with self._counts:
             self._queued += 1
             starved = self._waiting > 0 and self._busy + self._waiting + self._queued > self.cfg.threads

@@ -21,7 +21,13 @@ import pytest
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, WebhookProcess
 
-from webhook.connection_balance import SHED_INTERVAL_SECONDS, ConnectionTable, Shedder, over_share
+from webhook.connection_balance import (
+    CHECK_INTERVAL,
+    SHED_INTERVAL_SECONDS,
+    ConnectionTable,
+    Shedder,
+    over_share,
+)
 
 EXAMPLE_STATE = Path(__file__).resolve().parents[2] / "examples" / "cluster"
 REVIEW = body(review(pod()))
@@ -55,6 +61,7 @@ def test_the_table_hands_out_each_slot_once_and_counts_only_slots_in_use() -> No
     assert table.counts() == [5, 0, 1]
     table.release(1)
     assert table.counts() == [5, 1]
+    assert table.counts(own=(0, 2)) == [2, 1]  # a worker's own fresher count
     assert table.claim() == 1
     assert table.counts() == [5, 0, 1]
 
@@ -74,7 +81,7 @@ def test_a_forked_worker_publishes_into_the_masters_table() -> None:
     assert table.counts() == [7]
 
 
-def test_a_worker_sheds_at_most_one_connection_per_interval() -> None:
+def test_a_worker_sheds_once_it_stays_over_its_share_and_then_once_per_interval() -> None:
     table = ConnectionTable(slots=2)
     mine, other = table.claim(), table.claim()
     assert mine is not None and other is not None
@@ -82,14 +89,22 @@ def test_a_worker_sheds_at_most_one_connection_per_interval() -> None:
     shedder = Shedder(table, mine, clock=lambda: now[0])
     table.publish(other, 0)
     assert shedder.should_close(3) is False  # 3 of 3: share 2 + 1, held
-    assert shedder.should_close(6) is True  # 6 of 6: share 3 + 1 = 4
-    assert table.counts() == [6, 0]  # its own count published on the way
+    now[0] += 0.2
+    assert shedder.should_close(6) is False  # 6 of 6 (share 3 + 1 = 4), but seen for the first time
+    now[0] += CHECK_INTERVAL / 2
+    assert shedder.should_close(6) is False  # the table is not looked at again this soon
+    now[0] += SHED_INTERVAL_SECONDS
+    assert shedder.should_close(6) is True  # still over a second later
+    now[0] += 0.2
     assert shedder.should_close(6) is False  # too soon after the last one
     now[0] += SHED_INTERVAL_SECONDS
     assert shedder.should_close(5) is True
-    now[0] += SHED_INTERVAL_SECONDS
     table.publish(other, 4)
+    now[0] += SHED_INTERVAL_SECONDS
     assert shedder.should_close(5) is False  # 5 of 9: share 5
+    table.publish(other, 0)
+    now[0] += SHED_INTERVAL_SECONDS
+    assert shedder.should_close(6) is False  # over again: it must last another interval first
 
 
 # --- a real server -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, WebhookProcess
 
-from webhook.connection_balance import ConnectionTable, Shedder
+from webhook.connection_balance import SHED_INTERVAL_SECONDS, ConnectionTable, Shedder
 from webhook.gunicorn_worker import StickyThreadWorker
 
 REVIEW = body(review(pod(resources={"nvidia.com/gpu": "2"}), uid="uid-direct-1"))
@@ -214,7 +214,10 @@ def test_a_worker_over_its_share_of_connections_closes_the_one_it_answered() -> 
     mine, other = table.claim(), table.claim()
     assert mine is not None and other is not None
     table.publish(other, 0)
-    worker._shedder, worker.nr_conns = Shedder(table, mine), 6  # 6 of 6 on two workers
+    now = [100.0]
+    worker._shedder, worker._held = Shedder(table, mine, clock=lambda: now[0]), 6  # 6 of 6 on two workers
+    assert worker._shedder.should_close(6) is False  # first seen over its share
+    now[0] += SHED_INTERVAL_SECONDS
     shed: list[int] = []
     worker._count_shed = lambda: shed.append(1)
     ours, theirs = socket.socketpair()
@@ -224,4 +227,3 @@ def test_a_worker_over_its_share_of_connections_closes_the_one_it_answered() -> 
 
     assert keep is False and worker.alive is True and shed == [1]
     assert b"\r\nConnection: close\r\n" in written
-    assert table.counts() == [6, 0]
