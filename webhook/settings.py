@@ -40,7 +40,8 @@ class Settings:
     # SO_REUSEPORT socket and keeps every connection the kernel hashes to it, so with as many
     # workers as cores the API server's few connections could all land on one worker and leave a
     # core idle (seen in 2 of 12 benchmark rows at 8 connections: 40 % of the usual throughput).
-    # Four make that rare and leave two busy workers even when it happens, for ~20 MiB (PSS) each.
+    # Four make that rare and leave two busy workers even when it happens, for ~20 MiB (PSS) each;
+    # the workers then even the spread out by shedding connections (webhook.connection_balance).
     workers: int = 4
     threads: int = 4
     # Above the API server's 90 s idle-connection timeout, so it is always the client that closes
