@@ -66,15 +66,17 @@ class ConnectionTable:
     def publish(self, slot: int, connections: int) -> None:
         _SLOT.pack_into(self._map, slot * _SLOT.size, 1, max(connections, 0))
 
-    def counts(self, own: tuple[int, int] | None = None) -> list[int]:
-        """Connections held by each worker with a slot, with ``own`` = (slot, count) standing for
-        what that slot says (read without a lock: a count a moment old only delays a decision)."""
+    def held(self, slot: int) -> int:
+        """What the worker in ``slot`` last published."""
+        return int(_SLOT.unpack_from(self._map, slot * _SLOT.size)[1])
+
+    def counts(self) -> list[int]:
+        """Connections held by each worker with a slot (read without a lock: a count a moment old
+        only delays a decision)."""
         held = []
         for slot in range(self.slots):
             in_use, connections = _SLOT.unpack_from(self._map, slot * _SLOT.size)
-            if own is not None and slot == own[0]:
-                held.append(own[1])
-            elif in_use:
+            if in_use:
                 held.append(connections)
         return held
 
@@ -97,12 +99,13 @@ class Shedder:
     def publish(self, connections: int) -> None:
         self.table.publish(self.slot, connections)
 
-    def should_close(self, connections: int) -> bool:
+    def should_close(self) -> bool:
+        """Whether the worker, by what it last published, should close the connection it just served."""
         now = self._clock()
         if now < self._next_check:
             return False
         self._next_check = now + CHECK_INTERVAL
-        if not over_share(connections, self.table.counts(own=(self.slot, connections))):
+        if not over_share(self.table.held(self.slot), self.table.counts()):
             self._over_since = None
             return False
         if self._over_since is None:

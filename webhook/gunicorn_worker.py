@@ -90,9 +90,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
     connection_slot: int | None = None
     _shedder: Shedder | None = None
     _count_shed: Callable[[], None] = staticmethod(lambda: None)
-    # Connections this worker holds, counted on its main thread (see _count_connections).
-    _held = 0
-    _counted_at = float("-inf")
+    _counted_at = float("-inf")  # when the main thread last counted this worker's connections
 
     def init_process(self) -> None:
         if not isinstance(util.http_date, DateOncePerSecond):  # in this worker process, after the fork
@@ -146,7 +144,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
 
     def _shed(self) -> bool:
         """Close this connection after the answer, to have it rehashed (webhook.connection_balance)."""
-        if self._shedder is None or not self._shedder.should_close(self._held):
+        if self._shedder is None or not self._shedder.should_close():
             return False
         self._count_shed()
         return True
@@ -164,8 +162,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
             return
         self._counted_at = now
         self._open_connections = {conn for conn in self._open_connections if conn.sock.fileno() != -1}
-        self._held = len(self._open_connections)
-        self._shedder.publish(self._held)
+        self._shedder.publish(len(self._open_connections))
 
     def murder_keepalived(self, force: bool = False) -> None:
         # gthread's main loop calls this after every round of events and at least once a second.

@@ -60,7 +60,7 @@ def test_the_table_hands_out_each_slot_once_and_counts_only_slots_in_use() -> No
     assert table.counts() == [5, 0, 1]
     table.release(1)
     assert table.counts() == [5, 1]
-    assert table.counts(own=(0, 2)) == [2, 1]  # a worker's own fresher count
+    assert table.held(0) == 5 and table.held(2) == 1
     assert table.claim() == 1
     assert table.counts() == [5, 0, 1]
 
@@ -86,25 +86,30 @@ def test_a_worker_sheds_once_it_stays_over_its_share_and_then_once_per_interval(
     assert mine is not None and other is not None
     now = [100.0]
     shedder = Shedder(table, mine, clock=lambda: now[0])
+
+    def holding(connections: int) -> bool:
+        shedder.publish(connections)  # as the worker's main thread does
+        return shedder.should_close()
+
     table.publish(other, 3)
-    assert shedder.should_close(3) is False  # 3 of 6: the share
+    assert holding(3) is False  # 3 of 6: the share
     table.publish(other, 0)
     now[0] += 0.2
-    assert shedder.should_close(6) is False  # 6 of 6 (share 3), but seen for the first time
+    assert holding(6) is False  # 6 of 6 (share 3), but seen for the first time
     now[0] += CHECK_INTERVAL / 2
-    assert shedder.should_close(6) is False  # the table is not looked at again this soon
+    assert holding(6) is False  # the table is not looked at again this soon
     now[0] += SHED_INTERVAL_SECONDS
-    assert shedder.should_close(6) is True  # still over a second later
+    assert holding(6) is True  # still over a second later
     now[0] += 0.2
-    assert shedder.should_close(6) is False  # too soon after the last one
+    assert holding(6) is False  # too soon after the last one
     now[0] += SHED_INTERVAL_SECONDS
-    assert shedder.should_close(5) is True
+    assert holding(5) is True
     table.publish(other, 4)
     now[0] += SHED_INTERVAL_SECONDS
-    assert shedder.should_close(5) is False  # 5 of 9: share 5
+    assert holding(5) is False  # 5 of 9: share 5
     table.publish(other, 0)
     now[0] += SHED_INTERVAL_SECONDS
-    assert shedder.should_close(6) is False  # over again: it must last another interval first
+    assert holding(6) is False  # over again: it must last another interval first
 
 
 # --- a real server -----------------------------------------------------------------------------

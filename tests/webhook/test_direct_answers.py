@@ -215,8 +215,9 @@ def test_a_worker_over_its_share_of_connections_closes_the_one_it_answered() -> 
     assert mine is not None and other is not None
     table.publish(other, 0)
     now = [100.0]
-    worker._shedder, worker._held = Shedder(table, mine, clock=lambda: now[0]), 6  # 6 of 6 on two workers
-    assert worker._shedder.should_close(6) is False  # first seen over its share
+    worker._shedder = Shedder(table, mine, clock=lambda: now[0])
+    worker._shedder.publish(6)  # 6 of 6 on two workers
+    assert worker._shedder.should_close() is False  # first seen over its share
     now[0] += SHED_INTERVAL_SECONDS
     shed: list[int] = []
     worker._count_shed = lambda: shed.append(1)
