@@ -52,8 +52,9 @@ CREATE_PROCESSES = 4
 CREATE_THREADS = 8
 
 
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def _kib(field: str, pid: int | str = "self", path: str = "status") -> int:
+    """A ``field: N kB`` line of /proc/<pid>/<path> (status, smaps_rollup), in KiB."""
+    for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
@@ -236,7 +237,7 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     from webhook.quota_state import QuotaState
 
     gc.collect()
-    rss_before = _status_kib("VmRSS")
+    rss_before = _kib("VmRSS")
     state = QuotaState()
     socket_path = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "quota.sock"
     if shared:
@@ -251,10 +252,10 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
         paged_sync(state, kube.connect(kubeconfig, None))
         assert state.ready()[0]
     sync_seconds = time.monotonic() - start
-    peak_kib = _status_kib("VmHWM")
-    rss_synced = _status_kib("VmRSS")
+    peak_kib = _kib("VmHWM")
+    rss_synced = _kib("VmRSS")
     gc.collect()
-    rss_after_gc = _status_kib("VmRSS")
+    rss_after_gc = _kib("VmRSS")
     pods_cached, quotas_cached = len(state.usage), len(state.tree.quotas)
 
     # Real objects as the watch delivers them (apiserver defaults, managedFields and all).
@@ -297,39 +298,26 @@ SERVED_REVIEWS = 4000
 SERVED_CONNECTIONS = 8
 
 
-def _tree_pids(root: int) -> list[int]:
-    # ps, not /proc/<pid>/task/<pid>/children: a child forked from another thread is listed only there.
-    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(root)], capture_output=True, text=True).stdout.split()
-    return [root] + [pid for child in children for pid in _tree_pids(int(child))]
-
-
-def _kib(pid: int, path: str, field: str) -> int:
-    for line in Path(f"/proc/{pid}/{path}").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 def process_memory(root: int) -> list[dict[str, Any]]:
     """RSS, PSS and peak RSS (MiB) of each process in the tree, with the title gunicorn gives it."""
+    from run import tree_pids  # bench/run.py, this script's directory
+
     rows = []
-    for pid in _tree_pids(root):
+    for pid in tree_pids(root):
         title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
         rows.append({"pid": pid, "title": title[:60],
-                     "rss_mib": round(_kib(pid, "status", "VmRSS") / 1024, 1),
-                     "pss_mib": round(_kib(pid, "smaps_rollup", "Pss") / 1024, 1),
-                     "peak_rss_mib": round(_kib(pid, "status", "VmHWM") / 1024, 1)})
+                     "rss_mib": round(_kib("VmRSS", pid) / 1024, 1),
+                     "pss_mib": round(_kib("Pss", pid, "smaps_rollup") / 1024, 1),
+                     "peak_rss_mib": round(_kib("VmHWM", pid) / 1024, 1)})
     return rows
 
 
-def admission_review(index: int, operation_path: str) -> bytes:
-    namespace, pod = pod_object(index)
+def admission_review(index: int) -> bytes:
+    from reviews import body, review  # tests/reviews.py: reviews as the API server builds them
+
+    _, pod = pod_object(index)
     pod["metadata"]["name"] = f"served-{index:06d}"
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                       "request": {"uid": f"served-{index}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                                   "resource": {"group": "", "version": "v1", "resource": "pods"},
-                                   "namespace": namespace, "operation": "CREATE",
-                                   "userInfo": {"username": "bench"}, "object": pod, "dryRun": True}}).encode()
+    return body(review(pod, dry_run=True, uid=f"served-{index}"))
 
 
 def send_reviews(host: str, port: int, context: ssl.SSLContext) -> None:
@@ -340,7 +328,7 @@ def send_reviews(host: str, port: int, context: ssl.SSLContext) -> None:
         conn = http.client.HTTPSConnection(host, port, context=context, timeout=30)
         for n in range(offset, SERVED_REVIEWS, SERVED_CONNECTIONS):
             path = "/mutate-pods" if n % 2 else "/validate-pods"
-            conn.request("POST", path, admission_review(n, path), {"Content-Type": "application/json"})
+            conn.request("POST", path, admission_review(n), {"Content-Type": "application/json"})
             reply = conn.getresponse()
             body = reply.read()
             # At 100,000 pods the leaves are over their max, so a denial is as much an answer as an allow.
