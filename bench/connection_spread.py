@@ -44,7 +44,7 @@ def main() -> None:
     certs = work / "certs"
     subprocess.run([run.BIN / "gpuquota", "certs", "generate", "--out", certs, "--dns", "localhost",
                     "--ip", "127.0.0.1"], check=True, capture_output=True)
-    [port] = run.unused_ports(1)
+    [port] = run.free_ports(1)
     url = f"https://127.0.0.1:{port}"
     server = subprocess.Popen([run.BIN / "gpuquota", "serve", "--state", run.ROOT / "examples" / "cluster",
                                "--cert-dir", certs, "--port", str(port), "--log-level", "warning",

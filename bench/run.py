@@ -25,9 +25,9 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -36,9 +36,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from webhook.settings import Settings
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from controlplane import free_ports  # noqa: E402  (tests/controlplane.py)
+
+from webhook.settings import Settings  # noqa: E402
+
 BIN = ROOT / ".venv" / "bin"
 CONNECTIONS = (1, 8, 32)
 DURATION = os.environ.get("BENCH_DURATION", "10s")
@@ -232,24 +236,12 @@ def measure_fixed_rate(name: str, url: str, pid: int, body: Path, binary: Path, 
     return rows
 
 
-def unused_ports(count: int) -> list[int]:
-    """Ports nothing listens on, held open together so they differ. Not fixed ones: gunicorn binds with
-    SO_REUSEPORT, so a second bench's server on a fixed port would share it silently and the kernel
-    would spread both benches' connections over both."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
-
-
 def main() -> None:
     if not shutil.which("wrk"):
         raise SystemExit("bench: wrk not found (Debian: apt-get install wrk)")
-    floor_port, ours_port, go_port = unused_ports(3)
+    # Free ports, not fixed ones: gunicorn binds with SO_REUSEPORT, so a second bench's server on a
+    # fixed port would share it silently and the kernel would spread both benches' connections over both.
+    floor_port, ours_port, go_port = free_ports(3)
     ours_url, floor_url, go_url = (f"https://127.0.0.1:{port}" for port in (ours_port, floor_port, go_port))
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-"))
     body = work / "review.json"
