@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from reviews import body, pod, review
-from webhookproc import LOOPBACK, WebhookProcess
+from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
 from webhook.connection_balance import (
     CHECK_INTERVAL,
@@ -29,7 +29,7 @@ from webhook.connection_balance import (
     over_share,
 )
 
-EXAMPLE_STATE = Path(__file__).resolve().parents[2] / "examples" / "cluster"
+EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 REVIEW = body(review(pod()))
 
 
