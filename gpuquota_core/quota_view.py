@@ -18,7 +18,6 @@ from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import CONTAINER_KINDS
 from .quantity import ZERO, Quantity
 from .quota import (
-    ROOT_QUOTA,
     UNCHECKED_QUOTAS,
     QuotaInfo,
     QuotaTree,
@@ -399,9 +398,18 @@ def chain_headroom(tree: QuotaTree, resolution: Resolution, requests: Mapping[st
     return levels
 
 
+def pods_that_fit(levels: Iterable[LevelHeadroom]) -> int | None:
+    """How many pods alike fit side by side in the room ``levels`` show before admitting any (a
+    workload's replicas); None when the pod charges nothing that is limited."""
+    counts = [max(level.before.amount, Fraction(0)) // level.charge.amount
+              for level in levels if level.charge.amount > 0]
+    return int(min(counts)) if counts else None
+
+
 def describe_rule(resolution: Resolution) -> str:
     return RULE_TEXT.get(resolution.rule, resolution.rule)
 
 
-__all__ = ["ROOT_QUOTA", "SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaView", "ResourceView", "TreeView",
-           "build_view", "cards", "chain_headroom", "describe_rule", "tree_order", "with_cards", "written_family"]
+__all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaView", "ResourceView", "TreeView",
+           "build_view", "cards", "chain_headroom", "describe_rule", "pods_that_fit", "tree_order", "with_cards",
+           "written_family"]
