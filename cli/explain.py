@@ -164,7 +164,9 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
         review_namespace = str(request.get("namespace") or "") if isinstance(request, Mapping) else ""
         return subjects_of(pod, review_namespace or namespace)
     if kind == "Pod":
-        pod = json.loads(json.dumps(obj))
+        pod = _plain(obj)
+        if not isinstance(pod.get("metadata", {}), dict):
+            raise CommandError(f"Pod {name or '(unnamed)'}: metadata is not an object")
         pod.setdefault("metadata", {})["namespace"] = own_namespace
         return [Subject(f"Pod {own_namespace}/{name}", pod)]
     template = template_of(obj)
@@ -177,7 +179,7 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
         if isinstance(template_metadata.get(key), Mapping):
             pod_metadata[key] = dict(template_metadata[key])
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
-           "spec": json.loads(json.dumps(template.get("spec") or {}))}
+           "spec": _plain(template.get("spec") or {})}
     spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
     assert isinstance(spec, Mapping)
     replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
@@ -185,6 +187,11 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
         replicas = spec.get("parallelism", 1)
     return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod,
                     replicas if isinstance(replicas, int) else None)]
+
+
+def _plain(value: Any) -> Any:
+    """A JSON copy, as the API server would hold it: YAML timestamps become their text."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _review(pod: Mapping[str, Any]) -> bytes:
@@ -205,6 +212,7 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
     from webhook.app import AdmissionHandlers
     from webhook.quota_state import QuotaState
 
+    state_snapshot.tree(config)  # an unreadable quota: one Error line, before the state reads it
     state = QuotaState()
     state.load(state_snapshot.objects)
     handlers = AdmissionHandlers(config, _SnapshotDecider(state, state_snapshot.reservations))
@@ -264,7 +272,9 @@ def render(e: Explanation) -> str:
     lines += [f"  rewrote {r}" for r in e.rewrites]
     lines += [f"  left as written: {n}" for n in e.notes]
     lines.append("")
-    if e.quota is None:
+    if not e.rule:
+        pass  # refused before the quota decision: the pod could not be read
+    elif e.quota is None:
         lines.append(f"Quota: none ({e.rule_text})")
     else:
         lines.append(f"Quota: {e.quota}, by rule {e.rule}: {e.rule_text}")

@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Sequence
 from fractions import Fraction
-from pathlib import Path
 
 import click
 
@@ -64,11 +63,8 @@ def use_colour(choice: str) -> bool:
 @click.option("--pods", "with_pods", is_flag=True, help="Also list the pods charged to each quota, largest first.")
 @click.option("--color", "colour", default="auto", type=click.Choice(["auto", "always", "never"]),
               show_default=True, help="Usage bars and colour: on a terminal (auto), always or never.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The webhook's YAML conversion table (the built-in defaults without it).")
 def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
-          namespace: str | None, all_namespaces: bool, fmt: str, with_pods: bool, colour: str,
-          config_path: Path | None) -> None:
+          namespace: str | None, all_namespaces: bool, fmt: str, with_pods: bool, colour: str) -> None:
     """Show the ElasticQuota tree with each quota's GPU usage, in canonical units.
 
     Per quota and limited GPU resource: min, max (or the admission annotation), used (split by the
@@ -78,17 +74,18 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
     """
     if namespace and all_namespaces:
         raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
-    config = snapshot.conversion_config(config_path)
     state = snapshot.load(paths, kubeconfig, context)
     if state.live and not namespace and not all_namespaces and name is None:
         from kubeaccess.kube import context_namespace
 
         namespace = context_namespace(kubeconfig, context)
-    tree = state.tree(config)
+    # The built-in conversion table, as the webhook's quota service charges stored pods and reads
+    # quota limits with it (its --config governs the rewrite of new pods, not the accounting).
+    tree = state.tree()
     if name is not None and name not in tree.quotas:
         raise CommandError(f"no ElasticQuota named {name!r}")
     view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,
-                      ledger_trees=state.ledger_trees, now=time.time(), config=config)
+                      ledger_trees=state.ledger_trees, now=time.time())
     view = view.select(name, namespace)
     if fmt in ("json", "yaml"):
         data = view.as_dict(with_pods)

@@ -173,3 +173,24 @@ def test_usage_and_file_errors_exit_2(args: list[str], stdin: str | None, messag
         assert lines == [message]
     elif "-f" in args:
         assert len(lines) == 1 and lines[0].startswith("Error: ")
+
+
+def test_odd_input_never_crashes(tmp_path: Path) -> None:
+    # A snapshot from `kubectl get -o yaml`: YAML timestamps are read as datetimes.
+    stamped = "kind: Pod\nmetadata: {name: ts, namespace: team-nlp, creationTimestamp: 2024-01-01T00:00:00Z}\n" \
+              "spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1}}}]}\n"
+    code, out, _ = run("-f", "-", "--state", EXAMPLE, stdin=stamped)
+    assert (code, out.splitlines()[0]) == (0, "Pod team-nlp/ts: ADMITTED")
+    # A pod the webhook cannot read is refused by it (exit 1), with its message.
+    code, out, _ = run("-f", "-", "--state", EXAMPLE, stdin="kind: Pod\nmetadata: {name: s, namespace: x}\nspec: 3\n")
+    assert code == 1
+    assert out.splitlines()[:2] == ["Pod x/s: REFUSED (400 BadRequest)",
+                                    "  cannot read the pod: spec: expected an object, got int"]
+    assert not any(line.startswith("Quota:") for line in out.splitlines())
+    code, _, err = run("-f", "-", "--state", EXAMPLE, stdin="kind: Pod\nmetadata: []\n")
+    assert (code, err.strip()) == (2, "Error: Pod (unnamed): metadata is not an object")
+    state = tmp_path / "bad.yaml"
+    state.write_text("kind: ElasticQuota\nmetadata: {name: q}\nspec: {max: []}\n")
+    code, _, err = run("-f", str(OVER_QUOTA), "--state", str(state))
+    assert (code, err.strip()) == (2, "Error: cannot read an ElasticQuota: ElasticQuota q: spec.max: expected an "
+                                      "object, got list")
