@@ -132,3 +132,15 @@ def test_an_unreadable_quota_is_one_line(tmp_path: Path) -> None:
     state.write_text(yaml.safe_dump({"kind": "ElasticQuota", "metadata": {"name": "q"}, "spec": {"max": []}}))
     code, _, err = run("-f", str(state))
     assert code == 2 and err.startswith("Error: cannot read an ElasticQuota: ") and err.count("\n") == 1
+
+
+def test_wide_adds_namespace_chain_free_limit_source_and_every_card_count() -> None:
+    code, out, _ = run("-f", EXAMPLE, "-o", "wide")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["QUOTA", "NAMESPACE", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE",
+                                "RESERVED", "FREE", "BINDS-FIRST", "CHAIN-FREE", "LIMIT-FROM", "MIXED", "USE"]
+    vision = next(line for line in lines if line.startswith("  team-vision"))
+    assert re.split(r"\s{3,}", vision.strip()) == [
+        "team-vision", "team-vision", "gpu-core", "400 (4 cards)", "800 (8 cards)", "250 (2.5 cards)",
+        "200 (2 cards)", "50 (0.5 cards)", "0", "550 (5.5 cards)", "team-vision", "550 (5.5 cards)", "max", "-", "31%"]

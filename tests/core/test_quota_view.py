@@ -174,3 +174,15 @@ def test_cards_are_exact() -> None:
     assert with_cards(CORE, q("350")) == "350 (3.5 cards)"
     assert with_cards(CORE, q("100")) == "100 (1 card)"
     assert with_cards("nvidia.com/gpu", q("2")) == "2"
+
+
+def test_the_admission_annotation_is_the_limit_shown() -> None:
+    annotated = quota("a", {CORE: "800"}, min={CORE: "100"})
+    annotated["metadata"]["annotations"] = {"quota.scheduling.koordinator.sh/admission": json.dumps({CORE: "300"})}
+    cpu_only = quota("c", {"cpu": "10"})
+    tree = QuotaTree.build(quota_from_object(o) for o in [annotated, cpu_only])
+    views = {v.quota.name: v for v in build_view(tree, [pod("x", "a", {CORE: "250"})]).quotas}
+    row = views["a"].resources[0]
+    assert (views["a"].limit_source, row.min, row.limit, row.free, row.state) == (
+        "admission", q("100"), q("300"), q("50"), "near-full")
+    assert views["c"].resources == ()  # GPU resources only
