@@ -266,7 +266,8 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
     other trees. Without ``ledger_trees`` every tree is known (offline: nothing is reserved).
     """
     usage = UsageIndex(tree)
-    charged: list[ChargedPod] = []
+    # By pod key: a pod listed twice counts once, as its later version (UsageIndex.upsert's rule).
+    charged: dict[str, ChargedPod] = {}
     unreadable: list[str] = []
     for pod in pods:
         if not pod_is_counted(pod):
@@ -279,11 +280,12 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
             unreadable.append(f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}")
             continue
         usage.upsert(record)
-        resolution = tree.resolve(record.namespace, record.quota_label)
+        charged.pop(record.key, None)
         if usage.charged_to(record.key):
-            charged.append(ChargedPod(record.namespace, record.name, usage.charged_to(record.key)[0],
-                                      resolution.rule, written_family(pod), _annotated(pod),
-                                      {n: q for n, q in record.requests.items() if is_gpu_name(n)}))
+            resolution = tree.resolve(record.namespace, record.quota_label)
+            charged[record.key] = ChargedPod(record.namespace, record.name, usage.charged_to(record.key)[0],
+                                             resolution.rule, written_family(pod), _annotated(pod),
+                                             {n: q for n, q in record.requests.items() if is_gpu_name(n)})
     ledger = holding_room(reservations or {}, usage, now, 0.0)
     known = None if ledger_trees is None else set(ledger_trees)
 
@@ -293,9 +295,12 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
         return ledger.used(quota)
 
     by_family: dict[str, dict[str, ResourceList]] = {}
-    for pod_view in charged:
+    by_leaf: dict[str, list[ChargedPod]] = {}
+    for key, pod_view in charged.items():
+        by_leaf.setdefault(pod_view.quota, []).append(pod_view)
+        # A pod without GPU names adds nothing to any GPU total; its family does not matter.
         family = pod_view.family or FAMILY_KOORDINATOR
-        for charged_quota in usage.charged_to(f"{pod_view.namespace}/{pod_view.name}"):
+        for charged_quota in usage.charged_to(key):
             totals = by_family.setdefault(charged_quota, {}).setdefault(family, {})
             for name, quantity in pod_view.requests.items():
                 totals[name] = totals.get(name, ZERO) + quantity
@@ -323,7 +328,7 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                                 for family in FAMILIES if family in families or family != FAMILY_MIXED},
                 reserved=None if reserved is None else reserved.get(name, ZERO),
                 binds_first=binds, chain_free=least))
-        own_pods = sorted((p for p in charged if p.quota == quota.name), key=_size_key)
+        own_pods = sorted(by_leaf.get(quota.name, ()), key=_size_key)
         views.append(QuotaView(quota, depth, "admission" if quota.admission is not None else "max",
                                tuple(resources), tuple(own_pods)))
     notes = tuple(sorted({note.message for quota in tree if quota.name not in UNCHECKED_QUOTAS

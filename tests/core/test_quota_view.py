@@ -186,3 +186,11 @@ def test_the_admission_annotation_is_the_limit_shown() -> None:
     assert (views["a"].limit_source, row.min, row.limit, row.free, row.state) == (
         "admission", q("100"), q("300"), q("50"), "near-full")
     assert views["c"].resources == ()  # GPU resources only
+
+
+def test_a_pod_listed_twice_counts_once_as_its_later_version() -> None:
+    tree = QuotaTree.build([quota_from_object(quota("t", {CORE: "400"}))])
+    view = build_view(tree, [pod("x", "t", {CORE: "100"}), pod("x", "t", {CORE: "300"}),
+                             {**pod("done", "t", {CORE: "100"}), "status": {"phase": "Succeeded"}}])
+    assert view.quotas[0].resources[0].used == q("300")
+    assert [(p.name, p.requests[CORE]) for p in view.quotas[0].pods] == [("x", q("300"))]
