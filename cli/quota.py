@@ -120,48 +120,71 @@ def _percent(row: ResourceView) -> str:
     return f"{int(row.taken.amount * 100 / row.limit.amount)}%"
 
 
-def _rows(view: TreeView, wide: bool, cards: bool) -> tuple[list[str], list[list[str]], list[ResourceView | None]]:
-    headers = ["QUOTA", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE", "RESERVED", "FREE", "BINDS-FIRST"]
-    if wide:
-        headers[1:1] = ["NAMESPACE"]
-        headers += ["CHAIN-FREE", "LIMIT-FROM", "MIXED"]
-    headers.append("USE")
+DEFAULT_COLUMNS = ("QUOTA", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE", "RESERVED", "FREE", "BINDS-FIRST",
+                   "USE")
+WIDE_COLUMNS = ("QUOTA", "NAMESPACE", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE", "RESERVED", "FREE",
+                "BINDS-FIRST", "CHAIN-FREE", "LIMIT-FROM", "MIXED", "USE")
+# What a terminal too narrow for the default table keeps: the limit, the use, the room, who binds.
+NARROW_COLUMNS = ("QUOTA", "RESOURCE", "MAX", "USED", "FREE", "BINDS-FIRST", "USE")
+
+
+def _rows(view: TreeView, columns: Sequence[str], cards: bool,
+          every: bool) -> tuple[list[str], list[list[str]], list[ResourceView | None]]:
+    """``cards``: counts beside MAX, USED, FREE and CHAIN-FREE; ``every``: beside every figure."""
     rows: list[list[str]] = []
     resources: list[ResourceView | None] = []
     for quota_view in view.quotas:
         label = INDENT * quota_view.depth + quota_view.quota.name
         if not quota_view.resources:
-            rows.append([label, *([""] * (len(headers) - 1))])
+            rows.append([label if column == "QUOTA" else "" for column in columns])
             resources.append(None)
             continue
         for index, row in enumerate(quota_view.resources):
             name = row.resource
-            # Cards beside the figures people size by (all of them in -o wide), canonical units alone
-            # for the rest, so that the default table stays readable on a terminal.
-            every = cards and wide
-            cells = [label if index == 0 else "", short(name), _amount(name, row.min, every),
-                     _amount(name, row.limit, cards), _amount(name, row.used, cards),
-                     _amount(name, row.used_by_family.get(FAMILY_VENDOR), every),
-                     _amount(name, row.used_by_family.get(FAMILY_KOORDINATOR), every),
-                     _amount(name, row.reserved, every), _amount(name, row.free, cards), row.binds_first or "-"]
-            if wide:
-                cells[1:1] = [quota_view.quota.namespace if index == 0 else ""]
-                cells += [_amount(name, row.chain_free, cards), quota_view.limit_source,
-                          _amount(name, row.used_by_family.get(FAMILY_MIXED), cards)]
-            cells.append(_percent(row))
-            rows.append(cells)
+            cells = {
+                "QUOTA": label if index == 0 else "",
+                "NAMESPACE": quota_view.quota.namespace if index == 0 else "",
+                "RESOURCE": short(name),
+                "MIN": _amount(name, row.min, every),
+                "MAX": _amount(name, row.limit, cards),
+                "USED": _amount(name, row.used, cards),
+                "VENDOR": _amount(name, row.used_by_family.get(FAMILY_VENDOR), every),
+                "SHARE": _amount(name, row.used_by_family.get(FAMILY_KOORDINATOR), every),
+                "MIXED": _amount(name, row.used_by_family.get(FAMILY_MIXED), every),
+                "RESERVED": _amount(name, row.reserved, every),
+                "FREE": _amount(name, row.free, cards),
+                "BINDS-FIRST": row.binds_first or "-",
+                "CHAIN-FREE": _amount(name, row.chain_free, cards),
+                "LIMIT-FROM": quota_view.limit_source,
+                "USE": _percent(row),
+            }
+            rows.append([cells[column] for column in columns])
             resources.append(row)
-    return headers, rows, resources
+    return list(columns), rows, resources
+
+
+def _width(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
 
 
 def render_table(view: TreeView, *, wide: bool, coloured: bool, width: int) -> str:
-    """The tree as a table; ``coloured``: a terminal, with usage bars fitted to ``width`` columns."""
-    headers, rows, resources = _rows(view, wide, cards=True)
-    text = table(headers, rows)
-    if coloured and max(len(line) for line in text.splitlines()) + BAR_MIN + 1 > width:
-        # Too wide for the terminal: the card counts go first (the canonical figures stay).
-        headers, rows, resources = _rows(view, wide, cards=False)
+    """The tree as a table; ``coloured``: a terminal, with usage bars, fitted to ``width`` columns.
+
+    Piped, every column with its card counts. On a terminal the first layout that leaves room for
+    a short bar: as piped; without card counts (the canonical figures stay); the narrow columns.
+    """
+    layouts: list[tuple[Sequence[str], bool, bool]]
+    if wide:
+        layouts = [(WIDE_COLUMNS, True, True), (WIDE_COLUMNS, False, False)]
+    else:
+        layouts = [(DEFAULT_COLUMNS, True, False), (DEFAULT_COLUMNS, False, False), (NARROW_COLUMNS, False, False)]
+    if not coloured:
+        layouts = layouts[:1]
+    for columns, cards, every in layouts:
+        headers, rows, resources = _rows(view, columns, cards, every)
         text = table(headers, rows)
+        if _width(text) + BAR_MIN + 1 <= width:
+            break
     if not coloured:
         return text
     lines = text.splitlines()

@@ -38,20 +38,29 @@ def test_piped_table_is_plain_with_cards_beside() -> None:
                                                 "0", "200", "0", "200 (2 cards)", "team-nlp", "50%"]
 
 
-def test_terminal_gets_bars_and_colour_fitted_to_its_width(monkeypatch: pytest.MonkeyPatch) -> None:
+def terminal(columns: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(quota_command, "on_terminal", lambda: True)
-    code, out, _ = run("-f", EXAMPLE, columns=160)
+    code, out, _ = run("-f", EXAMPLE, columns=columns)
     assert code == 0
     assert "\x1b[32m" in out  # green: nothing is near full in the example
-    lines = [ANSI.sub("", line) for line in out.splitlines()]
-    nlp = next(line for line in lines if line.startswith("  team-nlp"))
-    assert re.search(r"█+░+ 50%$", nlp)
-    assert max(len(line) for line in lines) <= 160
-    # A narrow terminal: the card counts go, then the bar shrinks to the figure alone.
-    _, narrow, _ = run("-f", EXAMPLE, columns=100)
-    plain = [ANSI.sub("", line) for line in narrow.splitlines()]
-    assert "cards" not in narrow
-    assert next(line for line in plain if line.startswith("  team-nlp")).endswith("team-nlp      50%")
+    return [ANSI.sub("", line) for line in out.splitlines()]
+
+
+def test_terminal_gets_bars_and_colour_fitted_to_its_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    for columns in (160, 120, 90):
+        lines = terminal(columns, monkeypatch)
+        assert max(len(line) for line in lines) <= columns
+        nlp = next(line for line in lines if line.startswith("  team-nlp"))
+        assert re.search(r" █+░+ 50%$", nlp)
+    # Wide enough for everything; then the card counts go; then the narrow columns.
+    assert "(4 cards)" in next(line for line in terminal(160, monkeypatch) if line.startswith("  team-nlp"))
+    assert terminal(120, monkeypatch)[0].split() == ["QUOTA", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE",
+                                                     "RESERVED", "FREE", "BINDS-FIRST", "USE"]
+    assert not any("cards" in line for line in terminal(120, monkeypatch))
+    assert terminal(90, monkeypatch)[0].split() == ["QUOTA", "RESOURCE", "MAX", "USED", "FREE", "BINDS-FIRST", "USE"]
+    # Too narrow even for a short bar: the figure alone.
+    assert re.split(r"\s{3,}", next(line for line in terminal(80, monkeypatch) if line.startswith("  team-nlp"))
+                    .strip()) == ["team-nlp", "gpu-core", "400", "200", "200", "team-nlp", "50%"]
 
 
 def test_colour_always_and_never() -> None:
