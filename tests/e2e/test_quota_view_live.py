@@ -30,6 +30,12 @@ def gpuquota(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _explain_stdin(kubeconfig_path: Path, pod: dict[str, Any]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["explain", "-f", "-", "--kubeconfig", str(kubeconfig_path), "-o", "json"],
+                                input=json.dumps(pod))
+    return result.exit_code, result.stdout, result.stderr
+
+
 def ledger_configmap(namespace: str, tree_root: str, reservation: Reservation) -> dict[str, Any]:
     stored = shared_ledger.StoredReservation(reservation, "replica-a", time.time())
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -83,6 +89,15 @@ def test_live_tree_with_usage_families_and_reservations(api: Api, kubeconfig_pat
     assert code == 0
     row = next(line for line in table.splitlines() if line.startswith(f"  {leaf}"))
     assert row.split()[1:6] == ["gpu-core", "-", "400", "(4", "cards)"]
+
+    # explain decides as a strict replica would: the stored reservation takes room, so one more card
+    # (100 where 400 - 250 - 100 = 50 is left) is refused, the reservation counted in "used".
+    card = whole_card_pod("one-more", leaf, cards=1)
+    card["metadata"]["namespace"] = namespace
+    code, out, _ = _explain_stdin(kubeconfig_path, card)
+    explanation = json.loads(out)["explanations"][0]
+    assert (code, explanation["reason"]) == (1, "QuotaExceeded")
+    assert f"used: {CORE}=350," in explanation["message"]
 
 
 def test_live_explain_gives_the_apiservers_refusal(api: Api, kubeconfig_path: Path, live_tree: tuple[str, str],
