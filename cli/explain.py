@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuquota_core import shared_ledger
 from gpuquota_core.audit import template_of
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.jsonpatch import apply
@@ -31,6 +32,14 @@ from kubeaccess.manifests import ManifestError, load_objects
 from . import snapshot
 from .errors import CommandError
 from .output import document, table
+
+if TYPE_CHECKING:
+    from gpuquota_core.ledger import ReservationLedger
+    from gpuquota_core.shared_ledger import StoredReservation
+    from webhook.admission import AdmissionRequest
+    from webhook.app import AdmissionHandlers
+    from webhook.quota_port import PodAdmission, Verdict
+    from webhook.quota_state import QuotaState
 
 REFUSED_EXIT = 1
 REWROTE_PREFIX = "gpuquota rewrote "
@@ -78,27 +87,33 @@ class Explanation:
 
 
 class _SnapshotDecider:
-    """The webhook's quota decider over one snapshot; never reserves (explain admits nothing)."""
+    """The webhook's quota decider over one snapshot (a ``QuotaDecider``). Every review it sees is
+    a dry run, so nothing is reserved; with strict accounting's stored reservations it judges as a
+    strict replica does, against the ledger as stored."""
 
-    def __init__(self, state: Any, reservations: Mapping[str, Any]) -> None:
+    def __init__(self, state: QuotaState, reservations: Mapping[str, StoredReservation]) -> None:
         self.state = state
         self.reservations = reservations
 
     def ready(self) -> tuple[bool, str]:
-        ready: tuple[bool, str] = self.state.ready()
-        return ready
+        return self.state.ready()
 
-    def admit_pod(self, admission: Any) -> Any:
+    def holding_room(self) -> ReservationLedger:
+        """The reservations the decision counts: the stored ones still holding room, else the
+        state's own (empty: explain reserves nothing)."""
         if self.reservations:
-            # Strict accounting: judged against the shared ledger as stored, as the replicas judge.
+            return shared_ledger.holding_room(self.reservations, self.state.usage, time.time(),
+                                              self.state.ledger.ttl_seconds)
+        return self.state.ledger
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        if self.reservations:
             return self.state.judge_batch([admission], self.reservations, time.time())[0][0]
         return self.state.admit_pod(admission)
 
     def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Any:
-        from webhook.quota_port import ALLOW
-
-        return ALLOW
+                            dry_run: bool) -> Verdict:
+        raise NotImplementedError("explain reviews pods only")
 
 
 @click.command()
@@ -152,8 +167,7 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
 
 def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     kind = str(obj.get("kind"))
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    assert isinstance(metadata, Mapping)
+    metadata = _mapping(obj.get("metadata"))
     own_namespace = str(metadata.get("namespace") or namespace)
     name = str(metadata.get("name") or metadata.get("generateName") or "")
     if kind == "AdmissionReview":
@@ -164,7 +178,7 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
         review_namespace = str(request.get("namespace") or "") if isinstance(request, Mapping) else ""
         return subjects_of(pod, review_namespace or namespace)
     if kind == "Pod":
-        pod = _plain(obj)
+        pod = _plain(obj, name)
         if not isinstance(pod.get("metadata", {}), dict):
             raise CommandError(f"Pod {name or '(unnamed)'}: metadata is not an object")
         pod.setdefault("metadata", {})["namespace"] = own_namespace
@@ -172,16 +186,16 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     template = template_of(obj)
     if template is None:
         return []
-    template_metadata = template.get("metadata") if isinstance(template.get("metadata"), Mapping) else {}
-    assert isinstance(template_metadata, Mapping)
+    # The pod a controller would create from it: the template's labels and annotations (the quota
+    # label among them), a generated name, the workload's namespace.
+    template_metadata = _mapping(template.get("metadata"))
     pod_metadata: dict[str, Any] = {"generateName": f"{name}-", "namespace": own_namespace}
     for key in ("labels", "annotations"):
         if isinstance(template_metadata.get(key), Mapping):
-            pod_metadata[key] = dict(template_metadata[key])
+            pod_metadata[key] = _plain(template_metadata[key], name)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
-           "spec": _plain(template.get("spec") or {})}
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
+           "spec": _plain(template.get("spec") or {}, name)}
+    spec = _mapping(obj.get("spec"))
     replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
     if kind == "Job":
         replicas = spec.get("parallelism", 1)
@@ -189,16 +203,18 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
                     replicas if isinstance(replicas, int) else None)]
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, name: str) -> Any:
     """A JSON copy, as the API server would hold it: YAML timestamps become their text."""
-    return json.loads(json.dumps(value, default=str))
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (ValueError, RecursionError):
+        raise CommandError(f"{name or '(unnamed)'}: not a JSON object the API server would store") from None
 
 
 def _review(pod: Mapping[str, Any]) -> bytes:
     """The AdmissionReview the API server would send for the pod's CREATE, as a dry run: the quota
     decision then reserves nothing, even in the webhook's own state."""
-    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-    assert isinstance(metadata, Mapping)
+    metadata = _mapping(pod.get("metadata"))
     request = {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
                "resource": {"group": "", "version": "v1", "resource": "pods"},
                "namespace": str(metadata.get("namespace") or ""), "name": str(metadata.get("name") or ""),
@@ -215,11 +231,13 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
     state_snapshot.tree(config)  # an unreadable quota: one Error line, before the state reads it
     state = QuotaState()
     state.load(state_snapshot.objects)
-    handlers = AdmissionHandlers(config, _SnapshotDecider(state, state_snapshot.reservations))
-    return [_explain(subject, handlers, state, decode_review) for subject in subjects]
+    decider = _SnapshotDecider(state, state_snapshot.reservations)
+    handlers = AdmissionHandlers(config, decider)
+    return [_explain(subject, handlers, decider, decode_review) for subject in subjects]
 
 
-def _explain(subject: Subject, handlers: Any, state: Any, decode_review: Any) -> Explanation:
+def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDecider,
+             decode_review: Callable[[bytes], AdmissionRequest]) -> Explanation:
     mutated = handlers.mutate_pod(decode_review(_review(subject.pod)))
     response = mutated.response
     rewrites = [w.removeprefix(REWROTE_PREFIX) for w in response.warnings if w.startswith(REWROTE_PREFIX)]
@@ -229,6 +247,7 @@ def _explain(subject: Subject, handlers: Any, state: Any, decode_review: Any) ->
                            mutation_note=mutated.note)
     pod = apply(subject.pod, response.patch) if response.patch else subject.pod
     validated = handlers.validate_pod(decode_review(_review(pod)))
+    state, reserved = decider.state, decider.holding_room()
     verdict = validated.response
     result = Explanation(subject, verdict.allowed, verdict.code, verdict.reason, verdict.message, rewrites, notes,
                          warnings=list(verdict.warnings),
@@ -247,7 +266,7 @@ def _explain(subject: Subject, handlers: Any, state: Any, decode_review: Any) ->
         return result  # validation refused it as unreadable: there is no request to place
 
     def used_of(quota: str) -> ResourceList:
-        return add_lists(state.usage.used(quota), state.ledger.used(quota))
+        return add_lists(state.usage.used(quota), reserved.used(quota))
 
     result.levels = chain_headroom(state.tree, resolution, requests, used_of)
     result.fit = pods_that_fit(result.levels)

@@ -98,6 +98,9 @@ def test_live_tree_with_usage_families_and_reservations(api: Api, kubeconfig_pat
     explanation = json.loads(out)["explanations"][0]
     assert (code, explanation["reason"]) == (1, "QuotaExceeded")
     assert f"used: {CORE}=350," in explanation["message"]
+    # The headroom counts the reservation as the decision does.
+    assert [(h["quota"], h["used"], h["freeBefore"], h["freeAfter"]) for h in explanation["headroom"]
+            if h["resource"] == CORE] == [(leaf, "350", "50", "-50"), (parent, "350", "250", "150")]
 
 
 def test_live_explain_gives_the_apiservers_refusal(api: Api, kubeconfig_path: Path, live_tree: tuple[str, str],
