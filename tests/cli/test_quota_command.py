@@ -153,3 +153,18 @@ def test_wide_adds_namespace_chain_free_limit_source_and_every_card_count() -> N
     assert re.split(r"\s{3,}", vision.strip()) == [
         "team-vision", "team-vision", "gpu-core", "400 (4 cards)", "800 (8 cards)", "250 (2.5 cards)",
         "200 (2 cards)", "50 (0.5 cards)", "0", "550 (5.5 cards)", "team-vision", "550 (5.5 cards)", "max", "-", "31%"]
+
+
+def test_an_unreadable_pod_is_a_note_not_a_crash(tmp_path: Path) -> None:
+    state = tmp_path / "state.yaml"
+    state.write_text(yaml.safe_dump_all([
+        {"kind": "ElasticQuota", "metadata": {"name": "a", "namespace": "a"},
+         "spec": {"max": {"koordinator.sh/gpu-core": "100"}}},
+        {"kind": "Pod", "metadata": {"name": "odd", "namespace": "a"}, "spec": 3},
+    ]))
+    code, out, err = run("-f", str(state))
+    assert code == 0
+    assert err.strip() == "note: unreadable pod not counted: a/odd"
+    assert re.split(r"\s{3,}", out.splitlines()[1].strip())[4] == "0"  # USED
+    _, document, _ = run("-f", str(state), "-o", "json")
+    assert json.loads(document)["unreadablePods"] == ["a/odd"]
