@@ -225,4 +225,5 @@ def test_an_unknown_output_format_is_a_usage_error() -> None:
     code, _, err = run("-f", "-", "-o", "xml", stdin=POD)
 
     assert code == 2
-    assert err.endswith("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', 'patch'.\n")
+    assert err == ("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', 'patch'.\n"
+                   "See 'cli convert --help' for usage.\n")
