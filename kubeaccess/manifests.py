@@ -11,6 +11,7 @@ import json
 import mmap
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,21 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
             # existed at this point is never collected, hence only after a large read.
             gc.freeze()
     return objects
+
+
+@dataclass(frozen=True)
+class ManifestSource:
+    """One file (or stdin) as read: its text and the objects in it, lists flattened."""
+
+    source: str
+    text: str
+    objects: list[dict[str, Any]]
+
+
+def load_sources(paths: Iterable[str | Path]) -> list[ManifestSource]:
+    """Like :func:`load_objects`, keeping each file's text (``gpuquota convert`` writes it back)."""
+    return [ManifestSource(source, text, parse_documents(text, source))
+            for path in paths for source, text in _read_sources(str(path))]
 
 
 # Characters read above which the parsed objects are frozen (see load_objects).
