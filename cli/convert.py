@@ -15,7 +15,7 @@ from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 
-from .errors import CommandError
+from .errors import CommandError, input_names
 
 UNSCHEDULABLE_EXIT = 1
 
@@ -48,7 +48,7 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
         raise CommandError("input is nested too deeply to read") from None
     objects = [obj for source in sources for obj in source.objects]
     if not objects:
-        raise CommandError(f"no objects in {', '.join(paths)}: nothing to convert")
+        raise CommandError(f"no objects in {input_names(paths)}: nothing to convert")
     converted: list[ConvertedObject] = []
     for obj in objects:
         try:
