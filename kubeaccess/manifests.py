@@ -193,10 +193,11 @@ def load_yaml_documents(text: str, source: str) -> list[Any]:
 
 
 def _yaml_position(error: yaml.MarkedYAMLError) -> str:
-    """``LINE:COLUMN: problem`` (1-based, as editors count), with where the enclosing construct began."""
+    """``LINE:COLUMN: not valid YAML: problem`` (1-based, as editors count), with where the enclosing
+    construct began."""
     mark = error.problem_mark or error.context_mark
     where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else " "
-    message = f"{where}{error.problem or error.context or 'not valid YAML'}"
+    message = f"{where}not valid YAML: {error.problem or error.context or 'unreadable'}"
     if error.context and error.problem and error.context_mark is not None:
         message += (f" ({error.context} started at line {error.context_mark.line + 1}, "
                     f"column {error.context_mark.column + 1})")

@@ -107,8 +107,8 @@ def test_kubeconfig_flag_reads_that_file_only(two_files: str) -> None:
 
 BROKEN = [
     pytest.param("apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster: {server: x\n",
-                 "{path}:6:1: did not find expected ',' or '}}' (while parsing a flow mapping started at line 5, "
-                 "column 12)", id="malformed-yaml"),
+                 "{path}:6:1: not valid YAML: did not find expected ',' or '}}' (while parsing a flow mapping "
+                 "started at line 5, column 12)", id="malformed-yaml"),
     pytest.param("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n",
                  "{path}: not a kubeconfig: kind is 'Pod', not 'Config'", id="a-pod"),
     pytest.param("just some text\n", "{path}: not a kubeconfig: a string, not a mapping", id="text"),
@@ -166,5 +166,5 @@ def test_the_kubectl_plugin_answers_a_malformed_kubeconfig_in_one_line(tmp_path:
                             text=True, timeout=60, check=False)
 
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == (f"Error: {path}:6:1: did not find expected node content (while parsing a flow node "
-                             "started at line 6, column 1)\n")
+    assert result.stderr == (f"Error: {path}:6:1: not valid YAML: did not find expected node content "
+                             "(while parsing a flow node started at line 6, column 1)\n")

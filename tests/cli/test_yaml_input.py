@@ -33,12 +33,14 @@ def run(*args: str, stdin: str | bytes | None = None) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("apiVersion: v1\nkind: Pod\nmetadata: {name: x\nspec: {}\n",
-     "4:5: did not find expected ',' or '}' (while parsing a flow mapping started at line 3, column 11)"),
-    ("kind: Pod\nmetadata:\n  name: a\n   labels: b\n", "4:10: mapping values are not allowed in this context"),
-    ("kind: Pod\nspec: *nowhere\n", "2:7: found undefined alias"),
+     "4:5: not valid YAML: did not find expected ',' or '}' (while parsing a flow mapping started at line 3, "
+     "column 11)"),
+    ("kind: Pod\nmetadata:\n  name: a\n   labels: b\n",
+     "4:10: not valid YAML: mapping values are not allowed in this context"),
+    ("kind: Pod\nspec: *nowhere\n", "2:7: not valid YAML: found undefined alias"),
     ("kind: Pod\nmetadata:\n\tname: a\n",
-     "3:1: found character that cannot start any token (while scanning for the next token started at line 3, "
-     "column 1)"),
+     "3:1: not valid YAML: found character that cannot start any token (while scanning for the next token "
+     "started at line 3, column 1)"),
 ])
 @pytest.mark.parametrize("command", ["convert", "audit"])
 def test_yaml_error_names_file_line_column_and_problem(tmp_path: Path, text: str, message: str,
@@ -114,3 +116,17 @@ def test_anchors_that_share_a_block_are_read(tmp_path: Path) -> None:
 
     assert code == 0
     assert out.count('"koordinator.sh/gpu-core": "100"') == 2
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"enforcement: [\n", "{path}:2:1: not valid YAML: did not find expected node content (while parsing a flow "
+                          "node started at line 2, column 1)"),
+    (b"\x7fELF\x02\x01\x01\x00\xd0", "{path}: not UTF-8 text (byte 0xd0 at offset 8): a binary file?"),
+])
+def test_a_broken_conversion_config_is_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+    (tmp_path / "pod.yaml").write_text(POD_HEAD)
+    config = tmp_path / "config.yaml"
+    config.write_bytes(content)
+
+    assert run("convert", "-f", str(tmp_path / "pod.yaml"), "--config", str(config)) == (
+        2, "", f"Error: {message.format(path=config)}\n")
