@@ -37,6 +37,10 @@ def split_short_equals(args: list[str]) -> list[str]:
     return result
 
 
+# A group called without a command shows its help (click raises that as a usage error since 8.2).
+_HELP_INSTEAD = tuple(e for e in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if e is not None)
+
+
 class BriefUsageError(click.ClickException):
     """A usage error in kubectl's two lines: what is wrong, and where help is."""
 
@@ -59,12 +63,16 @@ class KubectlStyleGroup(click.Group):
         try:
             return super().make_context(info_name, split_short_equals(args), parent, **extra)
         except click.UsageError as error:
+            if isinstance(error, _HELP_INSTEAD):
+                raise
             raise BriefUsageError(error) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as error:
+            if isinstance(error, _HELP_INSTEAD):
+                raise
             raise BriefUsageError(error) from None
 
 

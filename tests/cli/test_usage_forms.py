@@ -73,3 +73,11 @@ def test_a_usage_error_is_two_lines_and_exit_2(args: list[str], first_line: str,
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"{first_line}\nSee '{command} --help' for usage.\n"
+
+
+@pytest.mark.parametrize("args", [[], ["certs"], ["migrate"]])
+def test_a_group_without_a_command_still_shows_its_help(args: list[str]) -> None:
+    result = CliRunner().invoke(cli, args, prog_name="gpuquota")
+
+    assert "Commands:" in result.output
+    assert not result.output.startswith("Error:")
