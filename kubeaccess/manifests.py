@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import mmap
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -186,10 +187,21 @@ def load_yaml_documents(text: str, source: str) -> list[Any]:
         raise ManifestError(f"{source}: not valid YAML: {' '.join(str(error).split())}") from None
     except RecursionError:
         raise _too_deep(source) from None
-    if "&" in text and "*" in text:  # no anchor and alias, nothing shared: skip the walk on large snapshots
+    if _may_share_nodes(text):
         for index, document in enumerate(documents):
             _check_aliases(document, f"{source} (document {index + 1})")
     return documents
+
+
+# An alias token: "*" then a name, where a plain scalar could not start with it. Inside quotes it
+# may also match ("*/5 * * * *" does not); that costs only the walk below.
+_ALIAS_TOKEN = re.compile(r"(?:^|[\s\[{,:])\*[^\s,\[\]{}\"']", re.MULTILINE)
+
+
+def _may_share_nodes(text: str) -> bool:
+    """False when the text holds no alias, so nothing is shared and the alias walk can be skipped
+    (it would visit every node of a large ``kubectl get -o yaml`` snapshot)."""
+    return "*" in text and "&" in text and _ALIAS_TOKEN.search(text) is not None
 
 
 def _yaml_position(error: yaml.MarkedYAMLError) -> str:

@@ -130,3 +130,20 @@ def test_a_broken_conversion_config_is_one_line(tmp_path: Path, content: bytes, 
 
     assert run("convert", "-f", str(tmp_path / "pod.yaml"), "--config", str(config)) == (
         2, "", f"Error: {message.format(path=config)}\n")
+
+
+@pytest.mark.parametrize("metadata", [
+    "metadata: &m {name: x, labels: {self: *m}}",
+    "metadata: &m\n  name: x\n  self: *m",
+    'metadata: &m {"name": x, "self":*m}',
+    "metadata: &m [x,*m]",
+    "metadata: &m\n- x\n- *m",
+])
+def test_aliases_are_found_wherever_yaml_allows_them(tmp_path: Path, metadata: str) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(f"apiVersion: v1\nkind: Pod\n{metadata}\n")
+
+    code, _, err = run("audit", "-f", str(path))
+
+    assert (code, err) == (
+        2, f"Error: {path} (document 1): a YAML alias makes the document contain itself; refused\n")
