@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -91,4 +93,6 @@ for _module, _attribute in SUBCOMMANDS:
 
 
 def main() -> None:
-    cli(prog_name="gpuquota")
+    # As a kubectl plugin, help and usage errors name the command the user typed.
+    plugin = Path(sys.argv[0]).name == "kubectl-gpuquota"
+    cli(prog_name="kubectl gpuquota" if plugin else "gpuquota")

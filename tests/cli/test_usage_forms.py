@@ -81,3 +81,17 @@ def test_a_group_without_a_command_still_shows_its_help(args: list[str]) -> None
 
     assert "Commands:" in result.output
     assert not result.output.startswith("Error:")
+
+
+def test_the_kubectl_plugin_names_itself_as_kubectl_does(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    plugin = Path(sys.executable).parent / "kubectl-gpuquota"
+
+    result = subprocess.run([str(plugin), "convert", "-f=x.yaml", "-o=xml"], capture_output=True, text=True,
+                            timeout=60, check=False)
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', "
+                             "'patch'.\nSee 'kubectl gpuquota convert --help' for usage.\n")
