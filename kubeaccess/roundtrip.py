@@ -115,8 +115,9 @@ def _documents(text: str) -> list[str]:
         if _MARKER.fullmatch(line.rstrip("\r\n")) and has_content:
             pieces.append("".join(current))
             current, has_content = [], False
-        elif line.strip() and not line.lstrip().startswith("#") and not _MARKER.fullmatch(line.rstrip("\r\n")):
-            has_content = True
+        elif line.strip() and not line.startswith(("#", "%")) and not line.lstrip().startswith("#") \
+                and not _MARKER.fullmatch(line.rstrip("\r\n")):
+            has_content = True  # comments and directives (%YAML) belong to the document they precede
         current.append(line)
     if current:
         pieces.append("".join(current))

@@ -168,3 +168,14 @@ def test_a_document_marker_with_a_comment_and_a_header_comment_stay(tmp_path: Pa
         "        koordinator.sh/gpu-core: '100'",
         "        koordinator.sh/gpu-memory-ratio: '100' # one card",
     ]
+
+
+def test_a_yaml_directive_stays_with_its_document(tmp_path: Path) -> None:
+    text = ("%YAML 1.1\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n"
+            "  - name: a\n    resources: {limits: {nvidia.com/gpu: '1'}}\n")
+    (tmp_path / "pod.yaml").write_text(text)
+
+    _, out, err = convert("-f", str(tmp_path / "pod.yaml"))
+
+    assert "without its comments" not in err
+    assert out.startswith("%YAML 1.1\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: x, annotations: {")
