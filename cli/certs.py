@@ -58,14 +58,22 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for client.crt and client.key.")
 @click.option("--name", "common_name", required=True, help="Common name of the client (e.g. kube-apiserver).")
-def client(ca_dir: Path, out_dir: Path, common_name: str) -> None:
-    """Sign a client certificate for a caller of a webhook served with --client-ca CA_DIR/ca.crt."""
+@click.option("--force", is_flag=True, help="Replace an existing client.crt and client.key in --out.")
+def client(ca_dir: Path, out_dir: Path, common_name: str, force: bool) -> None:
+    """Sign a client certificate for a caller of a webhook served with --client-ca CA_DIR/ca.crt.
+
+    An existing client certificate or key in --out is never replaced without --force.
+    """
     if not common_name.strip():
         raise CommandError("--name must not be empty")
-    from kubeaccess.pki import write_client_cert  # see generate
+    from kubeaccess.pki import ExistingCertsError, write_client_cert  # see generate
 
     try:
-        cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip())
+        cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip(), replace=force)
+    except ExistingCertsError as error:
+        raise CommandError(f"{error}; give --force to replace them, or another --out") from None
+    except FileExistsError as error:
+        raise CommandError(f"{error.filename}: appeared while writing; nothing was replaced") from None
     except ValueError as error:
         raise CommandError(str(error)) from None
     except OSError as error:

@@ -294,16 +294,22 @@ def load_ca(cert_path: Path, key_path: Path) -> CertificateAuthority:
 
 
 def write_client_cert(ca_dir: str | Path, out_dir: str | Path, common_name: str,
-                      organizations: Sequence[str] = ()) -> tuple[Path, Path]:
+                      organizations: Sequence[str] = (), *, replace: bool = False) -> tuple[Path, Path]:
     """Sign a client certificate with the CA in ``ca_dir`` (ca.crt, ca.key); returns (cert, key) paths.
 
-    This is what the API server presents to a webhook served with ``--client-ca``.
+    This is what the API server presents to a webhook served with ``--client-ca``. Without
+    ``replace``, an existing client.crt or client.key is an :class:`ExistingCertsError` and nothing
+    is written (a kubeconfig may name them).
     """
     ca_directory, directory = Path(ca_dir), Path(out_dir)
+    if not replace:
+        existing = [name for name in (CLIENT_CERT_FILE, CLIENT_KEY_FILE) if (directory / name).exists()]
+        if existing:
+            raise ExistingCertsError(directory, existing)
     ca = load_ca(ca_directory / CA_CERT_FILE, ca_directory / CA_KEY_FILE)
     leaf = issue_client_cert(ca, common_name, organizations)
-    return (write_public_file(directory / CLIENT_CERT_FILE, leaf.cert_pem),
-            write_private_file(directory / CLIENT_KEY_FILE, leaf.key_pem))
+    return (write_public_file(directory / CLIENT_CERT_FILE, leaf.cert_pem, replace=replace),
+            write_private_file(directory / CLIENT_KEY_FILE, leaf.key_pem, replace=replace))
 
 
 def _issue(
