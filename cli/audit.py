@@ -11,7 +11,7 @@ from gpuquota_core import collector
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, Severity, audit_objects
 from kubeaccess.manifests import ManifestError, load_objects
 
-from .errors import CommandError
+from .errors import CommandError, input_names
 from .output import FORMATS, document, table
 
 SEVERITIES = [str(s) for s in Severity]
@@ -57,6 +57,9 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
             objects = load_objects(paths)
         except ManifestError as error:
             raise CommandError(str(error)) from None
+        if not objects:
+            # "No findings." would read as a clean bill of health for files that hold nothing.
+            raise CommandError(f"no objects in {input_names(paths)}: nothing to audit")
     if namespace:
         # Cluster-scoped objects (nodes) stay: quota checks need to know what nodes advertise.
         objects = [o for o in objects if not (o.get("metadata") or {}).get("namespace")

@@ -21,17 +21,27 @@ def certs() -> None:
 @click.option("--namespace", help="Namespace of --service.")
 @click.option("--dns", "dns_names", multiple=True, help="Extra DNS name (repeatable).")
 @click.option("--ip", "ip_addresses", multiple=True, help="Extra IP address (repeatable).")
+@click.option("--force", is_flag=True, help="Replace an existing CA, certificate and keys in --out (the webhook "
+              "configurations' caBundle must then be updated).")
 def generate(out_dir: Path, service: str | None, namespace: str | None, dns_names: tuple[str, ...],
-             ip_addresses: tuple[str, ...]) -> None:
-    """Write a new CA and serving certificate; print the caBundle for the webhook configurations."""
+             ip_addresses: tuple[str, ...], force: bool) -> None:
+    """Write a new CA and serving certificate; print the caBundle for the webhook configurations.
+
+    Files already in --out are never replaced without --force.
+    """
     if not service and not dns_names and not ip_addresses:
         raise CommandError("give --service/--namespace, --dns or --ip: a certificate needs a name to be valid for")
     # Imported here: cryptography is a tenth of a second of every gpuquota command's start-up.
-    from kubeaccess.pki import generate_webhook_certs
+    from kubeaccess.pki import ExistingCertsError, generate_webhook_certs
 
     try:
         written = generate_webhook_certs(out_dir, service=service, namespace=namespace,
-                                         dns_names=dns_names, ip_addresses=ip_addresses)
+                                         dns_names=dns_names, ip_addresses=ip_addresses, replace=force)
+    except ExistingCertsError as error:
+        raise CommandError(f"{error}; webhook configurations trust that CA through their caBundle, so it is "
+                           "kept: give --force to replace it, or another --out") from None
+    except FileExistsError as error:
+        raise CommandError(f"{error.filename}: appeared while writing; nothing was replaced") from None
     except ValueError as error:
         raise CommandError(str(error)) from None
     except OSError as error:
@@ -48,14 +58,22 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for client.crt and client.key.")
 @click.option("--name", "common_name", required=True, help="Common name of the client (e.g. kube-apiserver).")
-def client(ca_dir: Path, out_dir: Path, common_name: str) -> None:
-    """Sign a client certificate for a caller of a webhook served with --client-ca CA_DIR/ca.crt."""
+@click.option("--force", is_flag=True, help="Replace an existing client.crt and client.key in --out.")
+def client(ca_dir: Path, out_dir: Path, common_name: str, force: bool) -> None:
+    """Sign a client certificate for a caller of a webhook served with --client-ca CA_DIR/ca.crt.
+
+    An existing client certificate or key in --out is never replaced without --force.
+    """
     if not common_name.strip():
         raise CommandError("--name must not be empty")
-    from kubeaccess.pki import write_client_cert  # see generate
+    from kubeaccess.pki import ExistingCertsError, write_client_cert  # see generate
 
     try:
-        cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip())
+        cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip(), replace=force)
+    except ExistingCertsError as error:
+        raise CommandError(f"{error}; give --force to replace them, or another --out") from None
+    except FileExistsError as error:
+        raise CommandError(f"{error.filename}: appeared while writing; nothing was replaced") from None
     except ValueError as error:
         raise CommandError(str(error)) from None
     except OSError as error:

@@ -8,15 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.convert import ConvertedObject, convert_object
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
-from kubeaccess.manifests import ManifestError, load_objects
+from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 
-from .errors import CommandError
+from .errors import CommandError, input_names
 
 UNSCHEDULABLE_EXIT = 1
 
@@ -31,20 +30,25 @@ UNSCHEDULABLE_EXIT = 1
 def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> None:
     """Print manifests with GPU requests in the canonical form the webhook stores.
 
-    What was rewritten goes to stderr. Exit 1 when a result would still be refused by
-    /validate-pods (the reason is printed), 2 on bad flags or files.
+    YAML output keeps the input's comments, key order, flow style and quoting: only the rewritten
+    resources and the original-resources annotation change. What was rewritten goes to stderr.
+    Exit 1 when a result would still be refused by /validate-pods (the reason is printed), 2 on bad
+    flags or files, or when the input holds no object.
     """
     # Imported here: the server module is a third of a second of every gpuquota command's start-up.
     from webhook.server import ServeError, load_conversion_config
 
     try:
         config: ConversionConfig = load_conversion_config(config_path)
-        objects = load_objects(list(paths))
+        sources = load_sources(paths)
     except (ServeError, ManifestError) as error:
         raise CommandError(str(error)) from None
     except RecursionError:
         # PyYAML's constructor recurses: a hostile document nested thousands deep ends here.
         raise CommandError("input is nested too deeply to read") from None
+    objects = [obj for source in sources for obj in source.objects]
+    if not objects:
+        raise CommandError(f"no objects in {input_names(paths)}: nothing to convert")
     converted: list[ConvertedObject] = []
     for obj in objects:
         try:
@@ -56,7 +60,10 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
             click.echo(f"{item.ref}: rewrote {line}", err=True)
         for note in item.notes:
             click.echo(f"{item.ref}: {note}", err=True)
-    click.echo(_render(converted, output), nl=False)
+    text, layout_notes = _render(sources, converted, output)
+    for note in layout_notes:
+        click.echo(note, err=True)
+    click.echo(text, nl=False)
     refused = [item for item in converted if item.problems]
     for item in refused:
         reasons = "; ".join(problem.message for problem in item.problems)
@@ -70,12 +77,16 @@ def _ref(obj: dict[str, Any]) -> str:
     return f"{obj.get('kind', '?')}/{(metadata or {}).get('name', '?')}"
 
 
-def _render(converted: list[ConvertedObject], output: str) -> str:
+def _render(sources: list[ManifestSource], converted: list[ConvertedObject], output: str) -> tuple[str, list[str]]:
     if output == "patch":
         patches = [{"kind": c.kind, "namespace": c.namespace, "name": c.name, "patch": c.patch} for c in converted]
-        return json.dumps(patches[0] if len(patches) == 1 else patches, indent=2) + "\n"
+        return json.dumps(patches[0] if len(patches) == 1 else patches, indent=2) + "\n", []
     objects = [c.obj for c in converted]
     if output == "json":
         document: Any = objects[0] if len(objects) == 1 else {"apiVersion": "v1", "kind": "List", "items": objects}
-        return json.dumps(document, indent=2) + "\n"
-    return yaml.safe_dump_all(objects, sort_keys=False)
+        return json.dumps(document, indent=2) + "\n", []
+    # The core's patches applied to the input's own text: comments and layout stay (a module of
+    # its own, and ruamel.yaml imported only here, so other commands start without them).
+    from kubeaccess.roundtrip import render_yaml
+
+    return render_yaml(sources, [c.patch for c in converted], objects)

@@ -30,7 +30,7 @@ from gpuquota_core.migration import (
 from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
 from kubeaccess.manifests import ManifestError, load_objects
 
-from .errors import CommandError
+from .errors import CommandError, input_names
 from .output import document
 
 ALL_AT_ONCE_HELP = ("ElasticQuotaEnableUpdateResourceKey is off: migrate multi-level trees in one maintenance "
@@ -58,11 +58,25 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
     _check_modes(update_resource_key_gate, all_at_once)
     objects = load_objects_or_fail(paths) if paths else _live_objects(kubeconfig, context)
     result = _plan(objects, update_resource_key_gate, all_at_once)
+    nothing = _nothing_to_migrate(result, objects, "the input" if paths else "the cluster")
     if fmt != "diff":
         click.echo(document(result.as_dict(), fmt))
+        if nothing:
+            click.echo(nothing, err=True)  # stdout stays the document scripts parse
         return
     _print_steps(result.steps)
     _print_blocked_and_revisit(result)
+    if nothing:
+        click.echo(nothing)
+
+
+def _nothing_to_migrate(result: Plan, objects: list[dict[str, Any]], where: str) -> str:
+    """What to say when the plan has no step and nothing blocks one; "" otherwise."""
+    if result.steps or result.blocked:
+        return ""
+    if not any(o.get("kind") == "ElasticQuota" for o in objects):
+        return f"nothing to migrate: no ElasticQuota in {where}"
+    return "nothing to migrate: every ElasticQuota already uses canonical GPU keys"
 
 
 def _check_modes(update_resource_key_gate: bool, all_at_once: bool) -> None:
@@ -82,9 +96,12 @@ def _print_blocked_and_revisit(result: Plan) -> None:
 
 def load_objects_or_fail(paths: tuple[str, ...]) -> list[dict[str, Any]]:
     try:
-        return load_objects(paths)
+        objects = load_objects(paths)
     except ManifestError as error:
         raise CommandError(str(error)) from None
+    if not objects:
+        raise CommandError(f"no objects in {input_names(paths)}: nothing to plan")
+    return objects
 
 
 def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False) -> Plan:

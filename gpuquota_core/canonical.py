@@ -305,9 +305,11 @@ def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFI
                     rewrites.append(Rewrite(label, field_name, source, quantity, outputs, change_kind))
                     if source in raw:
                         # A renamed-then-converted name (kubernetes.io/gpu -> koordinator.sh/gpu ->
-                        # gpu-core) is recorded once, under the spelling the user wrote.
+                        # gpu-core) is recorded once, under the spelling the user wrote. The value is
+                        # the quantity's canonical text, as the apiserver hands it to the webhook:
+                        # a manifest's 2, "2" and "2.0" are recorded alike.
                         originals.setdefault(kind, {}).setdefault(name, {}).setdefault(field_name, {}).setdefault(
-                            source, raw[source])
+                            source, quantity)
             if changed:
                 new_entries[index] = {**container, "resources": resources}
         if any(new is not old for new, old in zip(new_entries, entries, strict=True)):

@@ -140,7 +140,15 @@ def apply(document: Any, operations: list[Operation]) -> Any:
     Strict on purpose (used by tests to check what the webhook sends): a missing member or an index
     out of range is a :class:`PatchError`, as the API server would refuse it.
     """
-    result = copy_json(document)
+    return apply_in_place(copy_json(document), operations)
+
+
+def apply_in_place(document: Any, operations: list[Operation]) -> Any:
+    """:func:`apply` on ``document`` itself, which may be any dict and list subclasses (a YAML
+    round-trip document keeps its comments and layout); returns it, or the new whole document
+    if an operation replaces that. Values are inserted as plain copies.
+    """
+    result = document
     for operation in operations:
         op, path = operation.get("op"), operation.get("path")
         tokens = _tokens(path)

@@ -79,34 +79,169 @@ AUDIT_KINDS: tuple[ListedKind, ...] = (
 )
 
 
+KUBECONFIG_ENTRIES = (("clusters", "cluster"), ("contexts", "context"), ("users", "user"))
+
+
+@dataclass(frozen=True)
+class Kubeconfig:
+    """The kubeconfig files kubectl would read, merged by kubectl's rules, and the context chosen."""
+
+    files: tuple[str, ...]
+    # {"current-context": ..., "clusters"|"contexts"|"users": [ConfigNode, ...]}: each entry keeps
+    # the file it came from, so relative certificate paths resolve against that file's directory.
+    merged: dict[str, Any]
+    context: str
+
+    @property
+    def source(self) -> str:
+        return ":".join(self.files)
+
+    def context_entry(self) -> dict[str, Any]:
+        for entry in self.merged["contexts"]:
+            if entry.value.get("name") == self.context:
+                return dict(entry.value.get("context") or {})
+        return {}
+
+
+def kubeconfig_files(kubeconfig: str | None) -> list[str] | None:
+    """kubectl's lookup: --kubeconfig (that file only), $KUBECONFIG (every existing file of the list,
+    empty entries ignored), ~/.kube/config; None means in-cluster."""
+    if kubeconfig:
+        return [kubeconfig]
+    listed = [entry for entry in os.environ.get("KUBECONFIG", "").split(os.pathsep) if entry]
+    if listed:
+        present = [entry for entry in listed if Path(entry).expanduser().exists()]
+        if not present:
+            raise KubeAccessError(f"$KUBECONFIG names no file that exists: {os.pathsep.join(listed)}")
+        return [str(Path(entry).expanduser()) for entry in present]
+    home = Path.home() / ".kube" / "config"
+    return [str(home)] if home.is_file() else None
+
+
 def kubeconfig_path(kubeconfig: str | None) -> str | None:
-    """kubectl's lookup: --kubeconfig, $KUBECONFIG, ~/.kube/config; None means in-cluster."""
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
-    if path is None and (Path.home() / ".kube" / "config").is_file():
-        path = str(Path.home() / ".kube" / "config")
-    return path
+    """The first file of :func:`kubeconfig_files` (what kubectl would write to), or None."""
+    files = kubeconfig_files(kubeconfig)
+    return files[0] if files else None
+
+
+def load_kubeconfig(kubeconfig: str | None, context: str | None) -> Kubeconfig | None:
+    """The merged kubeconfig and the context to use; None when there is none (in-cluster).
+
+    kubectl's merge: the first file to set a value or a named cluster, context or user wins, and
+    that entry is taken whole (a later file's entry of the same name is ignored, even for fields
+    the first one lacks); current-context comes from the first file that sets it. Raises
+    :class:`KubeAccessError` with one line (file, and line and column for YAML errors).
+    """
+    from kubernetes.config.kube_config import ConfigNode
+
+    files = kubeconfig_files(kubeconfig)
+    if files is None:
+        return None
+    merged: dict[str, Any] = {"current-context": "", **{plural: [] for plural, _ in KUBECONFIG_ENTRIES}}
+    for path in files:
+        document = _read_kubeconfig(path)
+        if not merged["current-context"] and document.get("current-context"):
+            merged["current-context"] = document["current-context"]
+        for plural, _ in KUBECONFIG_ENTRIES:
+            taken = {entry.value["name"] for entry in merged[plural]}
+            for entry in document.get(plural) or []:
+                if entry["name"] not in taken:
+                    taken.add(entry["name"])
+                    merged[plural].append(ConfigNode(  # type: ignore[no-untyped-call]
+                        f"{path}/{plural}[name={entry['name']}]", entry, path))
+    source = ":".join(files)
+    chosen = context or merged["current-context"]
+    if not chosen:
+        raise KubeAccessError(f"{source}: no current-context is set: give --context")
+    names = [entry.value["name"] for entry in merged["contexts"]]
+    if chosen not in names:
+        known = ", ".join(names) if names else "none"
+        raise KubeAccessError(f'{source}: context "{chosen}" not found (contexts: {known})')
+    loaded = Kubeconfig(tuple(files), merged, chosen)
+    cluster = loaded.context_entry().get("cluster")
+    if cluster not in {entry.value["name"] for entry in merged["clusters"]}:
+        raise KubeAccessError(f'{source}: context "{chosen}" names cluster "{cluster}", which is not defined')
+    return loaded
+
+
+def _read_kubeconfig(path: str) -> dict[str, Any]:
+    """One kubeconfig file, checked for the shape the client reads (an empty file is an empty config)."""
+    from .manifests import ManifestError, load_yaml_documents, not_text
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise KubeAccessError(f"{path}: {not_text(error)}") from None
+    except OSError as error:
+        raise KubeAccessError(f"{path}: cannot read the kubeconfig: {error.strerror or error}") from None
+    try:
+        documents = [d for d in load_yaml_documents(text, path) if d is not None]
+    except ManifestError as error:
+        raise KubeAccessError(str(error)) from None
+    if not documents:
+        return {}
+    if len(documents) > 1:
+        raise KubeAccessError(f"{path}: {len(documents)} YAML documents; a kubeconfig is one")
+    document = documents[0]
+    if not isinstance(document, dict):
+        raise KubeAccessError(f"{path}: not a kubeconfig: a {_yaml_type(document)}, not a mapping")
+    kind = document.get("kind")
+    if kind not in (None, "Config"):
+        raise KubeAccessError(f"{path}: not a kubeconfig: kind is {kind!r}, not 'Config'")
+    if kind is None and not any(key in document for key in ("clusters", "contexts", "users", "current-context")):
+        raise KubeAccessError(f"{path}: not a kubeconfig: no clusters, contexts, users or current-context")
+    if not isinstance(document.get("current-context") or "", str):
+        raise KubeAccessError(f"{path}: not a kubeconfig: current-context is a "
+                              f"{_yaml_type(document['current-context'])}, not a string")
+    for plural, singular in KUBECONFIG_ENTRIES:
+        entries = document.get(plural) or []
+        if not isinstance(entries, list):
+            raise KubeAccessError(f"{path}: not a kubeconfig: {plural} is a {_yaml_type(entries)}, not a list")
+        for position, entry in enumerate(entries, 1):
+            where = f"{path}: {plural} entry {position}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+                raise KubeAccessError(f"{where}: not a mapping with a name")
+            if not isinstance(entry.get(singular) or {}, dict):
+                raise KubeAccessError(f'{where} ("{entry["name"]}"): {singular} is a '
+                                      f"{_yaml_type(entry[singular])}, not a mapping")
+    return document
+
+
+def _yaml_type(value: object) -> str:
+    names: dict[type, str] = {dict: "mapping", list: "list", str: "string"}
+    return names.get(type(value), type(value).__name__)
 
 
 def connect(kubeconfig: str | None, context: str | None) -> client.ApiClient:
-    """A client the way kubectl picks one: --kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster."""
-    path = kubeconfig_path(kubeconfig)
-    try:
-        if path is not None:
-            loaded: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=path, context=context)
-            return loaded
+    """A client the way kubectl picks one: --kubeconfig, $KUBECONFIG (merged), ~/.kube/config, in-cluster."""
+    loaded = load_kubeconfig(kubeconfig, context)
+    configuration = client.Configuration()
+    if loaded is None:
         if context:
             raise KubeAccessError("--context needs a kubeconfig; none was given or found")
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return client.ApiClient(configuration)
-    except ConfigException as error:
-        if path is None:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except ConfigException:
             raise KubeAccessError("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not running in a cluster: "
                                   "give --kubeconfig, or -f for manifest files") from None
-        raise KubeAccessError(f"cannot load {path}: {error}") from None
+        return client.ApiClient(configuration)
+    from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader
+
+    try:
+        # config_base_path=None: each entry's certificate paths are relative to its own file.
+        root = ConfigNode("kubeconfig", loaded.merged, loaded.files[0])  # type: ignore[no-untyped-call]
+        loader = KubeConfigLoader(config_dict=root, active_context=loaded.context,  # type: ignore[no-untyped-call]
+                                  config_base_path=None)
+        loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    except ConfigException as error:
+        raise KubeAccessError(f"{loaded.source}: context {loaded.context}: {error}") from None
     except OSError as error:
-        raise KubeAccessError(f"cannot read {path}: {error.strerror or error}") from None
+        raise KubeAccessError(f"{loaded.source}: context {loaded.context}: {error.strerror or error}") from None
+    except (ValueError, TypeError, AttributeError, KeyError) as error:
+        # A field of the wrong type (a number where a URL belongs) fails inside the client.
+        raise KubeAccessError(f"{loaded.source}: context {loaded.context}: not a valid kubeconfig entry: "
+                              f"{error}") from None
+    return client.ApiClient(configuration)
 
 
 def list_all(api: client.ApiClient, kind: ListedKind, namespace: str | None, *,
@@ -159,15 +294,16 @@ def api_error_message(error: ApiException) -> str:
 
 
 def context_namespace(kubeconfig: str | None, context: str | None) -> str:
-    """The namespace kubectl would use without -n: the context's, else ``default``."""
-    path = kubeconfig_path(kubeconfig)
-    if path is None:
+    """The namespace kubectl would use without -n: the context's, else ``default``.
+
+    A kubeconfig that cannot be read also gives ``default``: connecting reports why it cannot.
+    """
+    try:
+        loaded = load_kubeconfig(kubeconfig, context)
+    except KubeAccessError:
+        return "default"
+    if loaded is None:
         in_cluster = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         return in_cluster.read_text().strip() if in_cluster.is_file() else "default"
-    try:
-        contexts, active = config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
-    except (ConfigException, OSError):
-        return "default"
-    chosen = next((c for c in contexts if c.get("name") == context), active) if context else active
-    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    namespace = loaded.context_entry().get("namespace")
     return str(namespace) if namespace else "default"

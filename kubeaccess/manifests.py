@@ -9,8 +9,10 @@ from __future__ import annotations
 import gc
 import json
 import mmap
+import re
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +60,31 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
     return objects
 
 
+@dataclass(frozen=True)
+class ManifestSource:
+    """One file (or stdin) as read: its text and the objects in it, lists flattened."""
+
+    source: str
+    text: str
+    objects: list[dict[str, Any]]
+
+
+def load_sources(paths: Iterable[str | Path]) -> list[ManifestSource]:
+    """Like :func:`load_objects`, keeping each file's text (``gpuquota convert`` writes it back)."""
+    return [ManifestSource(source, text, parse_documents(text, source))
+            for path in paths for source, text in _read_sources(str(path))]
+
+
 # Characters read above which the parsed objects are frozen (see load_objects).
 _FREEZE_ABOVE = 16 << 20
 
 
 def _read_sources(path: str) -> Iterator[tuple[str, str]]:
     if path == "-":
-        yield "<stdin>", sys.stdin.read()
+        try:
+            yield "<stdin>", _read_stdin()
+        except UnicodeDecodeError as error:
+            raise ManifestError(f"<stdin>: {not_text(error)}") from None
         return
     target = Path(path)
     if target.is_dir():
@@ -78,8 +98,23 @@ def _read_sources(path: str) -> Iterator[tuple[str, str]]:
     for file in files:
         try:
             yield str(file), _read_text(file)
-        except (OSError, UnicodeDecodeError) as error:
-            raise ManifestError(f"{file}: cannot read: {error}") from None
+        except UnicodeDecodeError as error:
+            raise ManifestError(f"{file}: {not_text(error)}") from None
+        except OSError as error:
+            raise ManifestError(f"{file}: cannot read: {error.strerror or error}") from None
+
+
+def _read_stdin() -> str:
+    # Bytes, decoded strictly: a text-mode stdin may decode invalid bytes to lone surrogates
+    # (surrogateescape) that only fail later, inside the YAML parser.
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    text = raw.decode("utf-8")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def not_text(error: UnicodeDecodeError) -> str:
+    """Why a file is not YAML or JSON text, for a binary file given by mistake."""
+    return f"not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}): a binary file?"
 
 
 # Above this size a file is decoded straight from a memory map of the page cache: read_text would
@@ -108,27 +143,126 @@ def _read_text(file: Path) -> str:
 
 def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
     """Objects in one file's text: JSON, or YAML with ``---`` separated documents."""
-    try:
-        if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
+    if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
+        try:
             # Not orjson: it reads integers beyond 64 bits as floats, which would change a quantity.
             loaded = json.loads(text)
-            documents: list[Any] = loaded if isinstance(loaded, list) else [loaded]
-        else:
-            documents = list(yaml.load_all(text, Loader=_YAML_LOADER))
-    except (ValueError, yaml.YAMLError) as error:
-        if getattr(error, "problem", None) == _LIBYAML_DEPTH_PROBLEM:
+        except json.JSONDecodeError as error:
+            raise ManifestError(f"{source}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}") from None
+        except ValueError as error:
+            raise ManifestError(f"{source}: not valid JSON: {error}") from None
+        except RecursionError:
+            # The Python parsers recurse per nesting level; no Kubernetes object is nested this deep.
             raise _too_deep(source) from None
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ManifestError(f"{source}: not valid YAML or JSON: {first_line}") from None
-    except RecursionError:
-        # The Python parsers recurse per nesting level; no Kubernetes object is nested this deep.
-        raise _too_deep(source) from None
+        documents: list[Any] = loaded if isinstance(loaded, list) else [loaded]
+    else:
+        documents = load_yaml_documents(text, source)
     objects: list[dict[str, Any]] = []
     for index, document in enumerate(documents):
         if document is None:
             continue
         objects.extend(_flatten(document, f"{source} (document {index + 1})"))
     return objects
+
+
+def load_yaml_documents(text: str, source: str) -> list[Any]:
+    """Every YAML document in ``text``, refused with file, line and column when it cannot be read.
+
+    Also refused: aliases that expand a document far beyond what is written (the "billion laughs":
+    a few hundred bytes that every later copy or walk expands to billions of nodes) and aliases that
+    make a document contain itself (a walk would never end).
+    """
+    try:
+        documents = list(yaml.load_all(text, Loader=_YAML_LOADER))
+    except yaml.MarkedYAMLError as error:
+        if error.problem == _LIBYAML_DEPTH_PROBLEM:
+            raise _too_deep(source) from None
+        raise ManifestError(f"{source}:{_yaml_position(error)}") from None
+    except yaml.reader.ReaderError as error:
+        before = text[: error.position]
+        line, column = before.count("\n") + 1, error.position - (before.rfind("\n") + 1) + 1
+        raise ManifestError(f"{source}:{line}:{column}: not YAML text: {error.reason} "
+                            f"(character {_printable(error.character)})") from None
+    except yaml.YAMLError as error:
+        raise ManifestError(f"{source}: not valid YAML: {' '.join(str(error).split())}") from None
+    except RecursionError:
+        raise _too_deep(source) from None
+    if _may_share_nodes(text):
+        for index, document in enumerate(documents):
+            _check_aliases(document, f"{source} (document {index + 1})")
+    return documents
+
+
+# An alias token: "*" then a name, where a plain scalar could not start with it. Inside quotes it
+# may also match ("*/5 * * * *" does not); that costs only the walk below.
+_ALIAS_TOKEN = re.compile(r"(?:^|[\s\[{,:])\*[^\s,\[\]{}\"']", re.MULTILINE)
+
+
+def _may_share_nodes(text: str) -> bool:
+    """False when the text holds no alias, so nothing is shared and the alias walk can be skipped
+    (it would visit every node of a large ``kubectl get -o yaml`` snapshot)."""
+    return "*" in text and "&" in text and _ALIAS_TOKEN.search(text) is not None
+
+
+def _yaml_position(error: yaml.MarkedYAMLError) -> str:
+    """``LINE:COLUMN: not valid YAML: problem`` (1-based, as editors count), with where the enclosing
+    construct began."""
+    mark = error.problem_mark or error.context_mark
+    where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else " "
+    message = f"{where}not valid YAML: {error.problem or error.context or 'unreadable'}"
+    if error.context and error.problem and error.context_mark is not None:
+        message += (f" ({error.context} started at line {error.context_mark.line + 1}, "
+                    f"column {error.context_mark.column + 1})")
+    return message
+
+
+def _printable(character: object) -> str:
+    if isinstance(character, int):
+        return f"0x{character:02x}"
+    return f"U+{ord(character):04X}" if isinstance(character, str) and len(character) == 1 else repr(character)
+
+
+# Aliases may make a document this many times larger than what is written (and 100,000 nodes in
+# any case): generous for anchors that share a resources block between containers, far below a
+# bomb's expansion (nine levels of nine aliases: 387 million nodes from about 100).
+ALIAS_EXPANSION_FACTOR = 10
+ALIAS_EXPANSION_FLOOR = 100_000
+
+
+def _check_aliases(document: Any, where: str) -> None:
+    """Refuse a document whose aliases expand it beyond the bounds above, or make it contain itself.
+
+    Counts without expanding: each distinct dict or list is visited once (iteratively, as
+    documents may nest 1,000 levels) and its expanded size computed from its children's.
+    """
+    expanded: dict[int, int] = {}
+    written = 0
+    visiting: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(document, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None or key in expanded:
+            continue
+        if children_done:
+            visiting.discard(key)
+            expanded[key] = 1 + sum(expanded.get(id(child), 1) for child in children)
+            written += 1 + len(children)
+            continue
+        if key in visiting:
+            raise ManifestError(f"{where}: a YAML alias makes the document contain itself; refused")
+        visiting.add(key)
+        stack.append((node, True))
+        for child in children:
+            if isinstance(child, dict | list):
+                if id(child) in visiting:
+                    raise ManifestError(f"{where}: a YAML alias makes the document contain itself; refused")
+                stack.append((child, False))
+    total = expanded.get(id(document), 1)
+    if total > max(ALIAS_EXPANSION_FLOOR, ALIAS_EXPANSION_FACTOR * written):
+        raise ManifestError(f"{where}: YAML aliases expand {written} written nodes to {total}; refused "
+                            "(an alias bomb?)")
 
 
 def _too_deep(source: str) -> ManifestError:

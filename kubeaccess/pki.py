@@ -79,6 +79,15 @@ class RSAKeyPair:
         )
 
 
+class ExistingCertsError(FileExistsError):
+    """Certificate or key files that ``generate_webhook_certs`` would replace."""
+
+    def __init__(self, directory: Path, names: Sequence[str]) -> None:
+        super().__init__(f"{directory}: {', '.join(names)} already exist(s)")
+        self.directory = directory
+        self.names = tuple(names)
+
+
 @dataclass(frozen=True)
 class WebhookCerts:
     """What ``generate_webhook_certs`` wrote, and the caBundle to put into a webhook configuration."""
@@ -189,17 +198,21 @@ def create_rsa_key_pair(bits: int = RSA_KEY_BITS) -> RSAKeyPair:
     return RSAKeyPair(private_key=rsa.generate_private_key(public_exponent=65537, key_size=bits))
 
 
-def write_public_file(path: Path, data: bytes) -> Path:
+def write_public_file(path: Path, data: bytes, *, replace: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    with path.open("wb" if replace else "xb") as file:
+        file.write(data)
     return path
 
 
-def write_private_file(path: Path, data: bytes) -> Path:
-    """Write key material readable by the owner only, including when the file already existed."""
+def write_private_file(path: Path, data: bytes, *, replace: bool = True) -> Path:
+    """Write key material readable by the owner only, including when the file already existed.
+
+    ``replace=False``: an existing file is a FileExistsError and stays as it was.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     # Created with 0600 from the start, so the key is never briefly world-readable.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL), 0o600)
     try:
         # O_CREAT's mode does not apply to a file that already exists.
         os.fchmod(fd, 0o600)
@@ -215,24 +228,36 @@ def generate_webhook_certs(
     namespace: str | None = None,
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
+    *,
+    replace: bool = False,
 ) -> WebhookCerts:
     """A fresh CA and a serving certificate for the webhook, written as ca.crt/ca.key/tls.crt/tls.key.
 
     With ``service`` (which then needs ``namespace``) the certificate covers every name the
     apiserver may use for that Service; ``dns_names`` and ``ip_addresses`` are added to those.
+
+    Without ``replace``, any of the four files already there is a :class:`ExistingCertsError` and
+    nothing is written: webhook configurations trust the old CA through their caBundle, and a
+    running server reloads a replaced certificate, which the apiserver would then refuse.
     """
     if service is not None and not namespace:
         raise ValueError("--service needs --namespace: the Service DNS names include the namespace")
     names = [*service_dns_names(service, namespace), *dns_names] if service and namespace else list(dns_names)
     directory = Path(out_dir)
+    if not replace:
+        existing = [name for name in (CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE)
+                    if (directory / name).exists()]
+        if existing:
+            raise ExistingCertsError(directory, existing)
     ca = create_ca(f"{service or 'gpuquota-webhook'} CA")
     leaf = issue_serving_cert(ca, names, ip_addresses)
     certs = WebhookCerts(
-        ca_cert_path=write_public_file(directory / CA_CERT_FILE, ca.cert_pem),
-        ca_key_path=write_private_file(directory / CA_KEY_FILE, ca.key_pem),
+        # Exclusive creation without ``replace``: a file that appeared since the check is not replaced either.
+        ca_cert_path=write_public_file(directory / CA_CERT_FILE, ca.cert_pem, replace=replace),
+        ca_key_path=write_private_file(directory / CA_KEY_FILE, ca.key_pem, replace=replace),
         # The chain a TLS server presents is leaf first; clients already trust the CA via caBundle.
-        tls_cert_path=write_public_file(directory / TLS_CERT_FILE, leaf.cert_pem),
-        tls_key_path=write_private_file(directory / TLS_KEY_FILE, leaf.key_pem),
+        tls_cert_path=write_public_file(directory / TLS_CERT_FILE, leaf.cert_pem, replace=replace),
+        tls_key_path=write_private_file(directory / TLS_KEY_FILE, leaf.key_pem, replace=replace),
         ca_bundle=ca_bundle(ca.cert_pem),
         dns_names=tuple(_unique(names)),
         ip_addresses=tuple(str(ip) for ip in _unique_ips(parse_ip_addresses(ip_addresses))),
@@ -269,16 +294,22 @@ def load_ca(cert_path: Path, key_path: Path) -> CertificateAuthority:
 
 
 def write_client_cert(ca_dir: str | Path, out_dir: str | Path, common_name: str,
-                      organizations: Sequence[str] = ()) -> tuple[Path, Path]:
+                      organizations: Sequence[str] = (), *, replace: bool = False) -> tuple[Path, Path]:
     """Sign a client certificate with the CA in ``ca_dir`` (ca.crt, ca.key); returns (cert, key) paths.
 
-    This is what the API server presents to a webhook served with ``--client-ca``.
+    This is what the API server presents to a webhook served with ``--client-ca``. Without
+    ``replace``, an existing client.crt or client.key is an :class:`ExistingCertsError` and nothing
+    is written (a kubeconfig may name them).
     """
     ca_directory, directory = Path(ca_dir), Path(out_dir)
+    if not replace:
+        existing = [name for name in (CLIENT_CERT_FILE, CLIENT_KEY_FILE) if (directory / name).exists()]
+        if existing:
+            raise ExistingCertsError(directory, existing)
     ca = load_ca(ca_directory / CA_CERT_FILE, ca_directory / CA_KEY_FILE)
     leaf = issue_client_cert(ca, common_name, organizations)
-    return (write_public_file(directory / CLIENT_CERT_FILE, leaf.cert_pem),
-            write_private_file(directory / CLIENT_KEY_FILE, leaf.key_pem))
+    return (write_public_file(directory / CLIENT_CERT_FILE, leaf.cert_pem, replace=replace),
+            write_private_file(directory / CLIENT_KEY_FILE, leaf.key_pem, replace=replace))
 
 
 def _issue(

@@ -36,9 +36,10 @@ class WebhookStartError(RuntimeError):
     pass
 
 
-def generate_certs(out_dir: Path, dns: Sequence[str] = ("localhost",), ips: Sequence[str] = (LOOPBACK,)) -> str:
-    """Certificates via the real CLI; returns the base64 caBundle it prints."""
-    args = [str(GPUQUOTA), "certs", "generate", "--out", str(out_dir)]
+def generate_certs(out_dir: Path, dns: Sequence[str] = ("localhost",), ips: Sequence[str] = (LOOPBACK,), *,
+                   force: bool = False) -> str:
+    """Certificates via the real CLI; returns the base64 caBundle it prints (``force``: replace existing ones)."""
+    args = [str(GPUQUOTA), "certs", "generate", "--out", str(out_dir), *(["--force"] if force else [])]
     for name in dns:
         args += ["--dns", name]
     for ip in ips:

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-import yaml
 
 from gpuquota_core.conversion import ConfigError, ConversionConfig, load_config
 
@@ -35,13 +34,18 @@ class ConfigFileError(ValueError):
 
 
 def read_config_file(path: Path) -> ConversionConfig:
+    # The manifests' reader: one-line errors with line and column, alias bombs refused.
+    from kubeaccess.manifests import ManifestError, load_yaml_documents, not_text
+
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        documents = load_yaml_documents(path.read_text(encoding="utf-8"), str(path))
     except OSError as error:
         raise ConfigFileError(f"{path}: cannot read the conversion config: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        # PyYAML's messages span lines (the mark and a caret); the log and the CLI want one.
-        raise ConfigFileError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigFileError(f"{path}: {not_text(error)}") from None
+    except ManifestError as error:
+        raise ConfigFileError(str(error)) from None
+    document = next((d for d in documents if d is not None), None)
     try:
         return load_config(document)
     except ConfigError as error:

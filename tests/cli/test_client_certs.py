@@ -90,3 +90,22 @@ def test_certs_client_with_a_leaf_as_ca_is_one_line(cert_dir: Path, tmp_path: Pa
 
     assert result.exit_code == 2
     assert result.output == f"Error: {cert_dir / 'ca.crt'}: not a CA certificate with a subject key identifier\n"
+
+
+def test_certs_client_never_replaces_an_existing_key_unless_forced(cert_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "apiserver"
+    args = ["certs", "client", "--ca-dir", str(cert_dir), "--out", str(out), "--name", "kube-apiserver"]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    key = (out / "client.key").read_bytes()
+
+    again = CliRunner().invoke(cli, args)
+
+    assert (again.exit_code, again.output) == (
+        2, f"Error: {out}: client.crt, client.key already exist(s); give --force to replace them, or another --out\n")
+    assert (out / "client.key").read_bytes() == key
+
+    forced = CliRunner().invoke(cli, [*args, "--force"])
+
+    assert forced.exit_code == 0, forced.output
+    assert (out / "client.key").read_bytes() != key
+    assert (out / "client.key").stat().st_mode & 0o777 == 0o600

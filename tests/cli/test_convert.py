@@ -139,32 +139,23 @@ def test_workload_template_and_untouched_objects_exact_yaml(tmp_path: Path) -> N
     code, out, err = run("-f", str(tmp_path / "d.yaml"))
 
     assert code == 0
+    # The input's flow style stays: only the resources and the annotation change.
     assert out == """apiVersion: apps/v1
 kind: Deployment
-metadata:
-  name: web
-  namespace: ns
+metadata: {name: web, namespace: ns}
 spec:
   template:
-    metadata:
-      labels:
-        app: web
-      annotations:
-        gpuquota.koord-gpuquota.io/original-resources: '{"containers":{"main":{"limits":{"koordinator.sh/gpu":"50"}}}}'
+    metadata: {labels: {app: web}, annotations: {gpuquota.koord-gpuquota.io/original-resources: \
+'{"containers":{"main":{"limits":{"koordinator.sh/gpu":"50"}}}}'}}
     spec:
       containers:
       - name: main
-        resources:
-          limits:
-            koordinator.sh/gpu-core: '50'
-            koordinator.sh/gpu-memory-ratio: '50'
+        resources: {limits: {koordinator.sh/gpu-core: "50", koordinator.sh/gpu-memory-ratio: "50"}}
 ---
 apiVersion: v1
 kind: ConfigMap
-metadata:
-  name: cm
-data:
-  a: b
+metadata: {name: cm}
+data: {a: b}
 """
     assert err == ('Deployment/ns/web: rewrote container "main" koordinator.sh/gpu: 50 -> koordinator.sh/gpu-core: 50, '
                    "koordinator.sh/gpu-memory-ratio: 50\n")
@@ -225,4 +216,5 @@ def test_an_unknown_output_format_is_a_usage_error() -> None:
     code, _, err = run("-f", "-", "-o", "xml", stdin=POD)
 
     assert code == 2
-    assert err.endswith("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', 'patch'.\n")
+    assert err == ("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', 'patch'.\n"
+                   "See 'cli convert --help' for usage.\n")

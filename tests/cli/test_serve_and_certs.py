@@ -74,3 +74,59 @@ def test_deeply_nested_manifest_is_one_line_and_exit_2(runner: CliRunner, tmp_pa
 
     assert result.exit_code == 2
     assert result.output == f"Error: {tmp_path}/deep.yaml: nested too deeply to be a Kubernetes object\n"
+
+
+def test_certs_generate_never_replaces_an_existing_ca_or_key(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--dns", "localhost"]).exit_code == 0
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+
+    result = runner.invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--dns", "localhost"])
+
+    assert result.exit_code == 2
+    assert result.output == (f"Error: {tmp_path}: ca.crt, ca.key, tls.crt, tls.key already exist(s); webhook "
+                             "configurations trust that CA through their caBundle, so it is kept: give --force "
+                             "to replace it, or another --out\n")
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_certs_generate_refuses_when_only_the_key_is_there(tmp_path: Path) -> None:
+    (tmp_path / "ca.key").write_text("a key someone keeps\n")
+
+    result = CliRunner().invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--dns", "localhost"])
+
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Error: {tmp_path}: ca.key already exist(s);")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ca.key"]
+    assert (tmp_path / "ca.key").read_text() == "a key someone keeps\n"
+
+
+def test_certs_generate_force_replaces_them(tmp_path: Path) -> None:
+    runner = CliRunner()
+    first = runner.invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--dns", "localhost"])
+    old_key = (tmp_path / "ca.key").read_bytes()
+
+    second = runner.invoke(cli, ["certs", "generate", "--out", str(tmp_path), "--dns", "localhost", "--force"])
+
+    assert second.exit_code == 0
+    assert second.stdout.strip() != first.stdout.strip()  # a new caBundle
+    assert (tmp_path / "ca.key").read_bytes() != old_key
+    assert (tmp_path / "ca.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_make_certs_creates_them_once_and_keeps_them(tmp_path: Path) -> None:
+    """``make run`` depends on ``certs/tls.crt``: generated when missing, left alone when present."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    certs = tmp_path / "certs"
+    make = ["make", "--no-print-directory", "-C", str(repo), "certs", f"CERT_DIR={certs}"]
+
+    first = subprocess.run(make, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    before = {path.name: path.read_bytes() for path in certs.iterdir()}
+    assert sorted(before) == ["ca.crt", "ca.key", "tls.crt", "tls.key"]
+
+    second = subprocess.run(make, capture_output=True, text=True, timeout=120, check=False)
+    assert second.returncode == 0, second.stderr
+    assert {path.name: path.read_bytes() for path in certs.iterdir()} == before

@@ -37,7 +37,7 @@ def test_rotated_certificate_is_served_and_open_connections_survive(tmp_path: Pa
         open_connection.request("POST", "/mutate-pods", body=payload, headers={"Content-Type": "application/json"})
         assert open_connection.getresponse().read()
 
-        generate_certs(server.cert_dir)  # a new CA and serving cert, written over the old files
+        generate_certs(server.cert_dir, force=True)  # a new CA and serving cert, written over the old files
 
         deadline = time.monotonic() + ROTATION_DEADLINE
         while _healthz_with(server.ca_file, server.port) != 200:
