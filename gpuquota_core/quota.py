@@ -218,7 +218,7 @@ def pod_is_counted(pod: Mapping[str, Any]) -> bool:
 
 def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> ResourceList:
     """Pod-level requests after the webhook's rewrite: legacy pods are charged as the webhook would."""
-    canonical_spec, _, _, _ = canonicalize_pod_spec(spec, config)
+    canonical_spec, _, _, _ = canonicalize_pod_spec(spec, config, whole_pod=False)
     return pod_requests(canonical_spec, read_containers(canonical_spec))
 
 
@@ -326,7 +326,7 @@ def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = 
         if cached is not None:
             return list(cached)
     containers = read_containers(spec)  # a PodShapeError propagates and is not remembered
-    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    problems = validate_pod_gpu(containers, pod_requests(spec, containers), config)
     if key is not None:
         _gpu_problems.remember(key, tuple(problems))
     return problems
