@@ -416,3 +416,14 @@ def test_zero_requests_ask_for_nothing() -> None:
 
     assert problems_of(canonicalize_pod(given).obj) == []
     assert problems_of(pod(box("cpu-only", {NVIDIA: "0", "cpu": "1"}))) == []
+
+
+@pytest.mark.parametrize("zeros", [{KGPU: "0"}, {CORE: "0", RATIO: "0"}])
+def test_zero_koordinator_names_are_refused_as_koordinators_webhook_leaves_them(zeros: dict[str, str]) -> None:
+    # Koordinator's pod webhook reacts to the names, not the amounts: it adds gpu.shared: 1, and
+    # gpu.shared alone is no row of the table. (Our rewrite never writes these zeros.)
+    [problem] = problems_of(pod(box("main", {"cpu": "1", **zeros})))
+
+    assert problem.message == (f"{COMBINATION}: [{SHARED}]: add a memory request: {RATIO} (percent of a card) or "
+                               f"{MEMORY} (bytes), once Koordinator's pod webhook has added {SHARED} to the app "
+                               'containers (asked for by container "main")')
