@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import ContainerResources, containers_total
 from .quantity import ZERO, Quantity
-from .reading import MAX_GPU_AMOUNT, read_list, renamed
+from .reading import MAX_GPU_AMOUNT, in_range, read_list, renamed
 from .resources import (
     AMD_GPU,
     DEPRECATED_RENAMES,
@@ -38,8 +38,9 @@ from .resources import (
     without_zeros,
 )
 
-__all__ = ["MAX_GPU_AMOUNT", "VALID_GPU_COMBINATIONS", "GpuRequestProblem", "as_koordinator_webhook_leaves",
-           "describe", "validate_container_values", "validate_gpu_request", "validate_pod_gpu"]
+__all__ = ["KOORDINATOR_WEBHOOK_NAMES", "MAX_GPU_AMOUNT", "VALID_GPU_COMBINATIONS", "GpuRequestProblem",
+           "as_koordinator_webhook_leaves", "describe", "pod_gpu_schedulable", "validate_container_values",
+           "validate_gpu_request", "validate_pod_gpu"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +187,7 @@ def validate_container_values(container: ContainerResources,
             if quantity.amount < 0:
                 problems.append(GpuRequestProblem("negative", f"{where}: {quantity} must not be negative",
                                                   (name,), container.name))
-            elif quantity.amount > MAX_GPU_AMOUNT:
+            elif not in_range(quantity.amount):
                 problems.append(GpuRequestProblem(
                     "out-of-range", f"{where}: {quantity} is larger than {MAX_GPU_AMOUNT}, beyond what the "
                                     f"scheduler can count", (name,), container.name))
@@ -222,7 +223,7 @@ def _reading_problems(container: ContainerResources, field: str, resources: Reso
     where = f"{container.label} resources.{field}"
     problems: list[GpuRequestProblem] = []
     for spelling, output in reading.out_of_range:
-        if spelling.quantity.amount > MAX_GPU_AMOUNT:
+        if not in_range(spelling.quantity.amount):
             continue  # already refused as written
         problems.append(GpuRequestProblem(
             "out-of-range", f"{where}[{spelling.name}]: {spelling.quantity} reads as {output}: "
