@@ -18,6 +18,7 @@ from gpuquota_core.validation import (
     MAX_GPU_AMOUNT,
     VALID_GPU_COMBINATIONS,
     GpuRequestProblem,
+    as_koordinator_webhook_leaves,
     describe,
     validate_gpu_request,
     validate_pod_gpu,
@@ -427,3 +428,24 @@ def test_zero_koordinator_names_are_refused_as_koordinators_webhook_leaves_them(
     assert problem.message == (f"{COMBINATION}: [{SHARED}]: add a memory request: {RATIO} (percent of a card) or "
                                f"{MEMORY} (bytes), once Koordinator's pod webhook has added {SHARED} to the app "
                                'containers (asked for by container "main")')
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    pytest.param({KGPU: "200"}, {CORE: "200", RATIO: "200", SHARED: "2"}, id="koordinator-gpu-whole-cards"),
+    pytest.param({CORE: "100", MEMORY: "4000", RATIO: "50"}, {CORE: "100", MEMORY: "4000", RATIO: "50", SHARED: "1"},
+                 id="share"),
+    pytest.param({CORE: "100", MEMORY: "8000", RATIO: "200"},
+                 {CORE: "100", MEMORY: "8000", RATIO: "200", SHARED: "2"}, id="ratio-decides"),
+    pytest.param({CORE: "300", MEMORY: "8Gi"}, {CORE: "300", MEMORY: "8Gi", SHARED: "3"}, id="core-without-ratio"),
+    pytest.param({SHARED: "4", RATIO: "200"}, {SHARED: "4", RATIO: "200"}, id="shared-already-there"),
+    pytest.param({NVIDIA: "2"}, {NVIDIA: "2"}, id="vendor-untouched"),
+])
+def test_koordinators_pod_webhook_as_the_validation_applies_it(given: dict[str, str],
+                                                               expected: dict[str, str]) -> None:
+    containers = read_containers(pod(box("main", given), init=[box("init", given)])["spec"])
+
+    after = as_koordinator_webhook_leaves(containers)
+
+    assert after[0] == containers[0]  # init containers are left alone
+    assert after[1].requests == after[1].limits == r(expected)
+    assert as_koordinator_webhook_leaves(after) == after
