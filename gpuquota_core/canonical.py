@@ -87,8 +87,6 @@ def _format_count(amount: int) -> str:
     return str(Quantity.of(amount))
 
 
-
-
 ListRewrite = tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]
 
 
@@ -222,7 +220,7 @@ def _rewrite_resource_list(
                      f"validation to refuse")
         return result, changes, notes
     if reading.disagreements:
-        # Summing them would hand the pod more than either reading, keeping one less than the other.
+        # Summing them would hand the pod more than either reading; keeping one would drop the other.
         notes.append(f"{path}: {reading.disagreements[0].describe()}; left as is for validation to refuse")
         return result, changes, notes
     written: set[str] = set()
