@@ -17,9 +17,26 @@ from typing import Any
 from .conversion import DEFAULT_CONFIG, ConversionConfig, Strategy, memory_bytes_to_ratio, pinned_gpu_model
 from .jsonpatch import copy_json
 from .memo import BoundedMemo
-from .podspec import CONTAINER_KINDS, as_list, as_mapping, parse_resource_list
-from .quantity import Quantity, QuantityError, parse_quantity
-from .resources import DEPRECATED_RENAMES, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED, ResourceList
+from .podspec import (
+    CONTAINER_KINDS,
+    PodShapeError,
+    as_list,
+    as_mapping,
+    parse_resource_list,
+    pod_requests,
+    read_containers,
+)
+from .quantity import Quantity
+from .reading import in_range, read_list
+from .resources import (
+    DEPRECATED_RENAMES,
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    GPU_SHARED,
+    VENDOR_WHOLE_GPU_NAMES,
+    ResourceList,
+)
+from .validation import describe, pod_gpu_schedulable, validate_pod_gpu
 
 ORIGINAL_RESOURCES_ANNOTATION = "gpuquota.koord-gpuquota.io/original-resources"
 RESOURCE_FIELDS: tuple[str, ...] = ("requests", "limits")
@@ -63,21 +80,11 @@ class CanonicalResult:
         return lines
 
 
-# Both run for every converted resource of every pod the cache or an audit reads, on the same few
-# counts ("100", "200"); they are pure functions of an int, so remember them.
+# It runs for every converted resource of every pod the cache or an audit reads, on the same few
+# counts ("100", "200"); it is a pure function of an int, so remember it.
 @lru_cache(maxsize=1024)
 def _format_count(amount: int) -> str:
     return str(Quantity.of(amount))
-
-
-@lru_cache(maxsize=1024)
-def _representable(amount: int) -> bool:
-    """Whether the count we would write parses back: a rewrite nobody can read is not canonical."""
-    try:
-        parse_quantity(_format_count(amount))
-    except QuantityError:
-        return False
-    return True
 
 
 ListRewrite = tuple[dict[str, Any], list[tuple[str, str, dict[str, str], str]], list[str]]
@@ -179,9 +186,10 @@ def _rewrite_resource_list(
 ) -> ListRewrite:
     """Rewrite one ``requests`` or ``limits`` map; returns (new map, [(source, qty, outputs, kind)], notes).
 
-    Whatever cannot be converted without changing what the pod asks for (negative or fractional
-    values, outputs already written by hand that are not whole, results too large to write back)
-    is left as it is, with a note: validation then refuses it with the user's own spelling.
+    The map is read by :func:`reading.read_list`. Whatever cannot be converted without changing
+    what the pod asks for (negative or fractional counts, spellings that disagree, two vendors,
+    readings past the range bound) is left as it is, with a note: validation then refuses it with
+    the user's own spelling. Zeros ask for nothing and stay as written.
     """
     parsed: ResourceList = parse_resource_list(raw, path)
     result: dict[str, Any] = dict(raw)
@@ -204,45 +212,34 @@ def _rewrite_resource_list(
             values[new] = values.pop(old)
             changes.append((old, str(parsed[old]), {new: str(parsed[old])}, "rename"))
 
-    for name in sorted((set(values) & config.input_names) - blocked):
-        rule = config.rule_for(name)
+    reading = read_list(values, config, blocked)
+    notes.extend(f"{path}[{name}]: {why}" for name, why in reading.skipped)
+    if reading.inputs and len(reading.vendors) > 1:
+        # Different hardware: one pool of "cards" would let the scheduler place either kind.
+        notes.append(f"{path}: {' and '.join(reading.vendors)} are different hardware; left as is for "
+                     f"validation to refuse")
+        return result, changes, notes
+    if reading.disagreements:
+        # Summing them would hand the pod more than either reading; keeping one would drop the other.
+        notes.append(f"{path}: {reading.disagreements[0].describe()}; left as is for validation to refuse")
+        return result, changes, notes
+    written: set[str] = set()
+    for output, amount in reading.agreed.items():
+        if output in values and values[output].amount == amount:
+            continue  # already says so, in the user's own spelling
+        values[output] = Quantity.of(amount)
+        result[output] = _format_count(amount)
+        written.add(output)
+    for spelling in reading.inputs:
+        rule = config.rule_for(spelling.name)
         assert rule is not None
-        quantity = values[name]
-        if quantity.amount < 0:
-            notes.append(f"{path}[{name}]: negative value {quantity} left for validation to refuse")
-            continue
-        if rule.whole_units_only and not quantity.is_integer():
-            notes.append(f"{path}[{name}]: {quantity} is not a whole number of cards; left as is")
-            continue
-        # Round up: a conversion must never hand a pod less than it asked for.
-        added = {output: math.ceil(quantity.amount * per_unit) for output, per_unit in sorted(rule.outputs.items())}
-        present = {output: values[output] for output in added if output in values}
-        if rule.strategy is Strategy.RETAIN:
-            # The input stays, so a second pass sees it again: write the outputs only once, and
-            # recognise our own earlier result instead of adding it a second time.
-            if present == {output: Quantity.of(amount) for output, amount in added.items()}:
-                continue
-            if present:
-                notes.append(f"{path}[{name}]: {', '.join(sorted(present))} already set; {name} not converted")
-                continue
-        odd = sorted(output for output, existing in present.items()
-                     if existing.amount < 0 or not existing.is_integer())
-        if odd:
-            # Adding to a negative or fractional value would hide it from validation (-100 + 100 = 0).
-            notes.append(f"{path}[{name}]: {odd[0]} is {present[odd[0]]}; {name} not converted")
-            continue
-        totals = {output: amount + (present[output].ceil() if output in present else 0)
-                  for output, amount in added.items()}
-        if not all(_representable(amount) for amount in totals.values()):
-            notes.append(f"{path}[{name}]: {quantity} is too large to convert; left as is")
-            continue
-        for output, amount in totals.items():
-            values[output] = Quantity.of(amount)
-            result[output] = _format_count(amount)
         if rule.strategy is Strategy.REPLACE:
-            del values[name]
-            del result[name]
-        changes.append((name, str(quantity), {output: _format_count(amount) for output, amount in added.items()},
+            del values[spelling.name]
+            del result[spelling.name]
+        elif not written & set(spelling.reads):
+            continue  # a retained input whose outputs are already there: nothing new
+        changes.append((spelling.name, str(spelling.quantity),
+                        {output: _format_count(math.ceil(amount)) for output, amount in spelling.reads.items()},
                         "convert"))
 
     card_bytes = config.gpu_memory_by_model.get(pinned_model) if pinned_model else None
@@ -251,7 +248,7 @@ def _rewrite_resource_list(
         memory = values[GPU_MEMORY]
         shared = values[GPU_SHARED].ceil() if GPU_SHARED in values else 1
         ratio = memory_bytes_to_ratio(memory.ceil(), card_bytes, shared)
-        if _representable(ratio):
+        if in_range(ratio):
             del result[GPU_MEMORY]
             result[GPU_MEMORY_RATIO] = _format_count(ratio)
             changes.append((GPU_MEMORY, str(memory), {GPU_MEMORY_RATIO: _format_count(ratio)}, "memory-to-ratio"))
@@ -268,12 +265,17 @@ def _container_label(kind: str, entry: Mapping[str, Any], index: int) -> tuple[s
 
 
 def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFIG,
-                          path: str = "spec") -> tuple[dict[str, Any], list[Rewrite], list[str],
-                                                       dict[str, dict[str, dict[str, dict[str, Any]]]]]:
+                          path: str = "spec", *, whole_pod: bool = True,
+                          ) -> tuple[dict[str, Any], list[Rewrite], list[str],
+                                     dict[str, dict[str, dict[str, dict[str, Any]]]]]:
     """Rewrite every container of a pod spec; also returns the original values of what changed.
 
     The new spec is a shallow copy: containers that change are new objects, everything else is the
     input's own (callers that keep the result copy it, see :func:`canonicalize_pod`).
+
+    ``whole_pod``: also judge the pod as a whole (:func:`_why_left_as_written`) and rewrite nothing
+    when the rewrite would change what Koordinator does with it. The quota count reads every
+    container in canonical units whatever the pod as a whole would be, and passes False.
     """
     spec = as_mapping(spec, path)
     new_spec = dict(spec)
@@ -314,7 +316,44 @@ def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFI
                 new_entries[index] = {**container, "resources": resources}
         if any(new is not old for new, old in zip(new_entries, entries, strict=True)):
             new_spec[kind] = new_entries
+    if rewrites and whole_pod:
+        reason = _why_left_as_written(spec, new_spec, config, path)
+        if reason is not None:
+            return dict(spec), [], [*notes, reason], {}
     return new_spec, rewrites, notes, originals
+
+
+def _why_left_as_written(spec: Mapping[str, Any], new_spec: Mapping[str, Any], config: ConversionConfig,
+                         path: str) -> str | None:
+    """Why the rewrite of the pod as a whole must not happen, or None.
+
+    Two vendors' cards are different hardware: pooled into one canonical count, a pod Koordinator
+    refuses would become one it places on either kind. And a pod Koordinator schedules as written
+    must not become one it refuses once its own pod webhook has run (it adds ``gpu.shared`` to app
+    containers only, so an init container asking for more cards than the app containers breaks the
+    shared split: ``init: amd.com/gpu 3, app: amd.com/gpu 2``).
+    """
+    try:
+        before, after = read_containers(spec, path), read_containers(new_spec, path)
+        before_request, after_request = pod_requests(spec, before), pod_requests(new_spec, after)
+    except PodShapeError:
+        return None  # the rewrite itself read it; validation will say what is wrong
+    vendors: dict[str, list[str]] = {}
+    for container in before:
+        for name, quantity in (*container.requests.items(), *container.limits.items()):
+            if name in VENDOR_WHOLE_GPU_NAMES and not quantity.is_zero():
+                labels = vendors.setdefault(name, [])
+                if container.label not in labels:
+                    labels.append(container.label)
+    if len(vendors) > 1:
+        asked = " and ".join(f"{name} ({', '.join(labels)})" for name, labels in sorted(vendors.items()))
+        return f"{path}: the pod asks for {asked}: different hardware, not one pool of cards; left as written"
+    if (pod_gpu_schedulable(before, before_request, config)
+            and not pod_gpu_schedulable(after, after_request, config)):
+        why = describe(validate_pod_gpu(after, after_request, config))
+        return (f"{path}: left as written: Koordinator schedules the pod as written, but could not schedule it "
+                f"rewritten ({why})")
+    return None
 
 
 def canonicalize_pod(pod: object, config: ConversionConfig = DEFAULT_CONFIG) -> CanonicalResult:

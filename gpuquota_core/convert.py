@@ -66,6 +66,6 @@ def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CO
         new_obj = result.obj
     spec = as_mapping(result.obj.get("spec"), "spec")
     containers = read_containers(spec)
-    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    problems = validate_pod_gpu(containers, pod_requests(spec, containers), config)
     return ConvertedObject(kind, namespace, name, new_obj, diff(dict(obj), new_obj), result.summary(),
                            list(result.notes), problems)

@@ -4,11 +4,12 @@ Computing it means rewriting the pod (:func:`canonical.canonical_view`) and diff
 against the request, about two thirds of a ``/mutate-pods`` call's own work (docs/benchmarks.md).
 The replicas of a workload send the same shape again and again, so the answer is remembered by a
 key that holds everything the rewrite and the diff read, and nothing else: the resource maps
-of every container (values with their types, in order), container names and positions, the order
-of the fields the patch touches, the pinned GPU model, the state of the one annotation written,
-and the config. Anything outside plain JSON of the usual shape takes the uncached path, which
-raises its own precise error. ``tests/core/test_mutation_memo.py`` checks, on generated pods,
-that the remembered answer is the computed one.
+of every container (values with their types, in order), container names, positions and restart
+policies, the pod overhead, the order of the fields the patch touches, the pinned GPU model, the
+state of the one annotation written, and the config. Anything outside plain JSON of the usual
+shape takes the uncached path, which raises its own precise error.
+``tests/core/test_mutation_memo.py`` checks, on generated pods, that the remembered answer is the
+computed one.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def mutation_key(pod: object, config: ConversionConfig) -> object | None:
         kinds = tuple((kind, _containers_key(spec[kind])) for kind in spec if kind in CONTAINER_KINDS)
         pinned = pinned_model_key(spec, config)
         first = next((field for field in pod if field == "spec" or field == "metadata"), None)
-        key = (kinds, pinned, first, _metadata_key(pod), config_identity(config))
+        # Whether the pod as a whole is rewritten reads its total request, so the overhead too.
+        key = (kinds, pinned, first, _metadata_key(pod), config_identity(config), values_key(spec.get("overhead")))
         hash(key)
     except TypeError:
         return None
@@ -112,8 +114,9 @@ def _containers_key(entries: object) -> object:
             raise TypeError("not plain JSON")
         fields = () if resources is None else tuple(
             (field, values_key(resources[field])) for field in resources if field in RESOURCE_FIELDS)
-        # A name that is not a string is labelled by position, whatever it is.
-        containers.append((name if type(name) is str else None, fields))
+        # A name that is not a string is labelled by position, whatever it is. restartPolicy makes
+        # an init container a sidecar, which changes the pod's total the whole-pod judgement reads.
+        containers.append((name if type(name) is str else None, fields, entry.get("restartPolicy")))
     return tuple(containers)
 
 

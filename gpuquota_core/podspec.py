@@ -121,6 +121,15 @@ def pod_requests(spec: object, containers: list[ContainerResources] | None = Non
     spec = as_mapping(spec, "spec")
     if containers is None:
         containers = read_containers(spec)
+    total = containers_total(containers)
+    overhead = parse_resource_list(spec.get("overhead"), "spec.overhead")
+    if overhead:  # rare (RuntimeClass overhead); skipping the empty sum saves an add per resource
+        total = add_lists(total, overhead)
+    return without_zeros(total)
+
+
+def containers_total(containers: list[ContainerResources]) -> ResourceList:
+    """The containers' part of :func:`pod_requests`: no overhead, zeros kept."""
     app_total: ResourceList = {}
     sidecars_so_far: ResourceList = {}
     init_peak: ResourceList = {}
@@ -136,8 +145,4 @@ def pod_requests(spec: object, containers: list[ContainerResources] | None = Non
             init_peak = max_lists(init_peak, sidecars_so_far)
         else:
             init_peak = max_lists(init_peak, add_lists(requests, sidecars_so_far))
-    total = max_lists(app_total, init_peak)
-    overhead = parse_resource_list(spec.get("overhead"), "spec.overhead")
-    if overhead:  # rare (RuntimeClass overhead); skipping the empty sum saves an add per resource
-        total = add_lists(total, overhead)
-    return without_zeros(total)
+    return max_lists(app_total, init_peak)

@@ -149,13 +149,12 @@ def _bound_namespaces(raw: object) -> tuple[str, ...]:
     return tuple(n for n in loaded if isinstance(n, str)) if isinstance(loaded, list) else ()
 
 
-def canonical_resource_list(resources: Mapping[str, Quantity], config: ConversionConfig = DEFAULT_CONFIG,
-                            quota: str = "") -> tuple[ResourceList, list[LimitNote]]:
-    """A quota's list in canonical names; where two spellings give one name, the stricter wins.
+def canonical_spellings(resources: Mapping[str, Quantity],
+                        config: ConversionConfig = DEFAULT_CONFIG) -> dict[str, list[tuple[Quantity, str]]]:
+    """Per canonical name, every (amount, spelling) of a quota's list that speaks for it.
 
-    ``nvidia.com/gpu: 4`` limits ``gpu-memory-ratio`` to 400. A quota that also says
-    ``gpu-memory-ratio: 300`` is limited to 300: whichever the writer meant, admitting more than
-    either number would break one of the two promises.
+    ``{gpu-memory-ratio: 750, koordinator.sh/gpu: 300}`` gives gpu-memory-ratio two readings,
+    750 (as written) and 300 (from koordinator.sh/gpu), and gpu-core one, 300.
     """
     converted: dict[str, list[tuple[Quantity, str]]] = {}
     for name, quantity in resources.items():
@@ -167,11 +166,24 @@ def canonical_resource_list(resources: Mapping[str, Quantity], config: Conversio
             converted.setdefault(output, []).append((quantity.scaled(per_unit), name))
         if rule.strategy.value == "Retain":
             converted.setdefault(name, []).append((quantity, name))
+    return converted
+
+
+def canonical_resource_list(resources: Mapping[str, Quantity], config: ConversionConfig = DEFAULT_CONFIG,
+                            quota: str = "") -> tuple[ResourceList, list[LimitNote]]:
+    """A quota's list in canonical names; where two spellings give one name, the stricter wins.
+
+    ``nvidia.com/gpu: 4`` limits ``gpu-memory-ratio`` to 400. A quota that also says
+    ``gpu-memory-ratio: 300`` is limited to 300: whichever the writer meant, admitting more than
+    either number would break one of the two promises.
+    """
+    converted = canonical_spellings(resources, config)
     result: ResourceList = {}
     notes: list[LimitNote] = []
     for name, candidates in sorted(converted.items()):
         strictest = min(candidates, key=lambda candidate: candidate[0])
-        result[name] = Quantity(strictest[0].amount)
+        # In the writer's own format: a limit of 8Gi is quoted back as 8Gi, not 8589934592.
+        result[name] = Quantity(strictest[0].amount, strictest[0].format)
         sources = sorted({source for _, source in candidates})
         if len(candidates) > 1:
             spelled = ", ".join(f"{source}={quantity}" for quantity, source in sorted(candidates, key=lambda c: c[1]))
@@ -206,7 +218,7 @@ def pod_is_counted(pod: Mapping[str, Any]) -> bool:
 
 def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> ResourceList:
     """Pod-level requests after the webhook's rewrite: legacy pods are charged as the webhook would."""
-    canonical_spec, _, _, _ = canonicalize_pod_spec(spec, config)
+    canonical_spec, _, _, _ = canonicalize_pod_spec(spec, config, whole_pod=False)
     return pod_requests(canonical_spec, read_containers(canonical_spec))
 
 
@@ -314,7 +326,7 @@ def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = 
         if cached is not None:
             return list(cached)
     containers = read_containers(spec)  # a PodShapeError propagates and is not remembered
-    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    problems = validate_pod_gpu(containers, pod_requests(spec, containers), config)
     if key is not None:
         _gpu_problems.remember(key, tuple(problems))
     return problems
@@ -461,7 +473,10 @@ class Exceeded:
     @property
     def message(self) -> str:
         names = sorted(self.limited)
-        used = {name: self.used[name] for name in names if not self.used.get(name, ZERO).is_zero()}
+        # A total of many pods has no format of its own: it is quoted in the format of the limit
+        # it is compared with, as Kubernetes prints quantities (memory=4Gi, not 4294967296).
+        used = {name: Quantity(self.used[name].amount, self.limited[name].format)
+                for name in names if not self.used.get(name, ZERO).is_zero()}
         text = (f"exceeded quota: {self.quota.ref}, requested: {format_list(_pick(self.requested, names))}, "
                 f"used: {format_list(used)}, limited: {format_list(_pick(self.limited, names))}")
         if self.quota.name != self.leaf:

@@ -80,14 +80,17 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
            old: PodQuotaRequest | None = None, replay_of: Reservation | None = None) -> Decision:
     resolution = tree.resolve(pod.namespace, pod.quota_label)
     if resolution.rule == "label-not-found":
-        return Decision(False, message=f"pod {pod.namespace}/{pod.name} names ElasticQuota {pod.quota_label!r} "
-                        f"in label quota.scheduling.koordinator.sh/name, but no such quota exists",
-                        reason=QUOTA_NOT_FOUND, code=403)
+        # Koordinator's quota admission refuses the same pod with the same words; ours follow them.
+        return Decision(False, message=f"elastic quota {pod.quota_label} not found: pod {pod.namespace}/{pod.name} "
+                        f"names ElasticQuota {pod.quota_label!r} in label quota.scheduling.koordinator.sh/name, "
+                        f"but no such quota exists", reason=QUOTA_NOT_FOUND, code=403)
     if resolution.quota is None:
         return Decision(True)
     leaf = tree.quotas[resolution.quota]
     if leaf.is_parent:
-        return Decision(False, message=f"pod {pod.namespace}/{pod.name} cannot use ElasticQuota {leaf.ref}: it is "
+        # Koordinator's ElasticQuota pod check says this first (koordinator.md §4.3), then our reason.
+        return Decision(False, message=f"pod can not be linked to a parentQuotaGroup,quota:{leaf.name}, "
+                        f"pod:{pod.name}: pod {pod.namespace}/{pod.name} cannot use ElasticQuota {leaf.ref}: it is "
                         f"a parent quota (is-parent=true); use one of its leaf quotas", reason=PARENT_QUOTA, code=403)
     chain = tuple(q.name for q in tree.chain(leaf.name))
     if pod.unknown_gpu_memory:

@@ -77,16 +77,15 @@ ResourceList = dict[str, Quantity]
 
 
 def add_lists(*lists: Mapping[str, Quantity]) -> ResourceList:
-    """The sums, each in decimal-SI format (what a sum started from ZERO has always had)."""
+    """The sums, each in the format of its first term, as apimachinery's ``Quantity.Add`` keeps it
+    (a zero adopts the format of what is added to it): ``1Gi + 3Gi`` prints ``4Gi``."""
     total: ResourceList = {}
     for resources in lists:
         for name, quantity in resources.items():
             if name in total:
                 total[name] = total[name] + quantity
             else:
-                # ZERO + quantity, without the new Fraction: a quota's used totals are already
-                # decimal-SI, and every admission sums them with the ledger's (usually nothing).
-                total[name] = quantity if quantity.format is ZERO.format else Quantity(quantity.amount, ZERO.format)
+                total[name] = quantity
     return total
 
 

@@ -8,10 +8,12 @@ and would sit Pending forever; refusing it at admission with a precise reason is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .podspec import ContainerResources
-from .quantity import Quantity
+from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .podspec import ContainerResources, containers_total
+from .quantity import ZERO, Quantity
+from .reading import MAX_GPU_AMOUNT, in_range, read_list, renamed
 from .resources import (
     AMD_GPU,
     DEPRECATED_RENAMES,
@@ -36,9 +38,9 @@ from .resources import (
     without_zeros,
 )
 
-# The scheduler holds requests as int64 and scales them (x100 per card, x1000 for milli-units):
-# anything beyond this overflows there, so no value above it can mean what the user wrote.
-MAX_GPU_AMOUNT = (2**63 - 1) // (1000 * PERCENT_PER_CARD)
+__all__ = ["KOORDINATOR_WEBHOOK_NAMES", "MAX_GPU_AMOUNT", "VALID_GPU_COMBINATIONS", "GpuRequestProblem",
+           "as_koordinator_webhook_leaves", "describe", "pod_gpu_schedulable", "validate_container_values",
+           "validate_gpu_request", "validate_pod_gpu"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +144,7 @@ def _combination_hint(names: frozenset[str]) -> str:
         return (f"do not mix whole-card {', '.join(sorted(vendors))} with {', '.join(sorted(names - vendors))} "
                 f"in one pod; ask for {GPU_CORE} + {GPU_MEMORY_RATIO} (100 per card) instead")
     if len(vendors) > 1:
-        return "ask for one GPU vendor per pod"
+        return f"{' and '.join(sorted(vendors))} are different hardware: ask for one GPU vendor per pod"
     if KOORD_GPU in names:
         return f"{KOORD_GPU} cannot be combined with other GPU names; use {GPU_CORE} + {GPU_MEMORY_RATIO}"
     if GPU_MEMORY in names and GPU_MEMORY_RATIO in names:
@@ -174,8 +176,10 @@ def validate_gpu_request(pod_request: Mapping[str, Quantity]) -> list[GpuRequest
     return problems + validator(gpu_request)
 
 
-def validate_container_values(container: ContainerResources) -> list[GpuRequestProblem]:
-    """Per-container value rules the API server would also enforce, reported with the container."""
+def validate_container_values(container: ContainerResources,
+                              config: ConversionConfig = DEFAULT_CONFIG) -> list[GpuRequestProblem]:
+    """Per-container value rules the API server would also enforce, reported with the container,
+    and the rules of reading one container (:mod:`reading`): spellings must agree, readings fit."""
     problems: list[GpuRequestProblem] = []
     for field, resources in (("requests", container.requests), ("limits", container.limits)):
         for name, quantity in sorted(gpu_subset(resources).items()):
@@ -183,7 +187,7 @@ def validate_container_values(container: ContainerResources) -> list[GpuRequestP
             if quantity.amount < 0:
                 problems.append(GpuRequestProblem("negative", f"{where}: {quantity} must not be negative",
                                                   (name,), container.name))
-            elif quantity.amount > MAX_GPU_AMOUNT:
+            elif not in_range(quantity.amount):
                 problems.append(GpuRequestProblem(
                     "out-of-range", f"{where}: {quantity} is larger than {MAX_GPU_AMOUNT}, beyond what the "
                                     f"scheduler can count", (name,), container.name))
@@ -200,6 +204,7 @@ def validate_container_values(container: ContainerResources) -> list[GpuRequestP
                 problems.append(GpuRequestProblem(
                     "duplicate-name", f"{container.label} resources.{field}: both {old} and {new} are set; "
                                       f"remove {old}", (old, new), container.name))
+        problems.extend(_reading_problems(container, field, resources, config))
     for name in sorted(set(gpu_subset(container.requests)) & set(container.limits)):
         if container.requests[name] != container.limits[name]:
             problems.append(GpuRequestProblem(
@@ -210,12 +215,119 @@ def validate_container_values(container: ContainerResources) -> list[GpuRequestP
     return problems
 
 
-def validate_pod_gpu(containers: list[ContainerResources], pod_request: ResourceList) -> list[GpuRequestProblem]:
-    """Every reason this pod's GPU request cannot be scheduled, most specific first."""
-    problems = [p for container in containers for p in validate_container_values(container)]
+def _reading_problems(container: ContainerResources, field: str, resources: ResourceList,
+                      config: ConversionConfig) -> list[GpuRequestProblem]:
+    """A map whose spellings disagree, or whose reading is past the bound the rewrite keeps."""
+    values = renamed(resources) if config.rename_deprecated else dict(resources)
+    reading = read_list(values, config)
+    where = f"{container.label} resources.{field}"
+    problems: list[GpuRequestProblem] = []
+    for spelling, output in reading.out_of_range:
+        if not in_range(spelling.quantity.amount):
+            continue  # already refused as written
+        problems.append(GpuRequestProblem(
+            "out-of-range", f"{where}[{spelling.name}]: {spelling.quantity} reads as {output}: "
+                            f"{Quantity.of(spelling.reads[output])}, larger than {MAX_GPU_AMOUNT}, beyond what the "
+                            f"scheduler can count", (spelling.name,), container.name))
+    for disagreement in reading.disagreements[:1]:
+        names = tuple(sorted({disagreement.first.name, disagreement.second.name}))
+        problems.append(GpuRequestProblem(
+            "spellings-disagree", f"{where}: {disagreement.describe()}: one container must ask for its GPUs in "
+                                  f"one reading; keep one spelling", names, container.name))
+    return problems
+
+
+# The names whose presence makes Koordinator's pod webhook touch an app container (koordinator.md §1.4).
+KOORDINATOR_WEBHOOK_NAMES: frozenset[str] = frozenset({KOORD_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED})
+
+
+def as_koordinator_webhook_leaves(containers: list[ContainerResources]) -> list[ContainerResources]:
+    """The containers as Koordinator's own pod webhook leaves them on CREATE (koordinator.md §1.4).
+
+    It is installed with Koordinator and on by default, so the scheduler sees its result, not ours:
+    in every *app* container (init containers are left alone) that names any of
+    :data:`KOORDINATOR_WEBHOOK_NAMES`, ``koordinator.sh/gpu: P`` becomes ``gpu-core: P,
+    gpu-memory-ratio: P``, and a missing ``gpu.shared`` is added (ratio/100 for whole cards, else
+    core/100 for whole cards without a ratio, else 1). Vendor names are not touched. Applying it
+    to its own result changes nothing (the pod may already have been through it).
+    """
+    result: list[ContainerResources] = []
+    for container in containers:
+        if container.kind != "containers" or not KOORDINATOR_WEBHOOK_NAMES & (set(container.requests) |
+                                                                              set(container.limits)):
+            result.append(container)
+            continue
+        requests, limits = container.effective_requests(), dict(container.limits)
+        if KOORD_GPU in requests:
+            percent = Quantity.of(requests[KOORD_GPU].ceil())
+            for target in (requests, limits):
+                target.pop(KOORD_GPU, None)
+                target[GPU_CORE] = target[GPU_MEMORY_RATIO] = percent
+        if GPU_SHARED not in requests:
+            requests[GPU_SHARED] = limits[GPU_SHARED] = Quantity.of(_injected_shared(requests))
+        result.append(replace(container, requests=requests, limits=limits))
+    return result
+
+
+def _injected_shared(requests: Mapping[str, Quantity]) -> int:
+    def whole_cards(name: str) -> int | None:
+        value = requests[name].ceil()
+        return value // PERCENT_PER_CARD if value > PERCENT_PER_CARD and value % PERCENT_PER_CARD == 0 else None
+    if GPU_MEMORY_RATIO in requests:
+        return whole_cards(GPU_MEMORY_RATIO) or 1
+    if GPU_CORE in requests:
+        return whole_cards(GPU_CORE) or 1
+    return 1
+
+
+def _after_koordinator_webhook(containers: list[ContainerResources],
+                               pod_request: ResourceList) -> tuple[list[ContainerResources], ResourceList]:
+    """The containers and the pod's request once Koordinator's pod webhook has run."""
+    after = as_koordinator_webhook_leaves(containers)
+    if all(a is b for a, b in zip(after, containers, strict=True)):
+        return containers, pod_request
+    before_total, after_total = containers_total(containers), containers_total(after)
+    request = dict(pod_request)
+    # pod_request is the containers' total plus the overhead: keep the overhead's part exactly.
+    for name in set(before_total) | set(after_total):
+        overhead = pod_request.get(name, ZERO) - before_total.get(name, ZERO)
+        request[name] = after_total.get(name, ZERO) + overhead
+    return after, without_zeros(request)
+
+
+def validate_pod_gpu(containers: list[ContainerResources], pod_request: ResourceList,
+                     config: ConversionConfig = DEFAULT_CONFIG) -> list[GpuRequestProblem]:
+    """Every reason this pod's GPU request cannot be scheduled, most specific first.
+
+    The pod is judged as the scheduler will see it, after Koordinator's own pod webhook too
+    (:func:`as_koordinator_webhook_leaves`). A problem the pod has as written is reported in the
+    user's spelling; one that only that webhook's ``gpu.shared`` brings says so.
+    """
+    problems = [p for container in containers for p in validate_container_values(container, config)]
     if problems:
         return problems
-    return [_attribute(problem, containers) for problem in validate_gpu_request(pod_request)]
+    after, after_request = _after_koordinator_webhook(containers, pod_request)
+    judged = validate_gpu_request(after_request)
+    if not judged or after is containers:
+        return [_attribute(problem, containers) for problem in judged]
+    as_written = validate_gpu_request(pod_request)
+    if as_written:
+        return [_attribute(problem, containers) for problem in as_written]
+    return [_attribute(_after_webhook_note(problem), after) for problem in judged]
+
+
+def _after_webhook_note(problem: GpuRequestProblem) -> GpuRequestProblem:
+    return GpuRequestProblem(problem.rule, f"{problem.message}, once Koordinator's pod webhook has added {GPU_SHARED} "
+                                           f"to the app containers", problem.resources, problem.container)
+
+
+def pod_gpu_schedulable(containers: list[ContainerResources], pod_request: ResourceList,
+                        config: ConversionConfig = DEFAULT_CONFIG) -> bool:
+    """Whether Koordinator's scheduler can place this pod's GPU request at all (after its webhook)."""
+    if any(validate_container_values(container, config) for container in containers):
+        return False
+    _, after_request = _after_koordinator_webhook(containers, pod_request)
+    return not validate_gpu_request(after_request)
 
 
 def _attribute(problem: GpuRequestProblem, containers: list[ContainerResources]) -> GpuRequestProblem:

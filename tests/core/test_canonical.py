@@ -88,7 +88,7 @@ def test_the_annotation_is_compact_sorted_json() -> None:
 def test_init_containers_and_sidecars_are_rewritten_too() -> None:
     given = pod(both({"amd.com/gpu": "1"}),
                 init=[both({"koordinator.sh/gpu": "50"}, "warmup"),
-                      {**both({"dcu.com/gpu": "1"}, "proxy"), "restartPolicy": "Always"}])
+                      {**both({"amd.com/gpu": "1"}, "proxy"), "restartPolicy": "Always"}])
 
     result = canonicalize_pod(given)
 
@@ -97,10 +97,10 @@ def test_init_containers_and_sidecars_are_rewritten_too() -> None:
     assert resources_of(result.obj)["limits"] == {CORE: "100", RATIO: "100"}
     assert annotation(result.obj)["initContainers"] == {
         "warmup": {"requests": {"koordinator.sh/gpu": "50"}, "limits": {"koordinator.sh/gpu": "50"}},
-        "proxy": {"requests": {"dcu.com/gpu": "1"}, "limits": {"dcu.com/gpu": "1"}}}
+        "proxy": {"requests": {"amd.com/gpu": "1"}, "limits": {"amd.com/gpu": "1"}}}
     assert result.summary() == [
         f'init container "warmup" koordinator.sh/gpu: 50 -> {CORE}: 50, {RATIO}: 50',
-        f'init container "proxy" dcu.com/gpu: 1 -> {CORE}: 100, {RATIO}: 100',
+        f'init container "proxy" amd.com/gpu: 1 -> {CORE}: 100, {RATIO}: 100',
         f'container "main" amd.com/gpu: 1 -> {CORE}: 100, {RATIO}: 100']
 
 
@@ -176,12 +176,15 @@ LEFT_ALONE = [
                  "whole number of cards; left as is", id="100m-cards"),
     pytest.param({"nvidia.com/gpu": "-1"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: negative value -1 "
                  "left for validation to refuse", id="negative"),
-    pytest.param({"nvidia.com/gpu": "1", CORE: "-100"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: "
-                 f"{CORE} is -100; nvidia.com/gpu not converted", id="negative-core-beside-vendor"),
-    pytest.param({"nvidia.com/gpu": "1", CORE: "0.5"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: "
-                 f"{CORE} is 500m; nvidia.com/gpu not converted", id="fractional-core-beside-vendor"),
-    pytest.param({"nvidia.com/gpu": "1e62"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: 100e60 is too "
-                 "large to convert; left as is", id="too-large-to-write-back"),
+    pytest.param({"nvidia.com/gpu": "1", CORE: "-100"}, "spec.containers[0].resources.requests: nvidia.com/gpu: 1 "
+                 f"(read as {CORE}: 100) and {CORE}: -100 disagree; left as is for validation to refuse",
+                 id="negative-core-beside-vendor"),
+    pytest.param({"nvidia.com/gpu": "1", CORE: "0.5"}, "spec.containers[0].resources.requests: nvidia.com/gpu: 1 "
+                 f"(read as {CORE}: 100) and {CORE}: 500m disagree; left as is for validation to refuse",
+                 id="fractional-core-beside-vendor"),
+    pytest.param({"amd.com/gpu": "92233720368548"}, "spec.containers[0].resources.requests[amd.com/gpu]: "
+                 f"92233720368548 reads as {CORE}: 9223372036854800, larger than 92233720368547; left as is",
+                 id="huge-vendor-count-is-not-multiplied-past-the-bound"),
 ]
 
 
@@ -205,17 +208,79 @@ def test_koordinator_gpu_fractions_round_up_never_down() -> None:
     pytest.param({"nvidia.com/gpu": "1e3"}, {CORE: "100k", RATIO: "100k"}, id="exponent"),
     pytest.param({"nvidia.com/gpu": "2000m"}, {CORE: "200", RATIO: "200"}, id="whole-in-milli"),
     pytest.param({"nvidia.com/gpu": 2}, {CORE: "200", RATIO: "200"}, id="yaml-int"),
-    pytest.param({"nvidia.com/gpu": "0"}, {CORE: "0", RATIO: "0"}, id="zero"),
 ])
 def test_other_spellings_of_whole_cards(given: dict[str, Any], expected: dict[str, str]) -> None:
     assert resources_of(canonicalize_pod(pod(box("main", given))).obj) == {"requests": expected}
 
 
-def test_a_vendor_count_beside_hand_written_koordinator_names_adds_up() -> None:
-    result = canonicalize_pod(pod(box("main", {"nvidia.com/gpu": "1", CORE: "100", RATIO: "100"})))
+@pytest.mark.parametrize("zero", [{"nvidia.com/gpu": "0"}, {"amd.com/gpu": "0"}, {"dcu.com/gpu": "0"},
+                                  {"koordinator.sh/gpu": "0"}])
+def test_a_zero_request_is_never_turned_into_canonical_keys(zero: dict[str, str]) -> None:
+    # Charts write nvidia.com/gpu: 0 for CPU-only variants; core 0 + ratio 0 would draw gpu.shared: 1
+    # from Koordinator's pod webhook and get the pod refused. The zero stays as written: it asks
+    # for nothing, and the scheduler drops zeros before it looks.
+    result = canonicalize_pod(pod(both({"cpu": "1", **zero})))
 
-    assert resources_of(result.obj)["requests"] == {CORE: "200", RATIO: "200"}
+    assert not result.changed and result.notes == []
+    assert resources_of(result.obj)["requests"] == {"cpu": "1", **zero}
+
+
+def test_a_zero_vendor_count_beside_gpu_memory_leaves_one_gpu_at_that_memory() -> None:
+    given = pod(both({MEMORY: "1Gi"}), both({"nvidia.com/gpu": "0"}, "sidecar"))
+
+    result = canonicalize_pod(given)
+
+    assert not result.changed
+    assert result.obj == given
+
+
+def test_a_card_named_twice_with_the_same_amount_is_written_once() -> None:
+    result = canonicalize_pod(pod(both({"nvidia.com/gpu": "1", CORE: "100", RATIO: "100"})))
+
+    # One card, not two: the vendor count and the hand-written names say the same.
+    assert resources_of(result.obj) == {"requests": {CORE: "100", RATIO: "100"}, "limits": {CORE: "100", RATIO: "100"}}
     assert result.rewrites[0].outputs == {CORE: "100", RATIO: "100"}
+    assert not canonicalize_pod(result.obj).changed
+
+
+@pytest.mark.parametrize("given", [
+    pytest.param({"nvidia.com/gpu": "1", CORE: "100", RATIO: "200"}, id="vendor-and-ratio"),
+    pytest.param({"koordinator.sh/gpu": "2", CORE: "1"}, id="koordinator-gpu-and-core"),
+])
+def test_a_card_named_twice_with_different_amounts_is_left_for_validation(given: dict[str, str]) -> None:
+    result = canonicalize_pod(pod(both(given)))
+
+    assert not result.changed
+    assert resources_of(result.obj)["requests"] == given
+    assert "disagree; left as is for validation to refuse" in result.notes[0]
+
+
+def test_vendors_mixed_in_one_pod_are_not_pooled() -> None:
+    one_container = canonicalize_pod(pod(both({"dcu.com/gpu": "112", "nvidia.com/gpu": "101"})))
+    assert not one_container.changed
+    assert one_container.notes[0] == ("spec.containers[0].resources.requests: dcu.com/gpu and nvidia.com/gpu are "
+                                      "different hardware; left as is for validation to refuse")
+
+    two_containers = canonicalize_pod(pod(both({"dcu.com/gpu": "112"}, "a"), both({"nvidia.com/gpu": "101"}, "b")))
+    assert not two_containers.changed
+    assert two_containers.notes == ['spec: the pod asks for dcu.com/gpu (container "a") and nvidia.com/gpu '
+                                    '(container "b"): different hardware, not one pool of cards; left as written']
+
+
+def test_an_init_container_larger_than_the_app_containers_keeps_the_pod_as_written() -> None:
+    # Rewritten, the init container's 300 would meet the gpu.shared: 2 Koordinator's pod webhook adds
+    # to the app container only (300 over 2 devices is 150 per device): refused. As written,
+    # Koordinator schedules it on 3 cards.
+    given = pod(both({"amd.com/gpu": "2"}), init=[both({"amd.com/gpu": "3"}, "init")])
+
+    result = canonicalize_pod(given)
+
+    assert not result.changed and result.obj == given
+    assert result.notes[0].startswith("spec: left as written: Koordinator schedules the pod as written, but could not "
+                                      f"schedule it rewritten (invalid resource device requests: {CORE}=300 must split "
+                                      f"evenly over {SHARED}=2 devices")
+    # Smaller init containers are rewritten as before.
+    assert canonicalize_pod(pod(both({"amd.com/gpu": "3"}), init=[both({"amd.com/gpu": "2"}, "init")])).changed
 
 
 def test_gpu_memory_bytes_are_never_guessed() -> None:
@@ -261,8 +326,8 @@ def test_a_retain_rule_adds_its_outputs_once() -> None:
     assert not twice.changed and twice.notes == []
     clash = canonicalize_pod(pod(box("main", {"example.com/vgpu": "2", RATIO: "10"})), config)
     assert not clash.changed
-    assert clash.notes == [f"spec.containers[0].resources.requests[example.com/vgpu]: {RATIO} already set; "
-                           "example.com/vgpu not converted"]
+    assert clash.notes == ["spec.containers[0].resources.requests: example.com/vgpu: 2 (read as "
+                           f"{RATIO}: 50) and {RATIO}: 10 disagree; left as is for validation to refuse"]
 
 
 def test_a_custom_table_with_per_unit_fractions_rounds_up() -> None:

@@ -188,6 +188,20 @@ NEAR_TWINS = {
                   "containers": [{"name": "a", "resources": {"limits": {"koordinator.sh/gpu-memory": "8Gi"}}}]}},
         {"spec": {"nodeSelector": {GPU_MODEL_LABEL: "T4"},
                   "containers": [{"name": "a", "resources": {"limits": {"koordinator.sh/gpu-memory": "8Gi"}}}]}}),
+    # A sidecar adds to the app containers, which only they get gpu.shared for from Koordinator's
+    # webhook: 200 + 100 over 2 devices is refused, so the pod is left as written; an ordinary init
+    # container of 100 under the app's 200 is rewritten.
+    "init container or sidecar": (
+        {"spec": {"containers": [{"name": "a", "resources": {"limits": {"amd.com/gpu": "2"}}}],
+                  "initContainers": [{"name": "i", "resources": {"limits": {"amd.com/gpu": "1"}}}]}},
+        {"spec": {"containers": [{"name": "a", "resources": {"limits": {"amd.com/gpu": "2"}}}],
+                  "initContainers": [{"name": "i", "restartPolicy": "Always",
+                                      "resources": {"limits": {"amd.com/gpu": "1"}}}]}}),
+    # The pod's total, which the whole-pod judgement reads, includes the overhead.
+    "another overhead": (
+        {"spec": {"containers": [{"name": "a", "resources": {"limits": {"amd.com/gpu": "2"}}}]}},
+        {"spec": {"overhead": {"amd.com/gpu": "1"},
+                  "containers": [{"name": "a", "resources": {"limits": {"amd.com/gpu": "2"}}}]}}),
     "null annotations or none": (
         {"metadata": {"annotations": None}, "spec": {"containers": [{"name": "a", "resources": {"limits": GPU}}]}},
         {"metadata": {}, "spec": {"containers": [{"name": "a", "resources": {"limits": GPU}}]}}),

@@ -100,17 +100,26 @@ def test_totals_are_preserved_at_100_per_card(app: list[tuple[str, int]], init: 
     given_pod = pod_of([{name: str(n)} for name, n in app], [{name: str(n)} for name, n in init])
     before = pod_requests(given_pod["spec"])
 
-    after_pod = canonicalize_pod(given_pod).obj
+    result = canonicalize_pod(given_pod)
+    after_pod = result.obj
     after = pod_requests(after_pod["spec"])
 
+    vendors = {name for name, count in app + init if count}
+    if not result.changed:
+        # Two vendors are different hardware (never pooled), and a pod Koordinator places only as
+        # written (an init container above the app containers) stays so; zeros ask for nothing.
+        assert after_pod == given_pod
+        assert len(vendors) > 1 or result.notes or not vendors
+        return
     # The scheduler's aggregate (sum, sidecars, init max) commutes with the 100-per-card rewrite.
     cards = sum((q.amount for name, q in before.items() if name in VENDOR_WHOLE_GPU_NAMES), Fraction(0))
-    if len({name for name, _ in app + init}) == 1:
+    if len(vendors) == 1:
         assert after.get(CORE, Quantity.of(0)).amount == 100 * cards
         assert after.get(RATIO, Quantity.of(0)).amount == 100 * cards
     assert not set(after) & VENDOR_WHOLE_GPU_NAMES
     for container in read_containers(after_pod["spec"]):
-        assert container.requests.get(CORE) == container.requests.get(RATIO) == container.limits.get(CORE)
+        if any(not q.is_zero() for q in container.requests.values()):
+            assert container.requests.get(CORE) == container.requests.get(RATIO) == container.limits.get(CORE)
 
 
 @PROFILE
@@ -126,10 +135,11 @@ def test_both_families_survive_only_in_pods_that_are_refused(containers: list[di
     for container in result.obj["spec"]["containers"]:
         for written in container["resources"].values():
             values = {n: parse_quantity(t) for n, t in written.items()}
-            clean = all(q.is_integer() and 0 <= q.amount < 10**60 for q in values.values())
-            if clean:
-                # Whole, non-negative, in range: every vendor count was converted.
-                assert not set(written) & VENDOR_WHOLE_GPU_NAMES
+            clean = all(q.is_integer() and 0 <= q.amount < 10**12 for q in values.values())
+            if clean and not result.notes:
+                # Whole, non-negative, in range, nothing left alone on purpose: every vendor count
+                # that asks for something was converted (zeros ask for nothing and stay).
+                assert not {n for n, q in values.items() if n in VENDOR_WHOLE_GPU_NAMES and not q.is_zero()}
 
 
 @PROFILE
@@ -146,8 +156,10 @@ def test_no_rounding_or_overflow_lets_a_pod_through_with_less(name: str, text: s
         return  # refused: nothing gets through
     got = pod_requests(result["spec"])
     for output in (CORE, RATIO):
+        # Two spellings of one card are one card when they agree (and refused when they do not),
+        # so the pod gets at least each of its readings.
         already = parse_quantity(beside.get(output, "0")).amount
-        assert got.get(output, Quantity.of(0)).amount >= already + asked * per_unit, (name, text, got)
+        assert got.get(output, Quantity.of(0)).amount >= max(already, asked * per_unit), (name, text, got)
 
 
 @PROFILE
@@ -156,6 +168,10 @@ def test_memory_to_ratio_never_gives_less_memory(memory: int, shared: int) -> No
     result = canonicalize_pod(pod_of([{MEMORY: str(memory), SHARED: str(shared)}], pinned=True), T4).obj
 
     [container] = read_containers(result["spec"])
+    if RATIO not in container.requests:
+        # Koordinator places the bytes as written; the ratio (over 100 per device) it would refuse.
+        assert container.requests[MEMORY].amount == memory and shared * 100 * T4_BYTES < memory * 100
+        return
     ratio = container.requests[RATIO].amount
     assert ratio * T4_BYTES >= memory * 100
     assert ratio % shared == 0

@@ -18,6 +18,7 @@ from gpuquota_core.validation import (
     MAX_GPU_AMOUNT,
     VALID_GPU_COMBINATIONS,
     GpuRequestProblem,
+    as_koordinator_webhook_leaves,
     describe,
     validate_gpu_request,
     validate_pod_gpu,
@@ -69,7 +70,6 @@ ROWS = [
     pytest.param({RATIO: "50"}, {RATIO: "50"}, id="row-gpu-memory-ratio"),
     pytest.param({CORE: "50", MEMORY: "8Gi"}, {CORE: "50", MEMORY: "8Gi"}, id="row-gpu-core+gpu-memory"),
     pytest.param({CORE: "200", RATIO: "200"}, {CORE: "200", RATIO: "200"}, id="row-gpu-core+gpu-memory-ratio"),
-    pytest.param({NPU_CORE: "4", RATIO: "50"}, {NPU_CORE: "4", RATIO: "50"}, id="row-npu-core+gpu-memory-ratio"),
     pytest.param({SHARED: "2", MEMORY: "8Gi"}, {SHARED: "2", MEMORY: "8Gi"}, id="row-gpu.shared+gpu-memory"),
     pytest.param({SHARED: "2", RATIO: "100"}, {SHARED: "2", RATIO: "100"}, id="row-gpu.shared+gpu-memory-ratio"),
     pytest.param({SHARED: "2", CORE: "100", MEMORY: "8Gi"}, {SHARED: "2", CORE: "100", MEMORY: "8Gi"},
@@ -121,8 +121,8 @@ INVALID = [
     pytest.param({SHARED: "1", MEMORY: "8Gi", RATIO: "50"}, f"{COMBINATION}: [{MEMORY} {RATIO} {SHARED}]: ask for "
                  f"either {MEMORY} (bytes) or {RATIO} (percent), not both",
                  id="gpu.shared+gpu-memory+gpu-memory-ratio"),
-    pytest.param({NVIDIA: "1", AMD: "1"}, f"{COMBINATION}: [{AMD} {NVIDIA}]: ask for one GPU vendor per pod",
-                 id="two-vendors"),
+    pytest.param({NVIDIA: "1", AMD: "1"}, f"{COMBINATION}: [{AMD} {NVIDIA}]: {AMD} and {NVIDIA} are different "
+                 "hardware: ask for one GPU vendor per pod", id="two-vendors"),
     pytest.param({KGPU: "100", RATIO: "100"}, f"{COMBINATION}: [{KGPU} {RATIO}]: {KGPU} cannot be combined with other "
                  f"GPU names; use {CORE} + {RATIO}", id="koordinator.sh/gpu+gpu-memory-ratio"),
     pytest.param({NPU_CORE: "4", NPU_CPU: "2", MEMORY: "8Gi"}, f"{COMBINATION}: [{NPU_CORE} {NPU_CPU} {MEMORY}]: "
@@ -239,14 +239,31 @@ def test_a_mix_across_containers_is_refused_naming_both_containers() -> None:
         f"{CORE} + {RATIO} (100 per card) instead (asked for by container \"train\", container \"sidecar\")")
 
 
-def test_after_the_rewrite_the_pod_total_is_judged_in_percent() -> None:
-    rewritten = canonicalize_pod(pod(box("train", {NVIDIA: "1"}), box("sidecar", {RATIO: "50"}))).obj
+def test_the_npu_row_is_refused_once_koordinators_webhook_adds_gpu_shared() -> None:
+    # The scheduler's table accepts npu-core + gpu-memory-ratio, and the rewrite leaves it alone ...
+    given = pod(box("main", {NPU_CORE: "4", RATIO: "50"}))
+    assert validate_gpu_request(r({NPU_CORE: "4", RATIO: "50"})) == []
+    assert not canonicalize_pod(given).changed
+    # ... but Koordinator's pod webhook adds gpu.shared: 1 (it has a ratio), and that set is no row.
+    [problem] = problems_of(given)
 
-    # core 100 (train) is fine; ratio 100 + 50 = 150 is no whole number of cards.
+    assert problem.rule == "combination"
+    assert problem.message.startswith(f"{COMBINATION}: [{NPU_CORE} {RATIO} {SHARED}]: ")
+    assert problem.message.endswith(f", once Koordinator's pod webhook has added {SHARED} to the app containers "
+                                    '(asked for by container "main")')
+
+
+def test_after_the_rewrite_the_pod_total_is_judged_in_percent() -> None:
+    rewritten = canonicalize_pod(pod(box("train", {NVIDIA: "1"}), box("sidecar", {RATIO: "25"}))).obj
+
+    # core 100 (train) is fine; ratio 100 + 25 = 125 is no whole number of cards, nor does it split
+    # over the two devices Koordinator's pod webhook asks for (gpu.shared: 1 per app container).
     [problem] = problems_of(rewritten)
     assert problem.rule == "percentage"
-    assert problem.message == (f"invalid resource unit {RATIO}: 150: {PERCENT_HELP} (use 100 or 200) "
+    assert problem.message == (f"invalid resource unit {RATIO}: 125: {PERCENT_HELP} (use 100 or 200) "
                                "(asked for by container \"train\", container \"sidecar\")")
+    # 100 + 50 = 150 over 2 devices is 75 each: once that webhook has run, Koordinator places it.
+    assert problems_of(canonicalize_pod(pod(box("train", {NVIDIA: "1"}), box("sidecar", {RATIO: "50"}))).obj) == []
     fixed = canonicalize_pod(pod(box("train", {NVIDIA: "1"}), box("sidecar", {CORE: "100", RATIO: "100"}))).obj
     assert problems_of(fixed) == []
 
@@ -332,3 +349,103 @@ def test_an_old_name_beside_its_new_name_is_refused() -> None:
                            "remove kubernetes.io/gpu-core"),
         ("duplicate-name", f'container "main" resources.limits: both kubernetes.io/gpu-core and {CORE} are set; '
                            "remove kubernetes.io/gpu-core")]
+
+
+# --- issue 27 §2: where the webhook's judgement followed a different reading than Koordinator's ----
+
+@pytest.mark.parametrize(("given", "message"), [
+    pytest.param({NVIDIA: "1", CORE: "100", RATIO: "200"},
+                 f'container "main" resources.requests: {NVIDIA}: 1 (read as {RATIO}: 100) and {RATIO}: 200 disagree: '
+                 "one container must ask for its GPUs in one reading; keep one spelling", id="vendor-and-ratio"),
+    pytest.param({KGPU: "2", CORE: "1"},
+                 f'container "main" resources.requests: {KGPU}: 2 (read as {CORE}: 2) and {CORE}: 1 disagree: '
+                 "one container must ask for its GPUs in one reading; keep one spelling",
+                 id="koordinator-gpu-and-core"),
+])
+def test_a_container_whose_spellings_disagree_is_refused_naming_both(given: dict[str, str], message: str) -> None:
+    problems = problems_of(pod({"name": "main", "resources": {"requests": given}}))
+
+    assert [(p.rule, p.message, p.container) for p in problems] == [("spellings-disagree", message, "main")]
+
+
+def test_a_container_whose_spellings_agree_is_judged_by_its_one_reading() -> None:
+    rewritten = canonicalize_pod(pod(box("main", {NVIDIA: "1", CORE: "100", RATIO: "100"}))).obj
+
+    assert problems_of(rewritten) == []
+
+
+def test_vendors_mixed_in_one_pod_are_refused_naming_both() -> None:
+    given = pod(box("main", {DCU: "112", NVIDIA: "101"}))
+
+    [problem] = problems_of(canonicalize_pod(given).obj)
+
+    assert problem.message == (f"{COMBINATION}: [{DCU} {NVIDIA}]: {DCU} and {NVIDIA} are different hardware: ask "
+                               'for one GPU vendor per pod (asked for by container "main")')
+    [across] = problems_of(canonicalize_pod(pod(box("a", {DCU: "112"}), box("b", {NVIDIA: "101"}))).obj)
+    assert across.message.endswith('are different hardware: ask for one GPU vendor per pod (asked for by container '
+                                   '"a", container "b")')
+
+
+@pytest.mark.parametrize(("count", "message"), [
+    pytest.param("92233720368548", f'container "main" resources.requests[{AMD}]: 92233720368548 is larger than '
+                 f"{MAX_GPU_AMOUNT}, beyond what the scheduler can count", id="count-past-the-bound"),
+    pytest.param("1000000000000", f'container "main" resources.requests[{AMD}]: 1T reads as {CORE}: 100T, larger '
+                 f"than {MAX_GPU_AMOUNT}, beyond what the scheduler can count", id="reading-past-the-bound"),
+])
+def test_huge_vendor_counts_are_left_unrewritten_and_refused(count: str, message: str) -> None:
+    given = pod({"name": "main", "resources": {"requests": {AMD: count}}})
+
+    rewritten = canonicalize_pod(given)
+
+    assert not rewritten.changed
+    assert [(p.rule, p.message) for p in problems_of(rewritten.obj)] == [("out-of-range", message)]
+
+
+def test_an_init_container_larger_than_the_app_container_is_admitted_as_koordinator_would() -> None:
+    given = pod(box("main", {AMD: "2"}), init=[box("init", {AMD: "3"})])
+
+    # The rewrite leaves it as written (see test_canonical), and as written Koordinator places it.
+    assert problems_of(canonicalize_pod(given).obj) == []
+    # Rewritten anyway (by an earlier release), Koordinator's webhook gives the app container
+    # gpu.shared: 2, and 300 over 2 devices is more than one card each: refused, saying why.
+    rewritten = pod(box("main", {CORE: "200", RATIO: "200"}), init=[box("init", {CORE: "300", RATIO: "300"})])
+    assert [p.rule for p in problems_of(rewritten)] == ["shared", "shared"]
+
+
+def test_zero_requests_ask_for_nothing() -> None:
+    given = pod(box("main", {MEMORY: "1Gi"}), box("cpu-only", {NVIDIA: "0"}))
+
+    assert problems_of(canonicalize_pod(given).obj) == []
+    assert problems_of(pod(box("cpu-only", {NVIDIA: "0", "cpu": "1"}))) == []
+
+
+@pytest.mark.parametrize("zeros", [{KGPU: "0"}, {CORE: "0", RATIO: "0"}])
+def test_zero_koordinator_names_are_refused_as_koordinators_webhook_leaves_them(zeros: dict[str, str]) -> None:
+    # Koordinator's pod webhook reacts to the names, not the amounts: it adds gpu.shared: 1, and
+    # gpu.shared alone is no row of the table. (Our rewrite never writes these zeros.)
+    [problem] = problems_of(pod(box("main", {"cpu": "1", **zeros})))
+
+    assert problem.message == (f"{COMBINATION}: [{SHARED}]: add a memory request: {RATIO} (percent of a card) or "
+                               f"{MEMORY} (bytes), once Koordinator's pod webhook has added {SHARED} to the app "
+                               'containers (asked for by container "main")')
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    pytest.param({KGPU: "200"}, {CORE: "200", RATIO: "200", SHARED: "2"}, id="koordinator-gpu-whole-cards"),
+    pytest.param({CORE: "100", MEMORY: "4000", RATIO: "50"}, {CORE: "100", MEMORY: "4000", RATIO: "50", SHARED: "1"},
+                 id="share"),
+    pytest.param({CORE: "100", MEMORY: "8000", RATIO: "200"},
+                 {CORE: "100", MEMORY: "8000", RATIO: "200", SHARED: "2"}, id="ratio-decides"),
+    pytest.param({CORE: "300", MEMORY: "8Gi"}, {CORE: "300", MEMORY: "8Gi", SHARED: "3"}, id="core-without-ratio"),
+    pytest.param({SHARED: "4", RATIO: "200"}, {SHARED: "4", RATIO: "200"}, id="shared-already-there"),
+    pytest.param({NVIDIA: "2"}, {NVIDIA: "2"}, id="vendor-untouched"),
+])
+def test_koordinators_pod_webhook_as_the_validation_applies_it(given: dict[str, str],
+                                                               expected: dict[str, str]) -> None:
+    containers = read_containers(pod(box("main", given), init=[box("init", given)])["spec"])
+
+    after = as_koordinator_webhook_leaves(containers)
+
+    assert after[0] == containers[0]  # init containers are left alone
+    assert after[1].requests == after[1].limits == r(expected)
+    assert as_koordinator_webhook_leaves(after) == after

@@ -86,6 +86,43 @@ def test_unschedulable_gpu_request_is_refused_with_the_webhooks_message(webhook_
     assert status == 404
 
 
+def test_a_zero_request_is_stored_as_written(webhook_server: WebhookProcess, api: Api, namespace: str) -> None:
+    # Charts write nvidia.com/gpu: 0 for CPU-only variants: it asks for nothing.
+    api.core.create_namespaced_pod(namespace, gpu_pod("cpu-only", {"cpu": "1", "nvidia.com/gpu": "0"}))
+
+    stored = api.core.read_namespaced_pod("cpu-only", namespace)
+
+    assert resources_of(stored.spec.containers[0]) == ({"cpu": "1", "nvidia.com/gpu": "0"},) * 2
+    assert ORIGINAL_RESOURCES_ANNOTATION not in (stored.metadata.annotations or {})
+
+
+def test_a_huge_vendor_count_is_refused_in_the_users_spelling(webhook_server: WebhookProcess, api: Api,
+                                                              namespace: str) -> None:
+    # Multiplied by 100 it was refused by the API server ("must be an integer") on gpu-core, a name
+    # the user never wrote; now the rewrite leaves it and the validating webhook says why.
+    status, message = api_error(lambda: api.core.create_namespaced_pod(
+        namespace, gpu_pod("huge", {"amd.com/gpu": "92233720368548"})))
+
+    assert status == 422
+    assert message.startswith(
+        'admission webhook "gpu-quota.gpuquota.koord-gpuquota.io" denied the request: container "main" '
+        "resources.requests[amd.com/gpu]: 92233720368548 is larger than 92233720368547, beyond what the scheduler "
+        "can count [rule: out-of-range]")
+
+
+def test_a_container_naming_a_card_twice_is_stored_once_or_refused(webhook_server: WebhookProcess, api: Api,
+                                                                   namespace: str) -> None:
+    api.core.create_namespaced_pod(namespace, gpu_pod("agree", {"nvidia.com/gpu": "1", **CANONICAL_ONE}))
+    stored = api.core.read_namespaced_pod("agree", namespace)
+    assert resources_of(stored.spec.containers[0]) == (CANONICAL_ONE, CANONICAL_ONE)
+
+    status, message = api_error(lambda: api.core.create_namespaced_pod(
+        namespace, gpu_pod("disagree", {"koordinator.sh/gpu": "2", "koordinator.sh/gpu-core": "1"})))
+    assert status == 422
+    assert ('container "main" resources.requests: koordinator.sh/gpu: 2 (read as koordinator.sh/gpu-core: 2) and '
+            "koordinator.sh/gpu-core: 1 disagree") in message
+
+
 @pytest.fixture
 def isolated_namespace(api: Api) -> str:
     """A namespace the session's webhook configurations skip (opt-out label), for private ones."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuquota_core.ledger import ReservationLedger
-from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object
+from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, canonical_pod_requests, quota_from_object
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, quota_use_unchanged, requests_of
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -160,3 +160,36 @@ def test_a_second_delivery_of_the_same_admission_is_not_charged_against_itself()
     # Another admission under the same pod name (a recreate) is not a replay: its room stays taken.
     assert ledger.made_by("team/p1", "uid-other") is None
     assert ledger.made_by("team/p1", "") is None
+
+
+def test_a_label_naming_no_quota_is_refused_with_koordinators_words_first() -> None:
+    tree, usage, ledger = world()
+
+    missing = decide(tree, usage, ledger, pod("x", "10", label="nope"))
+
+    assert missing.message == ("elastic quota nope not found: pod team/x names ElasticQuota 'nope' in label "
+                               "quota.scheduling.koordinator.sh/name, but no such quota exists")
+
+
+def test_a_parent_quota_is_refused_with_koordinators_words_first() -> None:
+    tree, usage, ledger = world()
+
+    parent = decide(tree, usage, ledger, pod("x", "10", label="org"))
+
+    assert parent.message == ("pod can not be linked to a parentQuotaGroup,quota:org, pod:x: pod team/x cannot use "
+                              "ElasticQuota team/org: it is a parent quota (is-parent=true); use one of its leaf "
+                              "quotas")
+
+
+def test_quota_messages_print_quantities_as_kubernetes_does() -> None:
+    tree = QuotaTree.build([quota("mem", "team", {"memory": "8Gi"})])
+    usage, ledger = UsageIndex(tree), ReservationLedger()
+
+    def memory_pod(name: str, memory: str) -> PodQuotaRequest:
+        spec = {"containers": [{"name": "main", "resources": {"requests": {"memory": memory}}}]}
+        return PodQuotaRequest("team", name, "mem", canonical_pod_requests(spec))
+
+    assert admit(tree, usage, ledger, memory_pod("p1", "4Gi")).allowed
+    denied = decide(tree, usage, ledger, memory_pod("p2", "6Gi"))
+
+    assert denied.message == "exceeded quota: team/mem, requested: memory=6Gi, used: memory=4Gi, limited: memory=8Gi"

@@ -32,3 +32,17 @@ def test_warnings_for_legacy_quota_and_max_below_usage() -> None:
     assert problems == ()
     assert warnings[0].startswith("ns/q limits legacy nvidia.com/gpu")
     assert warnings[1] == f"new spec.max of ns/q is below current usage for: {RATIO} (max 100, used 150)"
+
+
+def test_min_above_max_in_any_spelling_is_refused() -> None:
+    # The smaller of the two min spellings (300) fits under max; the other (750) does not.
+    problems, _ = review({"min": {RATIO: "750", "koordinator.sh/gpu": "300"}, "max": {RATIO: "350"}})
+
+    assert problems == ("spec.min of ns/q is above spec.max in canonical units for: "
+                        f"{RATIO} (750 from {RATIO} > 350)",)
+
+
+def test_min_spellings_that_all_fit_under_max_are_allowed() -> None:
+    problems, _ = review({"min": {RATIO: "300", "koordinator.sh/gpu": "200"}, "max": {RATIO: "350"}})
+
+    assert problems == ()

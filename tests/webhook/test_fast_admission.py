@@ -246,5 +246,6 @@ def test_limits_beyond_64_bits_are_published_and_decided_exactly(tmp_path: Path)
     assert setup.region.generation == 0
     refused = setup.admit("r", "1")
     assert setup.service.asked == ["q", "r"] and not refused.allowed
+    # Quoted in the format the quota was written in (1e30), as Kubernetes prints quantities.
     assert refused.message == (f"exceeded quota: team/team-a, requested: {RATIO}=1, "
-                               f"used: {RATIO}=1000000000000E, limited: {RATIO}=1000000000000E")
+                               f"used: {RATIO}=1e30, limited: {RATIO}=1e30")

@@ -100,7 +100,7 @@ def test_second_pass_over_own_output_yields_no_patch(offline_webhook: WebhookPro
 
 
 def test_init_containers_are_rewritten_too(offline_webhook: WebhookProcess, session: requests.Session) -> None:
-    gpu = {"requests": {"amd.com/gpu": "1"}, "limits": {"amd.com/gpu": "1"}}
+    gpu = {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
     obj = pod(resources={"nvidia.com/gpu": "1"})
     obj["spec"]["initContainers"] = [{"name": "warmup", "image": "x", "resources": gpu}]
 
@@ -118,6 +118,15 @@ def test_init_containers_are_rewritten_too(offline_webhook: WebhookProcess, sess
                  '(asked for by container "main") [rule: combination]', id="core-without-memory"),
     pytest.param({"koordinator.sh/gpu-core": "150", "koordinator.sh/gpu-memory-ratio": "150"},
                  "invalid resource unit koordinator.sh/gpu-core: 150", id="one-and-a-half-cards"),
+    pytest.param({"koordinator.sh/gpu": "2", "koordinator.sh/gpu-core": "1"},
+                 'container "main" resources.requests: koordinator.sh/gpu: 2 (read as koordinator.sh/gpu-core: 2) '
+                 "and koordinator.sh/gpu-core: 1 disagree", id="spellings-disagree"),
+    pytest.param({"dcu.com/gpu": "112", "nvidia.com/gpu": "101"},
+                 "invalid resource device requests: [dcu.com/gpu nvidia.com/gpu]: dcu.com/gpu and nvidia.com/gpu are "
+                 "different hardware", id="two-vendors"),
+    pytest.param({"amd.com/gpu": "92233720368548"},
+                 'container "main" resources.requests[amd.com/gpu]: 92233720368548 is larger than 92233720368547',
+                 id="count-past-the-bound"),
 ])
 def test_validate_refuses_unschedulable_gpu_requests(offline_webhook: WebhookProcess, session: requests.Session,
                                                      resources: dict[str, str], expected: str) -> None:
@@ -127,6 +136,21 @@ def test_validate_refuses_unschedulable_gpu_requests(offline_webhook: WebhookPro
     assert response["status"]["code"] == 422
     assert response["status"]["reason"] == "Invalid"
     assert response["status"]["message"].startswith(expected)
+
+
+def test_an_init_container_larger_than_the_app_container_is_left_as_written_and_admitted(
+        offline_webhook: WebhookProcess, session: requests.Session) -> None:
+    obj = pod(namespace="scratch-no-quota", resources={"amd.com/gpu": "2"})
+    obj["spec"]["initContainers"] = [{"name": "init", "image": "x", "resources": {
+        "requests": {"amd.com/gpu": "3"}, "limits": {"amd.com/gpu": "3"}}}]
+
+    mutated = post(session, offline_webhook, "/mutate-pods", review(obj)).json()["response"]
+    validated = post(session, offline_webhook, "/validate-pods", review(obj)).json()["response"]
+
+    assert mutated["allowed"] is True and "patch" not in mutated
+    assert mutated["warnings"][0].startswith("gpuquota: spec: left as written: Koordinator schedules the pod as "
+                                             "written, but could not schedule it rewritten")
+    assert validated["allowed"] is True
 
 
 def test_validate_allows_a_canonical_share(offline_webhook: WebhookProcess, session: requests.Session) -> None:
