@@ -319,7 +319,8 @@ class ControlPlane:
             f"--service-account-issuer=https://{LOOPBACK}:{port}/",
             f"--service-account-key-file={pki_dir / 'sa.pub'}",
             f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
-            # No controller-manager creates default ServiceAccounts or clears node conditions.
+            # No ServiceAccount controller creates default ServiceAccounts, and no node lifecycle
+            # controller would ever lift the not-ready taint (see CONTROLLERS).
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             *self.extra_apiserver_args,
         ]

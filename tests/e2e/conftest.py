@@ -129,7 +129,8 @@ def elasticquota_crd(api: Api) -> k8s.V1CustomResourceDefinition:
 
 @pytest.fixture
 def namespace(api: Api, request: pytest.FixtureRequest) -> str:
-    # Namespaces are never deleted: with no namespace controller they would only sit in Terminating.
+    # Namespaces are never deleted: one holding a pod bound to a Node would sit in Terminating, since
+    # no kubelet ever confirms that pod gone.
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{stem or 't'}-{uuid.uuid4().hex[:6]}"
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
