@@ -179,9 +179,10 @@ def refusal(api: Api, namespace: str, pod: dict[str, Any]) -> tuple[int, str] | 
 def wait_until_enforced(api: Api, cluster: Cluster, quota: str) -> None:
     """Poll (dry run: nothing reserved) until the webhook's watch has seen ``quota``.
 
-    Until then a pod naming it is refused as naming no quota; after, a 5-card pod exceeds it.
+    Until then a pod naming it is refused as naming no quota; after, a 3-card pod exceeds every
+    quota here (at most two cards) while still fitting a Node, so nothing else refuses it first.
     """
-    template = deployment("probe", cluster, {}, {GPU: "5"}, quota=quota)["spec"]["template"]
+    template = deployment("probe", cluster, {}, {GPU: "3"}, quota=quota)["spec"]["template"]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "quota-probe", **template["metadata"]},
            "spec": template["spec"]}
     deadline = time.monotonic() + DEADLINE
