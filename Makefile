@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## control-plane: build kube-apiserver + etcd from the Go module proxy (cached by go.sum hash)
+## control-plane: build etcd, kube-apiserver, kube-scheduler, kube-controller-manager from the Go module proxy (cached by the pins' hash)
 control-plane:
 	hack/build-control-plane.sh
 

@@ -1,8 +1,10 @@
 """A throwaway etcd + kube-apiserver on 127.0.0.1 for end-to-end tests (not a test module).
 
 The binaries come from ``hack/build-control-plane.sh``; the flags follow the envtest model in
-shared/reference/control-plane.md §5: no kubelet, scheduler or controller-manager, admin access
-through a client certificate in system:masters.
+shared/reference/control-plane.md §5, admin access through a client certificate in system:masters.
+With ``with_controllers`` a kube-scheduler and a kube-controller-manager run against it as well, so
+Deployments expand into pods and pods are bound to Nodes; there is still no kubelet, so Nodes are
+objects whose status the tests write and pods never start.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -39,6 +42,7 @@ LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 40
 ETCD_START_TIMEOUT = 60.0
 APISERVER_START_TIMEOUT = 180.0
+CONTROLLER_START_TIMEOUT = 120.0
 STOP_GRACE_SECONDS = 15.0
 POLL_INTERVAL = 0.2
 ELASTICQUOTA_CRD = REPO_ROOT / "manifests" / "base" / "crd-elasticquota.yaml"
@@ -61,10 +65,23 @@ class StartupError(ControlPlaneError):
     """etcd or kube-apiserver exited or never became ready; the message ends with their log tails."""
 
 
+# The controllers the e2e tests rely on: Deployment -> ReplicaSet -> Pod, cascading deletion, and
+# namespace deletion. Left out on purpose: the node lifecycle controller (no kubelet ever renews a
+# lease, so it would taint every Node unreachable and evict its pods), the ServiceAccount and token
+# controllers (the ServiceAccount admission plugin is off, so no pod needs a token), and everything
+# that needs a cloud, a kubelet or CSR signing keys.
+CONTROLLERS = ("deployment-controller", "replicaset-controller", "garbage-collector-controller", "namespace-controller")
+
+
 @dataclass(frozen=True)
 class Binaries:
     etcd: Path
     kube_apiserver: Path
+    kube_scheduler: Path
+    kube_controller_manager: Path
+
+    def all(self) -> tuple[Path, ...]:
+        return (self.etcd, self.kube_apiserver, self.kube_scheduler, self.kube_controller_manager)
 
 
 def locate_binaries(build_script: Path = BUILD_SCRIPT) -> Binaries:
@@ -92,8 +109,13 @@ def locate_binaries(build_script: Path = BUILD_SCRIPT) -> Binaries:
     if not lines:
         raise ControlPlaneError(f"{build_script} printed no directory")
     directory = Path(lines[-1])
-    binaries = Binaries(etcd=directory / "etcd", kube_apiserver=directory / "kube-apiserver")
-    for binary in (binaries.etcd, binaries.kube_apiserver):
+    binaries = Binaries(
+        etcd=directory / "etcd",
+        kube_apiserver=directory / "kube-apiserver",
+        kube_scheduler=directory / "kube-scheduler",
+        kube_controller_manager=directory / "kube-controller-manager",
+    )
+    for binary in binaries.all():
         if not os.access(binary, os.X_OK):
             raise ControlPlaneError(f"{build_script} reported {directory}, but {binary} is not executable")
     return binaries
@@ -158,12 +180,15 @@ def free_ports(count: int) -> list[int]:
 
 @dataclass
 class ControlPlane:
-    """etcd + kube-apiserver in a temporary directory; use as a context manager or start()/stop()."""
+    """etcd + kube-apiserver (+ kube-scheduler and kube-controller-manager with ``with_controllers``)
+    in a temporary directory; use as a context manager or start()/stop()."""
 
     binaries: Binaries
     extra_apiserver_args: Sequence[str] = ()
     base_dir: Path | None = None
     start_attempts: int = 3
+    with_controllers: bool = False
+    controllers: Sequence[str] = CONTROLLERS
 
     work_dir: Path = field(init=False)
     pki_dir: Path = field(init=False)
@@ -175,6 +200,8 @@ class ControlPlane:
     admin_key_path: Path = field(init=False)
     etcd_log: Path = field(init=False)
     apiserver_log: Path = field(init=False)
+    scheduler_log: Path = field(init=False)
+    controller_manager_log: Path = field(init=False)
     _processes: list[_Process] = field(init=False, default_factory=list)
     _owns_work_dir: bool = field(init=False, default=False)
 
@@ -192,6 +219,8 @@ class ControlPlane:
         self.admin_key_path = self.pki_dir / "admin.key"
         self.etcd_log = self.work_dir / "etcd.log"
         self.apiserver_log = self.work_dir / "kube-apiserver.log"
+        self.scheduler_log = self.work_dir / "kube-scheduler.log"
+        self.controller_manager_log = self.work_dir / "kube-controller-manager.log"
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -220,7 +249,7 @@ class ControlPlane:
                 raise
 
     def stop(self) -> None:
-        """Stop both servers (apiserver first, it depends on etcd); safe to call more than once."""
+        """Stop every server, last started first (etcd last); safe to call more than once."""
         self._stop_processes()
         atexit.unregister(self.stop)
 
@@ -235,7 +264,7 @@ class ControlPlane:
             self._processes.pop().stop()
 
     def _start_once(self) -> None:
-        etcd_port, peer_port, api_port = free_ports(3)
+        etcd_port, peer_port, api_port, scheduler_port, manager_port = free_ports(5)
         self.etcd_url = f"http://{LOOPBACK}:{etcd_port}"
         self.server = f"https://{LOOPBACK}:{api_port}"
         etcd = self._spawn("etcd", self._etcd_args(etcd_port, peer_port), self.etcd_log)
@@ -243,6 +272,14 @@ class ControlPlane:
         apiserver = self._spawn("kube-apiserver", self._apiserver_args(api_port), self.apiserver_log)
         self._wait_until(apiserver, APISERVER_START_TIMEOUT, self._apiserver_ready)
         self._write_kubeconfig()
+        if not self.with_controllers:
+            return
+        # Both start together and are then awaited in turn: their start-ups overlap.
+        scheduler = self._spawn("kube-scheduler", self._scheduler_args(scheduler_port), self.scheduler_log)
+        manager = self._spawn("kube-controller-manager", self._controller_manager_args(manager_port),
+                              self.controller_manager_log)
+        for process, port in ((scheduler, scheduler_port), (manager, manager_port)):
+            self._wait_until(process, CONTROLLER_START_TIMEOUT, functools.partial(self._component_healthy, port))
 
     def _etcd_args(self, client_port: int, peer_port: int) -> list[str]:
         client_url = f"http://{LOOPBACK}:{client_port}"
@@ -282,20 +319,47 @@ class ControlPlane:
             f"--service-account-issuer=https://{LOOPBACK}:{port}/",
             f"--service-account-key-file={pki_dir / 'sa.pub'}",
             f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
-            # No controller-manager creates default ServiceAccounts or clears node conditions.
+            # No ServiceAccount controller creates default ServiceAccounts, and no node lifecycle
+            # controller would ever lift the not-ready taint (see CONTROLLERS).
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             *self.extra_apiserver_args,
+        ]
+
+    def _component_serving_args(self, port: int) -> list[str]:
+        # Both serve /healthz (and /metrics) only; loopback, our CA's certificate, admin kubeconfig.
+        # /healthz is in their default --authorization-always-allow-paths, so the probe needs no
+        # credentials, and without --authentication-kubeconfig they need no delegated authn either.
+        return [
+            f"--kubeconfig={self.kubeconfig_path}",
+            "--leader-elect=false",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={port}",
+            f"--tls-cert-file={self.pki_dir / 'components.crt'}",
+            f"--tls-private-key-file={self.pki_dir / 'components.key'}",
+        ]
+
+    def _scheduler_args(self, port: int) -> list[str]:
+        return [str(self.binaries.kube_scheduler), *self._component_serving_args(port)]
+
+    def _controller_manager_args(self, port: int) -> list[str]:
+        return [
+            str(self.binaries.kube_controller_manager),
+            *self._component_serving_args(port),
+            f"--controllers={','.join(self.controllers)}",
         ]
 
     def _write_pki(self) -> None:
         serving_ca = pki.create_ca("gpuquota-e2e apiserver CA")
         serving = pki.issue_serving_cert(serving_ca, ["localhost"], [LOOPBACK])
+        components = pki.issue_serving_cert(serving_ca, ["localhost"], [LOOPBACK])
         client_ca = pki.create_ca("gpuquota-e2e client CA")
         admin = pki.issue_client_cert(client_ca, "admin", ["system:masters"])
         signer = pki.create_rsa_key_pair()
         pki.write_public_file(self.ca_cert_path, serving_ca.cert_pem)
         pki.write_public_file(self.pki_dir / "apiserver.crt", serving.cert_pem)
         pki.write_private_file(self.pki_dir / "apiserver.key", serving.key_pem)
+        pki.write_public_file(self.pki_dir / "components.crt", components.cert_pem)
+        pki.write_private_file(self.pki_dir / "components.key", components.key_pem)
         pki.write_public_file(self.pki_dir / "client-ca.crt", client_ca.cert_pem)
         pki.write_public_file(self.admin_cert_path, admin.cert_pem)
         pki.write_private_file(self.admin_key_path, admin.key_pem)
@@ -385,6 +449,17 @@ class ControlPlane:
             return f"/readyz: {exc}"
         return None if body == "ok" else f"/readyz said {body!r}"
 
+    def _component_healthy(self, port: int) -> str | None:
+        context = ssl.create_default_context(cafile=str(self.ca_cert_path))
+        try:
+            with urllib.request.urlopen(f"https://{LOOPBACK}:{port}/healthz", timeout=5, context=context) as response:
+                body = response.read().decode(errors="replace").strip()
+        except urllib.error.HTTPError as exc:
+            return f"/healthz {exc.code}: {exc.read().decode(errors='replace').strip()[:300] or exc.reason}"
+        except OSError as exc:
+            return f"/healthz: {exc}"
+        return None if body == "ok" else f"/healthz said {body!r}"
+
     def _startup_error(self, headline: str) -> StartupError:
         sections = [headline]
         for process in self._processes:
@@ -428,7 +503,7 @@ def _quantities(values: Mapping[str, str | int]) -> dict[str, str]:
     return out
 
 
-# The ``gpu_node`` fixture: (name, allocatable, capacity=None, labels=None) -> V1Node.
+# The ``gpu_node`` fixture: (name, allocatable, capacity=None, labels=None, taints=()) -> V1Node.
 GpuNodeFactory = Callable[..., k8s.V1Node]
 
 
@@ -454,21 +529,28 @@ def create_gpu_node(
     allocatable: Mapping[str, str | int],
     capacity: Mapping[str, str | int] | None = None,
     labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
 ) -> k8s.V1Node:
-    """Create a Node that advertises the given resources, as a kubelet would have reported them.
+    """Create a Ready Node that advertises the given resources, as a kubelet would have reported them.
 
     ``capacity`` defaults to ``allocatable``. The status goes in with the create and again through
     the /status subresource, because the main resource ignores status changes after creation and
-    the create path is not guaranteed to keep it on every version.
+    the create path is not guaranteed to keep it on every version. kube-scheduler places pods only
+    on a Node whose allocatable includes ``pods`` (and the cpu/memory they ask for).
     """
     status = {
         "capacity": _quantities(capacity if capacity is not None else allocatable),
         "allocatable": _quantities(allocatable),
+        # What a healthy kubelet reports; nothing renews it, which is why the node lifecycle
+        # controller does not run (CONTROLLERS).
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "written by the e2e tests"}],
     }
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": dict(labels or {})},
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": {"taints": [dict(taint) for taint in taints]},
         "status": status,
     }
     core.create_node(body)

@@ -1,7 +1,12 @@
 """Fixtures for tests against a real kube-apiserver + etcd (see tests/controlplane.py).
 
-One control plane serves the whole session; tests isolate themselves with the function-scoped
-``namespace`` fixture and unique cluster-scoped names (``gpu_node`` deletes its Nodes again).
+One control plane serves the whole session, with a kube-scheduler and a kube-controller-manager;
+tests isolate themselves with the function-scoped ``namespace`` fixture and unique cluster-scoped
+names (``gpu_node`` deletes its Nodes again).
+
+The scheduler binds any pending pod of the session that fits a Node. A Node made by ``gpu_node``
+without ``pods`` in its allocatable takes no pod at all; a test that needs its pods on its own
+Nodes taints them and tolerates the taint (tests/e2e/test_scheduling.py).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +91,7 @@ def control_plane(
         control_plane_binaries,
         extra_apiserver_args=control_plane_apiserver_args,
         base_dir=tmp_path_factory.mktemp("control-plane"),
+        with_controllers=True,
     )
     plane.start()
     try:
@@ -123,7 +129,8 @@ def elasticquota_crd(api: Api) -> k8s.V1CustomResourceDefinition:
 
 @pytest.fixture
 def namespace(api: Api, request: pytest.FixtureRequest) -> str:
-    # Namespaces are never deleted: with no namespace controller they would only sit in Terminating.
+    # Namespaces are never deleted: one holding a pod bound to a Node would sit in Terminating, since
+    # no kubelet ever confirms that pod gone.
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"{stem or 't'}-{uuid.uuid4().hex[:6]}"
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
@@ -132,7 +139,7 @@ def namespace(api: Api, request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def gpu_node(api: Api) -> Iterator[GpuNodeFactory]:
-    """``gpu_node(name, allocatable, capacity=None, labels=None) -> V1Node``; deleted after the test.
+    """``gpu_node(name, allocatable, capacity=None, labels=None, taints=()) -> V1Node``; deleted after the test.
 
     Nodes are cluster-scoped and the control plane lives for the whole session, so leftovers would
     show up in every later test that lists Nodes.
@@ -144,10 +151,11 @@ def gpu_node(api: Api) -> Iterator[GpuNodeFactory]:
         allocatable: Mapping[str, str | int],
         capacity: Mapping[str, str | int] | None = None,
         labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
     ) -> k8s.V1Node:
         # Recorded first: a create that succeeds before the status patch fails must still be cleaned up.
         created.append(name)
-        return create_gpu_node(api.core, name, allocatable, capacity=capacity, labels=labels)
+        return create_gpu_node(api.core, name, allocatable, capacity=capacity, labels=labels, taints=taints)
 
     yield make
     for name in created:

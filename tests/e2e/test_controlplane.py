@@ -174,11 +174,27 @@ def test_startup_failure_reports_the_log_and_leaves_nothing_running(control_plan
         plane.cleanup()
 
 
-def test_stop_ends_both_servers(control_plane_binaries: Binaries) -> None:
-    plane = ControlPlane(control_plane_binaries)
+def test_controller_manager_failure_reports_its_log_and_leaves_nothing_running(
+        control_plane_binaries: Binaries) -> None:
+    plane = ControlPlane(control_plane_binaries, with_controllers=True, controllers=["no-such-controller"])
+    try:
+        with pytest.raises(StartupError) as failed:
+            plane.start()
+        message = str(failed.value)
+        assert "kube-controller-manager exited" in message
+        assert "no-such-controller" in message
+        assert "kube-controller-manager.log" in message
+        assert processes_using(plane.work_dir) == []
+    finally:
+        plane.cleanup()
+
+
+@pytest.mark.parametrize("with_controllers", [False, True], ids=["apiserver-etcd", "with-scheduler-and-kcm"])
+def test_stop_ends_every_server(control_plane_binaries: Binaries, with_controllers: bool) -> None:
+    plane = ControlPlane(control_plane_binaries, with_controllers=with_controllers)
     try:
         plane.start()
-        assert len(processes_using(plane.work_dir)) == 2
+        assert len(processes_using(plane.work_dir)) == (4 if with_controllers else 2)
         second = make_api(plane.kubeconfig_path)
         try:
             assert second.core.read_namespace("default").metadata.name == "default"
