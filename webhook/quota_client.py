@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .quota_port import PodAdmission, Verdict
+from .quota_port import PodAdmission, QuotaFigure, Verdict
 from .quota_wire import FrameReader, kernel_timeouts, send_frame
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -71,6 +71,13 @@ class QuotaClient:
         except (OSError, ValueError) as error:
             return False, f"quota service unreachable: {error}"
         return bool(reply["ready"]), str(reply["reason"])
+
+    def quota_figures(self) -> list[QuotaFigure] | None:
+        try:
+            reply = self._call({"op": "quota_figures"})
+            return [QuotaFigure(**figure) for figure in reply["figures"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # the scrape goes on without them; gpuquota_ready says why
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:

@@ -8,7 +8,7 @@ that every worker gets the same answer for the same quota.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuquota_core.quota import POD_QUOTA_LABEL
 from gpuquota_core.quota_decision import PodQuotaRequest, quota_use_unchanged, requests_of
@@ -84,6 +84,31 @@ class QuotaDecider(Protocol):
 
     def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
                             dry_run: bool) -> Verdict:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFigure:
+    """One quota and canonical GPU resource as the quota service counts them, for the per-quota gauges.
+
+    Amounts are canonical units as plain numbers (``gpuquota_core.quota_view.QuotaFigures``, converted
+    only here, where they leave for Prometheus); None where the figure does not exist or is not known.
+    """
+
+    quota: str
+    tree: str
+    resource: str
+    used: float
+    limit: float | None
+    min: float | None
+    reserved: float | None
+
+
+@runtime_checkable
+class ReportsQuotaFigures(Protocol):
+    """A decider that can say, at scrape time, what every quota holds (None: cannot be asked now)."""
+
+    def quota_figures(self) -> list[QuotaFigure] | None:
         ...
 
 

@@ -26,6 +26,7 @@ from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
+from . import quota_metrics
 from .quota_loop import ServiceLoop
 from .quota_port import PodAdmission, Verdict
 from .quota_publisher import Publisher
@@ -83,6 +84,8 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None)
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
         return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
+    if op == "quota_figures":
+        return {"figures": state.quota_figures()}
     if op == "review_elasticquota":
         try:
             return state.review_elasticquota(message["quota"])
@@ -119,6 +122,11 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
                        max_reservations_per_caller=max_reservations_per_caller)
     if accounting == LOCAL:
         share_with_workers(state, path)
+    else:
+        state.reservations_known = False
+    # Every result at zero from the start, so alerts on its rate see a series before the first write.
+    for result in quota_metrics.LEDGER_WRITE_RESULTS:
+        quota_metrics.LEDGER_WRITES.labels(result)
     if state_path is not None:
         serve(state, path)
         state.load(load_objects(str(state_path)))
