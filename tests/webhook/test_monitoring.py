@@ -24,6 +24,8 @@ from prometheus_client.samples import Sample
 from reviews import pod, review
 from webhookproc import REPO_ROOT, WebhookProcess, post_review
 
+from webhook.metrics import render
+from webhook.quota_port import NoQuota, QuotaFigure
 from webhook.quota_state import QuotaState
 
 MONITORING = REPO_ROOT / "manifests" / "monitoring"
@@ -111,6 +113,29 @@ def test_a_deleted_quota_has_no_series_from_then_on() -> None:
     state.apply_event("ElasticQuota", "DELETED", elastic_quota("child", {CORE: "400"}, parent="root"))
 
     assert {f.quota for f in state.quota_figures()} == {"root"}
+
+
+def test_strict_accounting_exports_no_reserved_figure() -> None:
+    # Its reservations live in the ledger objects in the API server, not in this process's ledger:
+    # a 0 here would be a claim nobody checked.
+    state = QuotaState()
+    state.reservations_known = False
+    state.load([elastic_quota("root", {CORE: "1000"})])
+
+    [figure] = state.quota_figures()
+    assert figure.reserved is None and figure.used == 0 and figure.limit == 1000
+
+    text = render(StubDecider(state.quota_figures()))[0].decode()
+    assert 'gpuquota_quota_used{quota="root",resource="koordinator.sh/gpu-core",tree="root"} 0.0' in text
+    assert "gpuquota_quota_reserved{" not in text
+
+
+class StubDecider(NoQuota):
+    def __init__(self, figures: list[QuotaFigure]) -> None:
+        self.figures = figures
+
+    def quota_figures(self) -> list[QuotaFigure]:
+        return self.figures
 
 
 def elastic_quota(name: str, limit: dict[str, str] | None, parent: str = "") -> dict[str, Any]:
