@@ -5,6 +5,7 @@ If the service is down or slow the pod is refused (validation fails closed) inst
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from .quota_port import PodAdmission, QuotaFigure, Verdict
 from .quota_wire import FrameReader, kernel_timeouts, send_frame
 
+log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
 
 
@@ -75,9 +77,12 @@ class QuotaClient:
     def quota_figures(self) -> list[QuotaFigure] | None:
         try:
             reply = self._call({"op": "quota_figures"})
-            return [QuotaFigure(**figure) for figure in reply["figures"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # the scrape goes on without them; gpuquota_ready says why
+            return [QuotaFigure(*row) for row in reply["figures"]]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            # The scrape goes on without them (gpuquota_ready says when the service is down).
+            log.warning("no per-quota metrics in this scrape: asking the quota service failed: %s: %s",
+                        type(error).__name__, error)
+            return None
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:

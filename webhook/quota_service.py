@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import astuple
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,7 +86,8 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None)
     if op == "admit_pod":
         return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
     if op == "quota_figures":
-        return {"figures": state.quota_figures()}
+        # Rows, not objects: a frame holds tens of thousands of them (quota_wire.MAX_FRAME).
+        return {"figures": [astuple(figure) for figure in state.quota_figures()]}
     if op == "review_elasticquota":
         try:
             return state.review_elasticquota(message["quota"])
