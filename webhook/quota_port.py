@@ -91,8 +91,9 @@ class QuotaDecider(Protocol):
 class QuotaFigure:
     """One quota and canonical GPU resource as the quota service counts them, for the per-quota gauges.
 
-    Amounts are canonical units as plain numbers (``gpuquota_core.quota_view.QuotaFigures``, converted
-    only here, where they leave for Prometheus); None where the figure does not exist or is not known.
+    Amounts are canonical units as plain numbers: the exact ``gpuquota_core.quota_view.QuotaFigures``
+    become floats only on their way to Prometheus, whose samples are floats. None where the figure
+    does not exist (no limit, no min) or is not known (reserved under strict accounting).
     """
 
     quota: str
