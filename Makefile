@@ -35,7 +35,7 @@ lint: $(STAMP)
 control-plane:
 	hack/build-control-plane.sh
 
-## test-tools: processes the e2e suite runs besides the control plane (HAProxy, wrk), installed if missing
+## test-tools: processes the tests run besides the control plane (HAProxy, wrk, promtool), installed if missing
 test-tools:
 	hack/install-test-tools.sh
 

@@ -308,16 +308,12 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
     views: list[QuotaView] = []
     for quota, depth in tree_order(tree):
         chain = tree.chain(quota.name)
-        limited: set[str] = set()
-        for member in chain:
-            if member.name not in UNCHECKED_QUOTAS:
-                limited.update(n for n in tree.limit(member.name)[0] if is_gpu_name(n))
-        own_limit = tree.limit(quota.name)[0] if quota.name not in UNCHECKED_QUOTAS else {}
+        own_limit = _own_limit(tree, quota)
         own_min = canonical_resource_list(quota.min, tree.config, quota.name)[0]
         used = usage.used(quota.name)
         families = by_family.get(quota.name, {})
         resources: list[ResourceView] = []
-        for name in sorted(limited | {n for n in own_limit if is_gpu_name(n)}):
+        for name in limited_gpu_resources(tree, quota.name):
             reserved = reserved_of(quota.name)
             binds, least = _binding(tree, chain, name, usage, reserved_of)
             resources.append(ResourceView(
@@ -334,6 +330,52 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
     notes = tuple(sorted({note.message for quota in tree if quota.name not in UNCHECKED_QUOTAS
                           for note in tree.limit(quota.name)[1]}))
     return TreeView(tuple(views), tuple(unreadable), notes)
+
+
+def _own_limit(tree: QuotaTree, quota: QuotaInfo) -> ResourceList:
+    return tree.limit(quota.name)[0] if quota.name not in UNCHECKED_QUOTAS else {}
+
+
+def limited_gpu_resources(tree: QuotaTree, name: str) -> list[str]:
+    """The GPU resources a quota's rows show: those it or any ancestor limits (canonical names, sorted).
+
+    What an ancestor limits counts here too: usage under that ancestor adds up from its children.
+    """
+    limited: set[str] = set()
+    for member in tree.chain(name):
+        if member.name not in UNCHECKED_QUOTAS:
+            limited.update(n for n in tree.limit(member.name)[0] if is_gpu_name(n))
+    return sorted(limited)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFigures:
+    """One quota and GPU resource as the webhook counts them: the numbers its metrics export."""
+
+    quota: str
+    tree: str  # the root of the quota's tree (the quota itself for a root)
+    resource: str  # canonical name
+    used: Quantity  # watched pods charged to it
+    limit: Quantity | None  # the admission annotation, else max; None where only an ancestor limits it
+    min: Quantity | None
+    reserved: Quantity | None  # admitted, not yet seen by the watch; None where not known
+
+
+def quota_figures(tree: QuotaTree, usage: UsageIndex,
+                  reserved_of: Callable[[str], ResourceList | None]) -> list[QuotaFigures]:
+    """Per quota (tree order) and per row of :func:`limited_gpu_resources`: what ``gpuquota quota`` shows
+    as min, limit, used and reserved, from the live usage index and ``reserved_of`` (a ledger's ``used``)."""
+    figures: list[QuotaFigures] = []
+    for quota, _depth in tree_order(tree):
+        own_limit = _own_limit(tree, quota)
+        own_min = canonical_resource_list(quota.min, tree.config, quota.name)[0]
+        used = usage.used(quota.name)
+        reserved = reserved_of(quota.name)
+        root = tree_of(tree, quota.name)
+        for name in limited_gpu_resources(tree, quota.name):
+            figures.append(QuotaFigures(quota.name, root, name, used.get(name, ZERO), own_limit.get(name),
+                                        own_min.get(name), None if reserved is None else reserved.get(name, ZERO)))
+    return figures
 
 
 def _size_key(pod: ChargedPod) -> tuple[Any, ...]:
@@ -415,6 +457,6 @@ def describe_rule(resolution: Resolution) -> str:
     return RULE_TEXT.get(resolution.rule, resolution.rule)
 
 
-__all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaView", "ResourceView", "TreeView",
-           "build_view", "cards", "chain_headroom", "describe_rule", "pods_that_fit", "tree_order", "with_cards",
-           "written_family"]
+__all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaFigures", "QuotaView", "ResourceView", "TreeView",
+           "build_view", "cards", "chain_headroom", "describe_rule", "limited_gpu_resources", "pods_that_fit",
+           "quota_figures", "tree_order", "with_cards", "written_family"]

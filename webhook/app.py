@@ -408,7 +408,7 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
 
     @app.get("/metrics")
     def metrics_view() -> Response:
-        text, content_type = metrics.render()
+        text, content_type = metrics.render(quota)
         return Response(text, status=200, content_type=content_type)
 
     return app

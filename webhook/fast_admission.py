@@ -26,7 +26,7 @@ from gpuquota_core.memo import BoundedMemo
 from gpuquota_core.quota import POD_QUOTA_LABEL
 from gpuquota_core.quota_snapshot import FitCheck, TreeSnapshot, decode_tree, fit_check
 
-from .quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, quota_requests
+from .quota_port import ALLOW, PodAdmission, QuotaDecider, QuotaFigure, ReportsQuotaFigures, Verdict, quota_requests
 from .shared_region import MAX_SLOT_VALUE, SharedRegion
 
 # A worker holds the lock for microseconds; one that waits longer than this asks the service.
@@ -70,6 +70,9 @@ class FastAdmission:
 
     def ready(self) -> tuple[bool, str]:
         return self.service.ready()
+
+    def quota_figures(self) -> list[QuotaFigure] | None:
+        return self.service.quota_figures() if isinstance(self.service, ReportsQuotaFigures) else None
 
     def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
                             dry_run: bool) -> Verdict:

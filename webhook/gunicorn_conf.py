@@ -90,7 +90,16 @@ class TlsContextCache:
                 return self._context
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             self._key, self._context = key, context
+            _record_serving_certificate(conf.certfile)
             return context
+
+
+def _record_serving_certificate(certfile: str) -> None:
+    # Imported here, in the worker: webhook.metrics must not be imported before the metrics
+    # directory is set (see webhook.server).
+    from .metrics import record_serving_certificate
+
+    record_serving_certificate(certfile)
 
 
 def require_client_certificates(context: ssl.SSLContext, client_ca: Path) -> None:

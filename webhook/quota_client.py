@@ -5,14 +5,16 @@ If the service is down or slow the pod is refused (validation fails closed) inst
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
 from typing import Any
 
-from .quota_port import PodAdmission, Verdict
+from .quota_port import PodAdmission, QuotaFigure, Verdict
 from .quota_wire import FrameReader, kernel_timeouts, send_frame
 
+log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
 
 
@@ -71,6 +73,16 @@ class QuotaClient:
         except (OSError, ValueError) as error:
             return False, f"quota service unreachable: {error}"
         return bool(reply["ready"]), str(reply["reason"])
+
+    def quota_figures(self) -> list[QuotaFigure] | None:
+        try:
+            reply = self._call({"op": "quota_figures"})
+            return [QuotaFigure(*row) for row in reply["figures"]]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            # The scrape goes on without them (gpuquota_ready says when the service is down).
+            log.warning("no per-quota metrics in this scrape: asking the quota service failed: %s: %s",
+                        type(error).__name__, error)
+            return None
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:

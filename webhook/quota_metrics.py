@@ -51,6 +51,7 @@ RELISTS = Counter(
     "Full re-lists of a kind, by reason (initial, gone = 410 from the watch, error).",
     ["kind", "reason"],
 )
+LEDGER_WRITE_RESULTS = ("ok", "conflict", "error")
 LEDGER_WRITES = Counter(
     "gpuquota_ledger_writes",
     "Writes of the shared reservation ledger (strict accounting), by result (ok, conflict, error).",

@@ -8,7 +8,7 @@ that every worker gets the same answer for the same quota.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuquota_core.quota import POD_QUOTA_LABEL
 from gpuquota_core.quota_decision import PodQuotaRequest, quota_use_unchanged, requests_of
@@ -84,6 +84,32 @@ class QuotaDecider(Protocol):
 
     def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
                             dry_run: bool) -> Verdict:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFigure:
+    """One quota and canonical GPU resource as the quota service counts them, for the per-quota gauges.
+
+    Amounts are canonical units as plain numbers: the exact ``gpuquota_core.quota_view.QuotaFigures``
+    become floats only on their way to Prometheus, whose samples are floats. None where the figure
+    does not exist (no limit, no min) or is not known (reserved under strict accounting).
+    """
+
+    quota: str
+    tree: str
+    resource: str
+    used: float
+    limit: float | None
+    min: float | None
+    reserved: float | None
+
+
+@runtime_checkable
+class ReportsQuotaFigures(Protocol):
+    """A decider that can say, at scrape time, what every quota holds (None: cannot be asked now)."""
+
+    def quota_figures(self) -> list[QuotaFigure] | None:
         ...
 
 

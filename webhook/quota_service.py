@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import astuple
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
+from . import quota_metrics
 from .quota_loop import ServiceLoop
 from .quota_port import PodAdmission, Verdict
 from .quota_publisher import Publisher
@@ -83,6 +85,9 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None)
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
         return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
+    if op == "quota_figures":
+        # Rows, not objects: a frame holds tens of thousands of them (quota_wire.MAX_FRAME).
+        return {"figures": [astuple(figure) for figure in state.quota_figures()]}
     if op == "review_elasticquota":
         try:
             return state.review_elasticquota(message["quota"])
@@ -119,6 +124,11 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
                        max_reservations_per_caller=max_reservations_per_caller)
     if accounting == LOCAL:
         share_with_workers(state, path)
+    else:
+        state.reservations_known = False
+    # Every result at zero from the start, so alerts on its rate see a series before the first write.
+    for result in quota_metrics.LEDGER_WRITE_RESULTS:
+        quota_metrics.LEDGER_WRITES.labels(result)
     if state_path is not None:
         serve(state, path)
         state.load(load_objects(str(state_path)))

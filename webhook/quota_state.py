@@ -23,10 +23,11 @@ from gpuquota_core.quota import (
 )
 from gpuquota_core.quota_decision import decide, needs_check
 from gpuquota_core.quota_review import review_quota
+from gpuquota_core.quota_view import quota_figures
 from gpuquota_core.resources import add_lists
 
 from . import quota_metrics as metrics
-from .quota_port import ALLOW, PodAdmission, Verdict, quota_requests
+from .quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from .quota_publisher import Publisher
 
 KINDS = ("Pod", "ElasticQuota")
@@ -58,6 +59,9 @@ class QuotaState:
         self._published: tuple[int, ...] = ()  # the gauges' last values (see _publish)
         # Local accounting in a server: the totals shared with the webhook workers (webhook.shared_region).
         self.publisher: Publisher | None = None
+        # Whether self.ledger holds every reservation of this instance: not under strict accounting,
+        # whose reservations live in the ledger objects in the API server.
+        self.reservations_known = True
 
     @contextmanager
     def _changing(self) -> Iterator[None]:
@@ -197,6 +201,19 @@ class QuotaState:
                 return False, (f"quota state is stale: the list/watch of {', '.join(stale)} has been failing "
                                f"for more than {self.stale_after_seconds:g}s")
             return True, "quota state synced"
+
+    def quota_figures(self) -> list[QuotaFigure]:
+        """Per quota and limited GPU resource: used, limit, min and reserved (the per-quota gauges).
+
+        Computed when asked (a scrape), so a deleted quota has no figures from then on.
+        """
+        with self._changing():  # reservations workers made count, as in a decision
+            figures = quota_figures(self.tree, self.usage,
+                                    self.ledger.used if self.reservations_known else lambda _quota: None)
+        return [QuotaFigure(f.quota, f.tree, f.resource, float(f.used.amount),
+                            None if f.limit is None else float(f.limit.amount),
+                            None if f.min is None else float(f.min.amount),
+                            None if f.reserved is None else float(f.reserved.amount)) for f in figures]
 
     def review_elasticquota(self, quota: Mapping[str, Any]) -> Verdict:
         """Refuse invalid quotas; warn on legacy names and on a max below current usage."""

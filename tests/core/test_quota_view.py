@@ -10,18 +10,19 @@ from typing import Any
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION, canonicalize_pod
 from gpuquota_core.ledger import Reservation
 from gpuquota_core.quantity import Quantity
-from gpuquota_core.quota import QuotaTree, quota_from_object
+from gpuquota_core.quota import QuotaTree, UsageIndex, pod_record, quota_from_object
 from gpuquota_core.quota_view import (
     SCHEMA_VERSION,
     build_view,
     cards,
     chain_headroom,
     pods_that_fit,
+    quota_figures,
     tree_order,
     with_cards,
     written_family,
 )
-from gpuquota_core.shared_ledger import StoredReservation
+from gpuquota_core.shared_ledger import StoredReservation, holding_room
 from kubeaccess.manifests import load_objects
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster"
@@ -194,3 +195,29 @@ def test_a_pod_listed_twice_counts_once_as_its_later_version() -> None:
                              {**pod("done", "t", {CORE: "100"}), "status": {"phase": "Succeeded"}}])
     assert view.quotas[0].resources[0].used == q("300")
     assert [(p.name, p.requests[CORE]) for p in view.quotas[0].pods] == [("x", q("300"))]
+
+
+def test_quota_figures_are_the_views_rows() -> None:
+    # The webhook's per-quota metrics come from quota_figures, `gpuquota quota` from build_view: the
+    # same rows (quota, resource) with the same min, limit, used and reserved, on a tree whose child
+    # is limited only through its parent.
+    objects = [quota("root", {CORE: "1000", RATIO: "1000"}, is_parent=True, min={CORE: "300"}),
+               quota("child", {}, parent="root"), quota("capped", {"nvidia.com/gpu": "2"}, parent="root")]
+    tree = QuotaTree.build(quota_from_object(o) for o in objects)
+    pods = [pod("a", "child", {CORE: "150", RATIO: "150"}), pod("b", "capped", {"nvidia.com/gpu": "1"})]
+    reservation = Reservation("capped/c", "admission-1", ("capped", "root"), {CORE: q("50")}, expires_at=100.0)
+    view = build_view(tree, pods, reservations={"capped/c": StoredReservation(reservation, "r", 0.0)}, now=1.0)
+    usage = UsageIndex(tree)
+    for obj in pods:
+        usage.upsert(pod_record(obj))
+    ledger = holding_room({"capped/c": StoredReservation(reservation, "r", 0.0)}, usage, 1.0, 0.0)
+
+    figures = quota_figures(tree, usage, ledger.used)
+
+    assert [(f.quota, f.tree, f.resource, f.min, f.limit, f.used, f.reserved) for f in figures] == [
+        (v.quota.name, "root", r.resource, r.min, r.limit, r.used, r.reserved)
+        for v in view.quotas for r in v.resources]
+    assert {(f.quota, f.resource): (f.limit, f.used, f.reserved) for f in figures} == {
+        ("root", CORE): (q("1000"), q("250"), q("50")), ("root", RATIO): (q("1000"), q("250"), q("0")),
+        ("capped", CORE): (q("200"), q("100"), q("50")), ("capped", RATIO): (q("200"), q("100"), q("0")),
+        ("child", CORE): (None, q("150"), q("0")), ("child", RATIO): (None, q("150"), q("0"))}

@@ -375,6 +375,54 @@ def test_apiserver_accepts_every_overlay_object(
     dry_run_apply(objects, kubectl, kubeconfig_path, api)
 
 
+# -- monitoring (optional kustomization) ----------------------------------------------------------
+
+MONITORING = REPO_ROOT / "manifests" / "monitoring"
+
+
+@pytest.fixture(scope="module")
+def monitoring_rendered(kubectl: str) -> list[dict[str, Any]]:
+    return render(kubectl, MONITORING)
+
+
+def test_monitoring_renders_servicemonitor_rules_and_dashboard(
+    monitoring_rendered: list[dict[str, Any]], rendered: list[dict[str, Any]],
+) -> None:
+    assert identities(monitoring_rendered) == [("ConfigMap", "gpuquota-grafana-dashboard"),
+                                               ("PrometheusRule", "gpuquota-webhook"),
+                                               ("ServiceMonitor", "gpuquota-webhook")]
+    assert all(o["metadata"]["namespace"] == NAMESPACE for o in monitoring_rendered)
+    dashboard = find(monitoring_rendered, "ConfigMap", "gpuquota-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"]["grafana-dashboard.json"] == (MONITORING / "grafana-dashboard.json").read_text()
+    rule = find(monitoring_rendered, "PrometheusRule", "gpuquota-webhook")
+    assert rule["spec"]["groups"] == yaml.safe_load((MONITORING / "prometheus-rules.yaml").read_text())["groups"]
+    # The ServiceMonitor selects the base's Service, by the name of its port, and verifies the
+    # serving certificate for the Service's DNS name with the CA in the TLS Secret the pods mount.
+    service = find(rendered, "Service", "gpuquota-webhook")
+    monitor = find(monitoring_rendered, "ServiceMonitor", "gpuquota-webhook")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert endpoint["scheme"] == "https" and endpoint["path"] == "/metrics"
+    assert endpoint["tlsConfig"]["serverName"] == f"{service['metadata']['name']}.{NAMESPACE}.svc"
+    secret = endpoint["tlsConfig"]["ca"]["secret"]
+    volumes = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]["volumes"]
+    assert secret["name"] in {v.get("secret", {}).get("secretName") for v in volumes}
+    assert secret["key"] == "ca.crt"
+
+
+def test_apiserver_accepts_the_dashboard_configmap(
+    monitoring_rendered: list[dict[str, Any]], kubectl: str, kubeconfig_path: Path, api: Api,
+    install_namespace: str,
+) -> None:
+    # The Prometheus Operator's CRDs are not installed in the test apiserver; the ConfigMap (the
+    # dashboard JSON under the size limit) is what it can check.
+    dry_run_apply([find(monitoring_rendered, "ConfigMap", "gpuquota-grafana-dashboard")], kubectl,
+                  kubeconfig_path, api)
+
+
 # -- Containerfile --------------------------------------------------------------------------------
 
 def containerfile_instructions() -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ from clusterhelpers import RATIO, admits_quota, create_quota, eventually, whole_
 from controlplane import LOOPBACK, Api, free_ports
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 from webhookproc import WebhookProcess, generate_certs
 
 from gpuquota_core import shared_ledger
@@ -181,6 +182,29 @@ def test_burst_through_three_replicas_stores_exactly_the_room(api: Api, replicas
     quota_message = f"exceeded quota: {namespace}/{quota}, requested: {RATIO}=100, "
     others = Counter(message[:160] for message in refusals if quota_message not in message)
     assert not others, f"refusals other than the quota's: {others}"
+    # Every replica's gauges show the stored pods once its watch has seen them; strict accounting
+    # keeps reservations in the ledger objects, so no replica claims a reserved figure.
+    for server in replicas.servers:
+        eventually(lambda s=server: _quota_gauges(s, quota) == {("gpuquota_quota_used", RATIO): 100 * ROOM_PODS,
+                                                                ("gpuquota_quota_limit", RATIO): 100 * ROOM_PODS},
+                   f"replica {server.port} exports the quota's usage", DEADLINE)
+    assert sum(_ledger_writes_ok(server) for server in replicas.servers) >= 1
+
+
+def _scraped(server: WebhookProcess) -> list[Any]:
+    status, text = server.get("/metrics")
+    assert status == 200, text
+    return [sample for family in text_string_to_metric_families(text.decode()) for sample in family.samples]
+
+
+def _ledger_writes_ok(server: WebhookProcess) -> float:
+    return sum(sample.value for sample in _scraped(server)
+               if sample.name == "gpuquota_ledger_writes_total" and sample.labels["result"] == "ok")
+
+
+def _quota_gauges(server: WebhookProcess, quota: str) -> dict[tuple[str, str], float]:
+    return {(sample.name, sample.labels["resource"]): sample.value for sample in _scraped(server)
+            if sample.name.startswith("gpuquota_quota_") and sample.labels.get("quota") == quota}
 
 
 def test_replica_killed_mid_burst_never_over_admits_and_its_room_comes_back(api: Api, replicas: Replicas) -> None:

@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess, generate_certs
 
@@ -26,6 +28,18 @@ def _healthz_with(ca_file: Path, port: int) -> int:
         connection.close()
 
 
+def _expiry(certfile: Path) -> float:
+    return x509.load_pem_x509_certificate(certfile.read_bytes()).not_valid_after_utc.timestamp()
+
+
+def _exported_expiry(server: WebhookProcess) -> float:
+    status, text = server.get("/metrics")
+    assert status == 200, text
+    [value] = [sample.value for family in text_string_to_metric_families(text.decode()) for sample in family.samples
+               if sample.name == "gpuquota_serving_certificate_expiry_timestamp_seconds"]
+    return value
+
+
 def test_rotated_certificate_is_served_and_open_connections_survive(tmp_path: Path) -> None:
     server = WebhookProcess(tmp_path / "server", serve_args=["--workers", "2", "--state", str(EXAMPLE_STATE)]).start()
     try:
@@ -37,6 +51,8 @@ def test_rotated_certificate_is_served_and_open_connections_survive(tmp_path: Pa
         open_connection.request("POST", "/mutate-pods", body=payload, headers={"Content-Type": "application/json"})
         assert open_connection.getresponse().read()
 
+        old_expiry = _expiry(server.cert_dir / "tls.crt")
+        assert _exported_expiry(server) == old_expiry
         generate_certs(server.cert_dir, force=True)  # a new CA and serving cert, written over the old files
 
         deadline = time.monotonic() + ROTATION_DEADLINE
@@ -45,6 +61,10 @@ def test_rotated_certificate_is_served_and_open_connections_survive(tmp_path: Pa
             assert server.alive()
         # New connections now get the new certificate, which the old CA does not sign ...
         assert _healthz_with(old_ca, server.port) == 0
+        # ... and the expiry metric is the new certificate's (issued seconds later, so it differs).
+        new_expiry = _expiry(server.cert_dir / "tls.crt")
+        assert new_expiry != old_expiry
+        assert _exported_expiry(server) == new_expiry
         # ... while the connection negotiated before the rotation carries on.
         open_connection.request("POST", "/mutate-pods", body=payload, headers={"Content-Type": "application/json"})
         answer = open_connection.getresponse()

@@ -71,6 +71,13 @@ def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_noth
         assert (refused["status"]["code"], refused["status"]["reason"]) == (503, "QuotaServiceDown")
         assert refused["status"]["message"].startswith("quota service unavailable, pod not admitted:")
 
+    # The scrape still answers: the replica reports itself unready, and without the service there
+    # are no per-quota figures to show rather than stale ones.
+    status, metrics = server.get("/metrics")
+    assert status == 200
+    assert b"\ngpuquota_ready 0.0\n" in metrics
+    assert b"gpuquota_quota_used{" not in metrics and b"gpuquota_quota_limit{" not in metrics
+
     # A killed service cannot remove its socket and shared region; the master does as it exits.
     assert directory.exists()
     server.stop()
