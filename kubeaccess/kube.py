@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -87,11 +88,36 @@ def kubeconfig_path(kubeconfig: str | None) -> str | None:
     return path
 
 
+def read_kubeconfig(path: str) -> dict[str, Any]:
+    """The kubeconfig at ``path`` as a mapping; KubeAccessError saying in one line why it is not one.
+
+    The kubernetes client lets a file that is not YAML, not text or not a mapping through as a
+    parser error, a UnicodeDecodeError or a TypeError from deep inside; this reads it first.
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as error:
+        raise KubeAccessError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise KubeAccessError(f"{path}: not a kubeconfig (binary data, not UTF-8 text)") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise KubeAccessError(f"{path}: not valid YAML{where}: {problem}") from None
+    if not isinstance(document, dict) or not any(key in document for key in ("clusters", "contexts", "users")):
+        raise KubeAccessError(f"{path}: not a kubeconfig (no clusters, contexts or users)")
+    return document
+
+
 def connect(kubeconfig: str | None, context: str | None) -> client.ApiClient:
     """A client the way kubectl picks one: --kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster."""
     path = kubeconfig_path(kubeconfig)
     try:
         if path is not None:
+            read_kubeconfig(path)
             loaded: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
                 config_file=path, context=context)
             return loaded
@@ -107,6 +133,9 @@ def connect(kubeconfig: str | None, context: str | None) -> client.ApiClient:
         raise KubeAccessError(f"cannot load {path}: {error}") from None
     except OSError as error:
         raise KubeAccessError(f"cannot read {path}: {error.strerror or error}") from None
+    except (TypeError, AttributeError, KeyError, ValueError) as error:
+        # A mapping that is still no kubeconfig (a list where a mapping belongs, a missing field).
+        raise KubeAccessError(f"{path}: not a kubeconfig: {type(error).__name__}: {error}") from None
 
 
 def list_all(api: client.ApiClient, kind: ListedKind, namespace: str | None, *,

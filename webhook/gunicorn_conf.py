@@ -107,6 +107,24 @@ def require_client_certificates(context: ssl.SSLContext, client_ca: Path) -> Non
     context.verify_mode = ssl.CERT_REQUIRED
 
 
+class ListeningAddress(logging.Filter):
+    """Fills in the address of gunicorn's "Listening at: %s (%s)" start-up line.
+
+    With ``reuse_port`` the workers open their own sockets, so the master has none to name and
+    gunicorn logs ``Listening at:  (pid)``; the address every worker binds is the configured one.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.msg == "Listening at: %s (%s)" and isinstance(record.args, tuple) and len(record.args) == 2
+                and not record.args[0]):
+            record.args = (self.url, record.args[1])
+        return True
+
+
 class MetricsDirectory:
     """prometheus_client's multiprocess directory for one server run.
 
@@ -146,6 +164,8 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
     connections = ConnectionTable(slots=2 * settings.workers + 2)
 
     def on_starting(_arbiter: Any) -> None:
+        # gunicorn has set up its loggers by now, and logs the address right after this hook.
+        logging.getLogger("gunicorn.error").addFilter(ListeningAddress(f"https://{settings.bind}"))
         metrics_dir.reset()
         on_master_start(settings)
 

@@ -109,6 +109,12 @@ def _is_admission(message: Any) -> bool:
     return isinstance(message, dict) and message.get("op") == "admit_pod"
 
 
+def load_state_file(state: QuotaState, state_path: Path) -> None:
+    """Offline mode's whole state from manifests; ``gpuquota serve`` runs it once before starting,
+    so any ValueError it raises stops the server instead of this process."""
+    state.load(load_objects(str(state_path)))
+
+
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
                 parent_pid: int, accounting: str = LOCAL, ledger_namespace: str = "",
                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
@@ -121,7 +127,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         share_with_workers(state, path)
     if state_path is not None:
         serve(state, path)
-        state.load(load_objects(str(state_path)))
+        load_state_file(state, state_path)
     else:
         from kubeaccess.kube import connect
 
