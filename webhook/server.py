@@ -22,6 +22,7 @@ import os
 import socket
 import ssl
 import struct
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +37,7 @@ from .config_source import ConfigFileError, read_config_file
 from .gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from .quota_port import NoQuota, QuotaDecider
 from .settings import Settings
+from .supervision import QuotaServiceSupervisor, SupervisingArbiter
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -50,21 +52,24 @@ class ServeError(Exception):
 QUOTA_SOCKET_ENV = "GPUQUOTA_QUOTA_SOCKET"
 
 
-def start_shared_services(settings: Settings) -> None:
+def start_shared_services(settings: Settings, supervisor: QuotaServiceSupervisor) -> None:
     """Start the quota service process in the gunicorn master, once, before workers are forked.
 
     Offline mode (``--state``) reads manifests; otherwise it lists and watches the cluster of
     ``--kubeconfig`` (in-cluster config without one). The socket path reaches the workers through
-    the environment they inherit from the master.
+    the environment they inherit from the master. ``supervisor`` starts it again when it dies.
     """
     from .quota_service import private_socket_path, start_service_process
 
+    def start(path: Path) -> subprocess.Popen[bytes]:
+        return start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
+                                     accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
+                                     stale_after_seconds=settings.stale_after_seconds,
+                                     reservation_ttl_seconds=settings.reservation_ttl_seconds,
+                                     max_reservations_per_caller=settings.max_reservations_per_caller)
+
     path = private_socket_path()
-    start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
-                          accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
-                          stale_after_seconds=settings.stale_after_seconds,
-                          reservation_ttl_seconds=settings.reservation_ttl_seconds,
-                          max_reservations_per_caller=settings.max_reservations_per_caller)
+    supervisor.start_with(start, path)
     os.environ[QUOTA_SOCKET_ENV] = str(path)
 
 
@@ -141,11 +146,21 @@ def configure_logging(level: str) -> None:
 
 
 class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
-    def __init__(self, settings: Settings, config: ConversionConfig, options: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, config: ConversionConfig, options: dict[str, Any],
+                 supervisor: QuotaServiceSupervisor) -> None:
         self.settings = settings
         self.config = config
         self.options = options
+        self.supervisor = supervisor
         super().__init__()
+
+    def run(self) -> None:
+        # BaseApplication.run with gunicorn's arbiter replaced by one that keeps the quota service up.
+        try:
+            SupervisingArbiter(self, self.supervisor).run()
+        except RuntimeError as error:
+            print(f"Error: {error}", file=sys.stderr)
+            sys.exit(1)
 
     def load_config(self) -> None:
         for key, value in self.options.items():
@@ -344,5 +359,7 @@ def _serve(settings: Settings, config: ConversionConfig) -> None:
     directory = _metrics_directory(settings)
     _enable_multiprocess_metrics(directory)
     configure_logging(settings.log_level)
-    options = gunicorn_options(settings, directory, start_shared_services, remove_shared_services_files)
-    WebhookApplication(settings, config, options).run()
+    supervisor = QuotaServiceSupervisor()
+    options = gunicorn_options(settings, directory, lambda started: start_shared_services(started, supervisor),
+                               remove_shared_services_files)
+    WebhookApplication(settings, config, options, supervisor).run()
