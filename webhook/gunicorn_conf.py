@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .connection_balance import ConnectionTable
+from .gunicorn_worker import DeadlineSSLSocket
 from .settings import Settings
 
 log = logging.getLogger("gpuquota.server")
@@ -89,6 +90,7 @@ class TlsContextCache:
                 log.warning("could not load the rotated TLS files, still serving with the previous ones: %s", error)
                 return self._context
             context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.sslsocket_class = DeadlineSSLSocket  # reads with a deadline (see there)
             self._key, self._context = key, context
             return context
 
