@@ -92,6 +92,9 @@ class FastAdmission:
     def _mapped(self) -> SharedRegion | None:
         if self._region is None or self._pid != os.getpid():  # a mapping is per process
             self._region, self._pid = SharedRegion.open(self.region_path), os.getpid()
+            # A region created by a new service numbers its generations from the start again: a
+            # tree read from the old one could carry the same number and another slot layout.
+            self._tree = None
         return self._region
 
     def _admit(self, region: SharedRegion, admission: PodAdmission) -> bool:
