@@ -88,13 +88,16 @@ class DeadlineSSLSocket(ssl.SSLSocket):
         super().do_handshake(block)
 
     def _before_read(self) -> None:
-        if self.gettimeout() == 0.0:
+        current = self.gettimeout()
+        if current == 0.0:
             return  # non-blocking: the poller's business
         remaining = self._read_deadline - time.monotonic()
         if remaining <= 0:
             raise ConnectionResetError(errno.ECONNRESET, "client too slow: no complete request within "
                                                          f"{READ_DEADLINE_SECONDS:g}s")
-        self.settimeout(min(remaining, READ_DEADLINE_SECONDS))
+        if current is None or remaining < current:
+            # Only ever shorter: gunicorn's graceful close drains with its own, shorter timeout.
+            self.settimeout(remaining)
 
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
         self._before_read()
