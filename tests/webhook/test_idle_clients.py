@@ -1,8 +1,9 @@
 """Idle and slow clients do not starve admissions (a real ``gpuquota serve``, default workers and threads).
 
-Connections that send nothing (plain TCP, or TLS with the handshake done) and a client that sends
-its request a byte at a time are held open while ordinary admissions are timed: each must be
-answered well within the API server's webhook timeout (10 s by default), and the probes too.
+Connections that send nothing (plain TCP, TLS with the handshake done, kept-alive ones after an
+answer) and a client that sends its request a byte at a time are held open while ordinary
+admissions are timed: each must be answered well within the API server's webhook timeout (10 s by
+default), and the probes too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
 IDLE_TCP = 500
 IDLE_TLS = 500
+# Kept-alive connections that have each been answered once and then stay idle, as the API
+# server's pooled connections do after a burst (up to its 90 s idle timeout).
+POOLED = 64
 ADMISSIONS = 30
 # The API server's default webhook timeout is 10 s; "well within" is a fifth of it.
 ANSWER_WITHIN_SECONDS = 2.0
@@ -40,6 +44,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]
 
 def open_idle(server: WebhookProcess, stack: contextlib.ExitStack) -> None:
     context = server.ssl_context()
+    for _ in range(POOLED):
+        pooled = stack.enter_context(contextlib.closing(
+            http.client.HTTPSConnection(LOOPBACK, server.port, context=context, timeout=30)))
+        timed_admission(server, pooled)
     for _ in range(IDLE_TCP):
         stack.enter_context(socket.create_connection((LOOPBACK, server.port), timeout=10))
     for _ in range(IDLE_TLS):
