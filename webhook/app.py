@@ -396,9 +396,13 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
 
     @app.get("/healthz")
     def healthz() -> Response:
-        # Liveness: the worker answers. Deliberately independent of the quota state, so a slow
-        # first sync makes the pod unready, not restarted.
-        return Response(b'{"status":"ok"}', status=200, mimetype=JSON)
+        # Liveness: the worker answers, and so does the quota service behind it. Independent of
+        # the quota state, so a slow first sync makes the pod unready, not restarted; but a dead
+        # service fails it, so a server that cannot heal is restarted.
+        alive, reason = quota.alive()
+        if alive:
+            return Response(b'{"status":"ok"}', status=200, mimetype=JSON)
+        return Response(orjson.dumps({"status": "unavailable", "reason": reason}), status=503, mimetype=JSON)
 
     @app.get("/readyz")
     def readyz() -> Response:

@@ -68,6 +68,9 @@ class FastAdmission:
         self._pid = 0
         self._tree: _PublishedTree | None = None  # replaced whole: threads read it once each
 
+    def alive(self) -> tuple[bool, str]:
+        return self.service.alive()
+
     def ready(self) -> tuple[bool, str]:
         return self.service.ready()
 
@@ -81,13 +84,20 @@ class FastAdmission:
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         if admission.operation == "CREATE":
             region = self._mapped()
-            if region is not None and region.alive_mutex.owner_alive() and self._admit(region, admission):
+            if region is not None and not region.alive_mutex.owner_alive():
+                # Totals nobody maintains any more. A restarted service creates a new region in
+                # the same place: map it afresh next time, and let the service answer meanwhile.
+                self._region = None
+            elif region is not None and self._admit(region, admission):
                 return ALLOW
         return self.service.admit_pod(admission)
 
     def _mapped(self) -> SharedRegion | None:
         if self._region is None or self._pid != os.getpid():  # a mapping is per process
             self._region, self._pid = SharedRegion.open(self.region_path), os.getpid()
+            # A region created by a new service numbers its generations from the start again: a
+            # tree read from the old one could carry the same number and another slot layout.
+            self._tree = None
         return self._region
 
     def _admit(self, region: SharedRegion, admission: PodAdmission) -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .connection_balance import ConnectionTable
+from .gunicorn_worker import DeadlineSSLSocket
 from .settings import Settings
 
 log = logging.getLogger("gpuquota.server")
@@ -89,6 +90,7 @@ class TlsContextCache:
                 log.warning("could not load the rotated TLS files, still serving with the previous ones: %s", error)
                 return self._context
             context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.sslsocket_class = DeadlineSSLSocket  # reads with a deadline (see there)
             self._key, self._context = key, context
             _record_serving_certificate(conf.certfile)
             return context
@@ -114,6 +116,24 @@ def require_client_certificates(context: ssl.SSLContext, client_ca: Path) -> Non
         raise ssl.SSLError("the server context already trusts CAs; refusing to add the client CA to them")
     context.load_verify_locations(cafile=str(client_ca))
     context.verify_mode = ssl.CERT_REQUIRED
+
+
+class ListeningAddress(logging.Filter):
+    """Fills in the address of gunicorn's "Listening at: %s (%s)" start-up line.
+
+    With ``reuse_port`` the workers open their own sockets, so the master has none to name and
+    gunicorn logs ``Listening at:  (pid)``; the address every worker binds is the configured one.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.msg == "Listening at: %s (%s)" and isinstance(record.args, tuple) and len(record.args) == 2
+                and not record.args[0]):
+            record.args = (self.url, record.args[1])
+        return True
 
 
 class MetricsDirectory:
@@ -155,6 +175,8 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
     connections = ConnectionTable(slots=2 * settings.workers + 2)
 
     def on_starting(_arbiter: Any) -> None:
+        # gunicorn has set up its loggers by now, and logs the address right after this hook.
+        logging.getLogger("gunicorn.error").addFilter(ListeningAddress(f"https://{settings.bind}"))
         metrics_dir.reset()
         on_master_start(settings)
 

@@ -34,22 +34,89 @@ header of each answer is formatted once a second instead of once an answer (:cla
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
+import selectors
+import ssl
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
 from gunicorn import SERVER, util
 from gunicorn.http.body import LengthReader
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import _DEFER, TConn, ThreadWorker
 
 from .connection_balance import ConnectionTable, Shedder
 
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
 COUNT_INTERVAL = 0.1  # seconds between two counts of a worker's connections
+# How long a thread may spend reading one request (head and body) or a TLS handshake. The API
+# server sends a review at once (its own timeout is 10 s by default); only a stalled or
+# deliberately slow client takes longer, and it must not keep a thread from the others.
+READ_DEADLINE_SECONDS = 10.0
+# How long a write (an answer) may wait for the peer to take it.
+WRITE_TIMEOUT_SECONDS = 30.0
+
+
+class DeadlineSSLSocket(ssl.SSLSocket):
+    """The server's TLS connections (``SSLContext.sslsocket_class``): reads never wait for ever.
+
+    gthread serves a connection in a blocking socket: a client that completes its handshake and
+    sends nothing, or sends a request a byte at a time, would hold a thread for as long as it
+    liked, and a worker has only a few. Here blocking mode means a deadline: the handshake and
+    each request (set when gthread puts the socket in blocking mode to read one) must arrive
+    within READ_DEADLINE_SECONDS in total. A read past it fails as a reset connection, which
+    gthread closes quietly.
+    """
+
+    _read_deadline = float("inf")
+
+    def setblocking(self, flag: bool) -> None:
+        if not flag:
+            super().setblocking(False)
+            return
+        self._read_deadline = time.monotonic() + READ_DEADLINE_SECONDS
+        self.settimeout(READ_DEADLINE_SECONDS)
+
+    def do_handshake(self, block: bool = False) -> None:
+        self._read_deadline = time.monotonic() + READ_DEADLINE_SECONDS
+        self._before_read()
+        super().do_handshake(block)
+
+    def _before_read(self) -> None:
+        current = self.gettimeout()
+        if current == 0.0:
+            return  # non-blocking: the poller's business
+        remaining = self._read_deadline - time.monotonic()
+        if remaining <= 0:
+            raise ConnectionResetError(errno.ECONNRESET, "client too slow: no complete request within "
+                                                         f"{READ_DEADLINE_SECONDS:g}s")
+        if current is None or remaining < current:
+            # Only ever shorter: gunicorn's graceful close drains with its own, shorter timeout.
+            self.settimeout(remaining)
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self._before_read()
+        try:
+            return super().recv(buflen, flags)
+        except TimeoutError:
+            raise ConnectionResetError(errno.ECONNRESET, "client too slow") from None
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        self._before_read()
+        try:
+            return super().recv_into(buffer, nbytes, flags)
+        except TimeoutError:
+            raise ConnectionResetError(errno.ECONNRESET, "client too slow") from None
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if self.gettimeout() != 0.0:
+            self.settimeout(WRITE_TIMEOUT_SECONDS)
+        super().sendall(data, flags)
 
 
 def _peer_address(client: tuple[str, int] | str | bytes) -> str:
@@ -174,6 +241,49 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_write, b"w" * count)
 
+    def accept(self, listener: Any) -> None:
+        """A new connection waits in the poller until it sends something, not in a thread.
+
+        gthread hands it to a thread at once, which waits up to five seconds for its first bytes:
+        a burst of connections that send nothing (a TCP health check, a scanner, a client that
+        stalls) would hold every thread that long.
+        """
+        try:
+            client, address = listener.accept()
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        conn = TConn(self.cfg, client, address, listener.getsockname())  # non-blocking from here
+        self._open_connections.add(conn)
+        self._park(conn)
+
+    def _park(self, conn: Any) -> None:
+        """Wait in the poller (no thread) until the connection is readable, for keepalive seconds at most."""
+        conn.timeout = time.monotonic() + self.cfg.keepalive
+        self.pending_conns.append(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
+
+    def _open(self, conn: Any) -> Any:
+        """The TLS handshake of a new connection (bounded by DeadlineSSLSocket); then True when a
+        request can be read now, _DEFER to wait in the poller for one, False to close."""
+        try:
+            conn.sock.setblocking(True)
+            conn.init()
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            self.log.debug("TLS handshake failed or timed out: %s", error)
+            return False
+        if conn.is_http2 or conn.parser.unreader.buf.getvalue():
+            return True
+        if hasattr(conn.sock, "pending") and conn.sock.pending():
+            return True
+        readable, _, _ = select.select([conn.sock], [], [], 0)
+        if readable:
+            return True
+        conn.data_ready = False
+        return _DEFER  # a client that only connected: wait for its request in the poller
+
     def enqueue_req(self, conn: Any) -> None:
         # Every connection passes here when accepted (and again after each wait in the poller),
         # always on the main thread, which alone reads and prunes the set.
@@ -194,6 +304,10 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
             self._queued -= 1
             self._busy += 1
         try:
+            if not conn.initialized:
+                opened = self._open(conn)
+                if opened is not True:
+                    return opened
             while True:
                 keep = super().handle(conn)
                 if keep is not True or not self.alive:

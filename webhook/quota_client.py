@@ -67,6 +67,14 @@ class QuotaClient:
             reader.sock.close()
         self._local.reader = None
 
+    def alive(self) -> tuple[bool, str]:
+        """The service answers, synced or not: what liveness needs to know."""
+        try:
+            self._call({"op": "alive"})
+        except (OSError, ValueError) as error:
+            return False, f"quota service unreachable: {error}"
+        return True, "quota service answers"
+
     def ready(self) -> tuple[bool, str]:
         try:
             reply = self._call({"op": "ready"})

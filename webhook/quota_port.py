@@ -75,6 +75,10 @@ def _old_request(admission: PodAdmission) -> PodQuotaRequest | None:
 
 
 class QuotaDecider(Protocol):
+    def alive(self) -> tuple[bool, str]:
+        """Whether whatever makes the decisions is running at all (ready or not), with a reason when not."""
+        ...
+
     def ready(self) -> tuple[bool, str]:
         """Whether decisions can be made yet (first full sync done), with a reason when not."""
         ...
@@ -115,6 +119,9 @@ class ReportsQuotaFigures(Protocol):
 
 class NoQuota:
     """A decider that allows everything: GPU validation without quota enforcement."""
+
+    def alive(self) -> tuple[bool, str]:
+        return True, "quota enforcement disabled"
 
     def ready(self) -> tuple[bool, str]:
         return True, "quota enforcement disabled"

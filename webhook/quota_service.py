@@ -43,6 +43,9 @@ EXPIRE_EVERY_SECONDS = 0.25
 # Accounting modes (README "Several replicas"): the reservation ledger in this process's memory,
 # or shared by all replicas through the API server.
 LOCAL, STRICT = "local", "strict"
+# The service's exit status when its configuration does not load (EX_CONFIG): starting it again
+# cannot help, so the master stops the server (webhook.supervision).
+CANNOT_START_EXIT = 78
 
 
 def private_socket_path() -> Path:
@@ -80,6 +83,8 @@ class PodAdmitter(Protocol):
 def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None) -> dict[str, Any] | Verdict:
     """The reply to one message; a Verdict goes on the wire as its fields (orjson writes dataclasses)."""
     op = message.get("op") if isinstance(message, dict) else None
+    if op == "alive":  # liveness: no lock, so a long rebuild of the state does not fail it
+        return {"alive": True}
     if op == "ready":
         ready, reason = state.ready()
         return {"ready": ready, "reason": reason}
@@ -114,6 +119,12 @@ def _is_admission(message: Any) -> bool:
     return isinstance(message, dict) and message.get("op") == "admit_pod"
 
 
+def load_state_file(state: QuotaState, state_path: Path) -> None:
+    """Offline mode's whole state from manifests; ``gpuquota serve`` runs it once before starting,
+    so any ValueError it raises stops the server instead of this process."""
+    state.load(load_objects(str(state_path)))
+
+
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
                 parent_pid: int, accounting: str = LOCAL, ledger_namespace: str = "",
                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
@@ -131,7 +142,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         quota_metrics.LEDGER_WRITES.labels(result)
     if state_path is not None:
         serve(state, path)
-        state.load(load_objects(str(state_path)))
+        load_state_file(state, state_path)
     else:
         from kubeaccess.kube import connect
 
@@ -160,15 +171,17 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         remove_private_files(path)
 
 
-def remove_private_files(socket_path: Path) -> None:
-    """Remove what this service created beside its socket, then the directory if nothing else is there.
+def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> None:
+    """Remove what this service created beside its socket, then the directory if nothing else is there
+    (kept for the service that replaces a dead one).
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
     for created in (socket_path, *SharedRegion.files_of(region_path(socket_path))):
         created.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # not empty, or gone already
-        socket_path.parent.rmdir()
+    if not keep_directory:
+        with contextlib.suppress(OSError):  # not empty, or gone already
+            socket_path.parent.rmdir()
 
 
 def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,
@@ -212,8 +225,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-reservations-per-caller", type=int, default=DEFAULT_MAX_RESERVATIONS_PER_CALLER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid, args.accounting,
-                args.ledger_namespace, args.stale_after, args.reservation_ttl, args.max_reservations_per_caller)
+    from kubeaccess.kube import KubeAccessError
+
+    try:
+        run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid, args.accounting,
+                    args.ledger_namespace, args.stale_after, args.reservation_ttl,
+                    args.max_reservations_per_caller)
+    except (ValueError, KubeAccessError) as error:
+        # gpuquota serve loaded the same files before it started; they changed since.
+        log.error("quota service: cannot start: %s", error)
+        remove_private_files(args.socket, keep_directory=True)
+        sys.exit(CANNOT_START_EXIT)
 
 
 if __name__ == "__main__":

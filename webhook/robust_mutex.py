@@ -9,8 +9,8 @@ is not robust: a worker killed while holding it would stop every validation for 
 mutex is handed to the next locker with EOWNERDEAD instead, which then knows the data it guards
 may be half-written (``lock`` returns that).
 
-Also a liveness signal: the quota service holds one such mutex for its whole life, and a
-``trylock`` that finds its owner dead tells a worker so at once, even before the process is reaped.
+Also a liveness signal: the quota service holds one such mutex for its whole life, and a worker
+reads its lock word to see at once whether that owner died, even before the process is reaped.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ import time
 MUTEX_BYTES = 64
 _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
+# The lock word of a robust mutex is a robust futex (the kernel's robust-futex ABI; glibc puts it
+# first in pthread_mutex_t): the owner's thread id, plus a bit the kernel sets, clearing the id,
+# when the owner dies holding it.
+_FUTEX_OWNER_DIED = 0x40000000
+_FUTEX_TID_MASK = 0x3FFFFFFF
 
 _with_gil = ctypes.PyDLL("libc.so.6", use_errno=True)  # calls that never block: keep the GIL
 _without_gil = ctypes.CDLL("libc.so.6", use_errno=True)  # a call that may wait: let other threads run
@@ -43,6 +48,7 @@ class RobustMutex:
     def __init__(self, region: mmap.mmap, offset: int) -> None:
         self._anchor = ctypes.c_char.from_buffer(region, offset)  # pins the mapping while in use
         self._address = ctypes.c_void_p(ctypes.addressof(self._anchor))
+        self._word = ctypes.c_uint32.from_buffer(region, offset)
 
     def initialise(self) -> None:
         """Once, by the process that creates the region, before any other maps it."""
@@ -85,17 +91,17 @@ class RobustMutex:
         _check(_with_gil.pthread_mutex_unlock(self._address), "pthread_mutex_unlock")
 
     def owner_alive(self) -> bool:
-        """For a mutex its owner holds for life: False once that owner has died."""
-        result = _with_gil.pthread_mutex_trylock(self._address)
-        if result == errno.EBUSY:
-            return True
-        if result == 0:  # nobody held it (the owner never took it, or let go): not a live owner
-            _with_gil.pthread_mutex_unlock(self._address)
-        elif result == errno.EOWNERDEAD:
-            # Unlocked without being made consistent, it stays unrecoverable: every later look
-            # answers at once, and nobody can take it as if the owner were back.
-            _with_gil.pthread_mutex_unlock(self._address)
-        return False
+        """For a mutex its owner holds for life: False once that owner has died, for every caller.
+
+        Read from the lock word, never by locking: a ``trylock`` that finds the owner dead takes
+        the mutex itself, and glibc then answers later callers in ways that look alive (once
+        unlocked unrepaired it is not recoverable, and a ``trylock`` on it reports ENOTRECOVERABLE
+        once, then EBUSY with the caller's own thread id left in the word). Nobody but the owner
+        ever locks this mutex, so the word holds the live owner's thread id, or 0 with the
+        owner-died bit after the kernel released it for a dead owner, and stays that way.
+        """
+        word = self._word.value
+        return word & _FUTEX_TID_MASK != 0 and not word & _FUTEX_OWNER_DIED
 
 
 def _check(result: int, call: str) -> None:

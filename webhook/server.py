@@ -16,9 +16,13 @@ Extension points for the quota half (see ``webhook/quota_port.py``):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import ssl
+import struct
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +37,7 @@ from .config_source import ConfigFileError, read_config_file
 from .gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from .quota_port import NoQuota, QuotaDecider
 from .settings import Settings
+from .supervision import QuotaServiceSupervisor, SupervisingArbiter
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -47,21 +52,24 @@ class ServeError(Exception):
 QUOTA_SOCKET_ENV = "GPUQUOTA_QUOTA_SOCKET"
 
 
-def start_shared_services(settings: Settings) -> None:
+def start_shared_services(settings: Settings, supervisor: QuotaServiceSupervisor) -> None:
     """Start the quota service process in the gunicorn master, once, before workers are forked.
 
     Offline mode (``--state``) reads manifests; otherwise it lists and watches the cluster of
     ``--kubeconfig`` (in-cluster config without one). The socket path reaches the workers through
-    the environment they inherit from the master.
+    the environment they inherit from the master. ``supervisor`` starts it again when it dies.
     """
     from .quota_service import private_socket_path, start_service_process
 
+    def start(path: Path) -> subprocess.Popen[bytes]:
+        return start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
+                                     accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
+                                     stale_after_seconds=settings.stale_after_seconds,
+                                     reservation_ttl_seconds=settings.reservation_ttl_seconds,
+                                     max_reservations_per_caller=settings.max_reservations_per_caller)
+
     path = private_socket_path()
-    start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
-                          accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
-                          stale_after_seconds=settings.stale_after_seconds,
-                          reservation_ttl_seconds=settings.reservation_ttl_seconds,
-                          max_reservations_per_caller=settings.max_reservations_per_caller)
+    supervisor.start_with(start, path)
     os.environ[QUOTA_SOCKET_ENV] = str(path)
 
 
@@ -138,11 +146,21 @@ def configure_logging(level: str) -> None:
 
 
 class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn ships no type hints
-    def __init__(self, settings: Settings, config: ConversionConfig, options: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, config: ConversionConfig, options: dict[str, Any],
+                 supervisor: QuotaServiceSupervisor) -> None:
         self.settings = settings
         self.config = config
         self.options = options
+        self.supervisor = supervisor
         super().__init__()
+
+    def run(self) -> None:
+        # BaseApplication.run with gunicorn's arbiter replaced by one that keeps the quota service up.
+        try:
+            SupervisingArbiter(self, self.supervisor).run()
+        except RuntimeError as error:
+            print(f"Error: {error}", file=sys.stderr)
+            sys.exit(1)
 
     def load_config(self) -> None:
         for key, value in self.options.items():
@@ -223,6 +241,102 @@ def _check_cluster_source(settings: Settings) -> None:
         raise ServeError("not running in a cluster: give --kubeconfig for a live cluster or --state for manifests")
 
 
+def _check_state_file(settings: Settings) -> None:
+    """Load ``--state`` here, the way the quota service will, so a file it cannot use stops the
+    server with one line before anything is served (else the service would die in its own
+    process and leave a server that is alive but never ready)."""
+    if settings.state_path is None:
+        return
+    # Before the metrics directory is set: the quota modules create their metrics at import,
+    # and this process must not write them to the directory the workers report from.
+    from .quota_service import load_state_file
+    from .quota_state import QuotaState
+
+    try:
+        load_state_file(QuotaState(), settings.state_path)
+    except ValueError as error:  # every reader and tree check of the core raises a ValueError
+        text = str(error)
+        raise ServeError(text if text.startswith(str(settings.state_path)) else
+                         f"{settings.state_path}: {text}") from None
+
+
+def _check_kubeconfig(settings: Settings) -> None:
+    """A kubeconfig the quota service could not load stops the server here, in one line."""
+    if settings.kubeconfig_path is None:
+        return
+    from kubeaccess.kube import KubeAccessError, connect
+
+    try:
+        connect(str(settings.kubeconfig_path), settings.context).close()  # type: ignore[no-untyped-call]
+    except KubeAccessError as error:
+        raise ServeError(str(error)) from None
+
+
+class PortClaim:
+    """This server's claim on its address, held by the master for as long as it runs.
+
+    The workers listen with SO_REUSEPORT (see webhook.gunicorn_conf), which lets any process of
+    the same user join the same port: a second ``gpuquota serve`` on it would start, take half the
+    connections and keep its own quota ledger, so a quota could be spent twice. Two checks
+    prevent that:
+
+    - an abstract Unix socket named after the address (Linux; scoped, like the TCP port, to the
+      network namespace, and released by the kernel however the master dies): a second server
+      finds it taken, even when both start at the same moment, and learns the first one's pid;
+    - a bind of the TCP address without SO_REUSEPORT, closed at once: it fails while any other
+      process (another server, or anything else) listens there, before workers would crash-loop
+      on it.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = f"{host}:{port}"
+        self._lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"\0gpuquota-serve:{self.address}"
+        try:
+            self._lock.bind(name)
+            self._lock.listen(8)  # so a second server can ask who holds it (SO_PEERCRED)
+        except OSError as error:
+            self._lock.close()
+            if error.errno != errno.EADDRINUSE:
+                raise ServeError(f"cannot claim {self.address}: {error.strerror or error}") from None
+            raise ServeError(f"{self.address} is already served by another gpuquota serve{_holder(name)}: "
+                             "two servers on one port would keep two quota ledgers") from None
+        try:
+            _probe_tcp(host, port)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def release(self) -> None:
+        self._lock.close()
+
+
+def _holder(name: str) -> str:
+    """" (pid N)" of the process holding the abstract socket ``name``, or "" if it cannot be told."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.settimeout(1.0)
+            peer.connect(name)
+            pid, _uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                  struct.calcsize("3i")))
+    except OSError:
+        return ""
+    return f" (pid {pid})"
+
+
+def _probe_tcp(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR, as gunicorn binds: connections of an earlier run in TIME_WAIT do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ServeError(f"cannot listen on {host}:{port}: another process listens on that port") from None
+            raise ServeError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
 def run(settings: Settings) -> None:
     """Start gunicorn in this process and return when it stops."""
     if settings.workers < 1 or settings.threads < 1:
@@ -232,8 +346,20 @@ def run(settings: Settings) -> None:
     _check_client_ca(settings.client_ca_path)
     _check_cluster_source(settings)
     _check_accounting(settings)
+    _check_kubeconfig(settings)
+    _check_state_file(settings)
+    claim = PortClaim(settings.host, settings.port)
+    try:
+        _serve(settings, config)
+    finally:
+        claim.release()
+
+
+def _serve(settings: Settings, config: ConversionConfig) -> None:
     directory = _metrics_directory(settings)
     _enable_multiprocess_metrics(directory)
     configure_logging(settings.log_level)
-    options = gunicorn_options(settings, directory, start_shared_services, remove_shared_services_files)
-    WebhookApplication(settings, config, options).run()
+    supervisor = QuotaServiceSupervisor()
+    options = gunicorn_options(settings, directory, lambda started: start_shared_services(started, supervisor),
+                               remove_shared_services_files)
+    WebhookApplication(settings, config, options, supervisor).run()

@@ -8,6 +8,7 @@ process on one real shared region; processes that die holding its locks are real
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,80 @@ def test_limits_beyond_64_bits_are_published_and_decided_exactly(tmp_path: Path)
     # Quoted in the format the quota was written in (1e30), as Kubernetes prints quantities.
     assert refused.message == (f"exceeded quota: team/team-a, requested: {RATIO}=1, "
                                f"used: {RATIO}=1e30, limited: {RATIO}=1e30")
+
+
+def test_a_killed_service_stays_dead_for_every_look_of_every_process(tmp_path: Path) -> None:
+    # A trylock-based look answered "alive" from the third look on (glibc leaves a robust mutex
+    # that a dead owner's finder unlocked unrepaired not recoverable, then EBUSY), and workers went
+    # on admitting from totals nobody maintained.
+    state = QuotaState()
+    region = SharedRegion.create(tmp_path / "quota.region", 500)
+    state.publisher = Publisher(region)
+    state.load([quota("team-a", "1000")])
+    service = Recorder(state)
+    read, write = os.pipe()
+    owner = os.fork()
+    if owner == 0:  # the service: holds the alive mutex, says so, and waits to be killed
+        held = SharedRegion.open(tmp_path / "quota.region")
+        assert held is not None and held.alive_mutex.try_lock() == (True, False)
+        os.write(write, b"held")
+        while True:
+            signal.pause()  # until killed
+    assert os.read(read, 4) == b"held"
+    worker = FastAdmission(tmp_path / "quota.region", service)
+    assert region.alive_mutex.owner_alive() is True
+    assert worker.admit_pod(admission("before", "1")).allowed and service.asked == []
+    os.kill(owner, signal.SIGKILL)
+    os.waitpid(owner, 0)
+
+    looks = []
+    for _ in range(2):  # two other worker processes look five times each
+        child = os.fork()
+        if child == 0:
+            seen = SharedRegion.open(tmp_path / "quota.region")
+            os._exit(sum(seen is not None and seen.alive_mutex.owner_alive() for _ in range(5)))
+        looks.append(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+    assert looks == [0, 0]
+    assert [region.alive_mutex.owner_alive() for _ in range(5)] == [False] * 5
+    names = [f"after-{n}" for n in range(6)]
+    for name in names:
+        assert worker.admit_pod(admission(name, "1")).allowed
+    assert service.asked == names  # every one decided by the service, none from the frozen totals
+
+
+def test_a_region_made_by_a_new_service_is_read_with_its_own_tree(tmp_path: Path) -> None:
+    # The old service's tree and the new one's both have generation 1; deciding from the old
+    # tree against the new totals would admit what the new tree's limit refuses.
+    path = tmp_path / "quota.region"
+    old_state = QuotaState()
+    old_region = SharedRegion.create(path, 500)
+    old_state.publisher = Publisher(old_region)
+    old_state.load([quota("team-a", "1000")])
+    read, write = os.pipe()
+    owner = os.fork()
+    if owner == 0:
+        held = SharedRegion.open(path)
+        assert held is not None and held.alive_mutex.try_lock() == (True, False)
+        os.write(write, b"held")
+        while True:
+            signal.pause()
+    assert os.read(read, 4) == b"held"
+    new_state = QuotaState()
+    service = Recorder(new_state)
+    worker = FastAdmission(path, service)
+    assert worker.admit_pod(admission("old", "100")).allowed and service.asked == []  # from the old tree
+    os.kill(owner, signal.SIGKILL)
+    os.waitpid(owner, 0)
+
+    path.unlink()  # what the master does before it starts the new service
+    new_region = SharedRegion.create(path, 500)
+    new_state.publisher = Publisher(new_region)
+    new_state.publisher.hold_alive()
+    new_state.load([quota("team-a", "10")])
+    assert new_region.generation == old_region.generation
+
+    assert worker.admit_pod(admission("dead", "100")).allowed is False  # dead region dropped: the service answers
+    refused = worker.admit_pod(admission("new", "100"))
+    assert refused.allowed is False and refused.code == 403
+    assert "limited: koordinator.sh/gpu-memory-ratio=10" in refused.message
+    assert worker.admit_pod(admission("fits", "5")).allowed and service.asked == ["dead", "new"]

@@ -1,5 +1,8 @@
 """A real ``gpuquota serve`` whose quota service has died: what still passes, what is refused.
 
+The master replaces a dead service within about a second (test_quota_service_heals.py); it is
+stopped (SIGSTOP) here so that the outage lasts as long as the test looks at it.
+
 Validation fails closed when the quota view is gone (503 QuotaServiceDown), but an UPDATE that
 cannot change what any quota counts needs no decision: the finalizer and label changes a GPU pod
 goes through on its way out must not be refused because of an outage.
@@ -58,9 +61,20 @@ def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_noth
 
     service = quota_service_pid(server.pid)
     directory = quota_service_directory(server.pid)
-    os.kill(service, signal.SIGKILL)
-    wait_dead(service)
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        os.kill(service, signal.SIGKILL)
+        wait_dead(service)
+        refused_while_dead(server, running, relabelled)
+        # A killed service cannot remove its socket and shared region; the master does as it exits.
+        assert directory.exists()
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    server.stop()
+    assert not directory.exists()
 
+
+def refused_while_dead(server: WebhookProcess, running: dict[str, Any], relabelled: dict[str, Any]) -> None:
     assert validate(server, review(relabelled, operation="UPDATE", old=running))["allowed"] is True
     moved = pod("p", resources=CANONICAL, labels={"quota.scheduling.koordinator.sh/name": "team-nlp"})
     for document in (review(pod("q", resources=CANONICAL)),  # a create needs a decision
@@ -77,8 +91,3 @@ def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_noth
     assert status == 200
     assert b"\ngpuquota_ready 0.0\n" in metrics
     assert b"gpuquota_quota_used{" not in metrics and b"gpuquota_quota_limit{" not in metrics
-
-    # A killed service cannot remove its socket and shared region; the master does as it exits.
-    assert directory.exists()
-    server.stop()
-    assert not directory.exists()

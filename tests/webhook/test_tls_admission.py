@@ -23,9 +23,10 @@ from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess, generate_certs
 
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
 from gpuquota_core.jsonpatch import apply
+from webhook.settings import MAX_BODY_BYTES
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-MAX_BODY_BYTES = 3 * 1024 * 1024
+MIB = 1024 * 1024
 
 
 @pytest.fixture
@@ -185,7 +186,7 @@ def test_malformed_reviews_get_400_with_the_reason(offline_webhook: WebhookProce
 
 def test_oversized_body_is_refused_before_it_is_read(offline_webhook: WebhookProcess,
                                                      session: requests.Session) -> None:
-    # Only the headers are sent: a server that waited for the 4 MiB body (or parsed it) would
+    # Only the headers are sent: a server that waited for the 8 MiB body (or parsed it) would
     # never answer, so an answer proves the cut-off happens on Content-Length alone.
     with socket.create_connection((LOOPBACK, offline_webhook.port), timeout=10) as raw, \
             offline_webhook.ssl_context().wrap_socket(raw, server_hostname=LOOPBACK) as tls:
@@ -213,7 +214,7 @@ def test_a_chunked_review_is_read_to_its_end(offline_webhook: WebhookProcess, se
 
 
 def test_an_oversized_chunked_review_is_refused(offline_webhook: WebhookProcess, session: requests.Session) -> None:
-    pieces = (b"x" * (1024 * 1024) for _ in range(4))  # 4 MiB, over the 3 MiB cap, never announced
+    pieces = (b"x" * MIB for _ in range(MAX_BODY_BYTES // MIB + 1))  # over the cap, never announced
 
     answer = session.post(offline_webhook.url + "/validate-pods", data=pieces, headers=JSON_HEADERS, timeout=10)
 
@@ -314,3 +315,32 @@ def test_readme_quota_example_is_refused_with_the_native_message(offline_webhook
         "requested: koordinator.sh/gpu-core=900,koordinator.sh/gpu-memory-ratio=900, "
         "used: koordinator.sh/gpu-core=200,koordinator.sh/gpu-memory-ratio=200, "
         "limited: koordinator.sh/gpu-core=400,koordinator.sh/gpu-memory-ratio=400")
+
+
+def pod_of_json_size(name: str, size: int, labels: dict[str, str]) -> dict[str, Any]:
+    """A GPU pod whose JSON is about ``size`` bytes: the bulk in environment variables, as in large pods."""
+    value = "v" * 1000
+    count = size // (len(value) + 40)
+    containers = [{"name": "main", "image": "registry.example/train:1",
+                   "env": [{"name": f"SETTING_{index:06d}", "value": value} for index in range(count)],
+                   "resources": {"requests": {"koordinator.sh/gpu-core": "100",
+                                              "koordinator.sh/gpu-memory-ratio": "100"},
+                                 "limits": {"koordinator.sh/gpu-core": "100",
+                                            "koordinator.sh/gpu-memory-ratio": "100"}}}]
+    return pod(name, containers=containers, labels=labels)
+
+
+@pytest.mark.parametrize("path", ["/mutate-pods", "/validate-pods"])
+def test_the_largest_review_the_api_server_sends_is_answered(offline_webhook: WebhookProcess,
+                                                             session: requests.Session, path: str) -> None:
+    # An UPDATE (a label change) of a pod at etcd's limit: object and oldObject are each about
+    # 3 MiB of JSON (twice the 1.5 MiB stored protobuf), so the review is over 6 MiB.
+    old = pod_of_json_size("huge", 3 * MIB, {"app": "trainer"})
+    new = pod_of_json_size("huge", 3 * MIB, {"app": "trainer", "stage": "eval"})
+    payload = body(review(new, operation="UPDATE", old=old))
+    assert len(payload) > 6 * MIB
+
+    answer = session.post(offline_webhook.url + path, data=payload, headers=JSON_HEADERS, timeout=30)
+
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["response"]["allowed"] is True
