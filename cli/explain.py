@@ -95,6 +95,9 @@ class _SnapshotDecider:
         self.state = state
         self.reservations = reservations
 
+    def alive(self) -> tuple[bool, str]:
+        return True, "explain decides in this process"
+
     def ready(self) -> tuple[bool, str]:
         return self.state.ready()
 

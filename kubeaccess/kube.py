@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
