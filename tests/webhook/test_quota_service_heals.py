@@ -129,5 +129,5 @@ def test_a_service_that_cannot_start_again_stops_the_server_non_zero(server: Web
         raise AssertionError(f"still running:\n{server.tail()}") from None
     assert code != 0
     log = server.log_text()
-    assert f"quota service: cannot start: {tmp_path}/state.yaml: not valid YAML or JSON" in log
+    assert f"quota service: cannot start: {tmp_path}/state.yaml:" in log and "not valid YAML" in log
     assert "Traceback" not in log
