@@ -61,6 +61,9 @@ class PodMutation:
     asks_gpu: bool = False
     # Why the rewrite was not applied, or what to know about where the pod can land (full text).
     warnings: tuple[str, ...] = ()
+    # The resources a rewrite would have replaced, when it was not applied (admission_mutation).
+    left_sources: tuple[str, ...] = ()
+    left_reason: str = ""
 
     @property
     def changed(self) -> bool:
@@ -98,7 +101,8 @@ def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | 
     if mutation.changed:
         decision = decide_rewrite(config.rewrite, constraints, mutation.rewritten_sources, mutation.needs, nodes)
         if not decision.rewrite:
-            mutation = replace(mutation, patch=(), rewrites=(), summary=(), rewritten_sources=())
+            mutation = replace(mutation, patch=(), rewrites=(), summary=(), rewritten_sources=(),
+                               left_sources=mutation.rewritten_sources, left_reason=decision.reason)
         warnings.extend(decision.warnings)
     if mutation.asks_gpu:
         mixed = mixed_node_warning(constraints, nodes)

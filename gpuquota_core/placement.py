@@ -381,6 +381,8 @@ def _where(constraints: Constraints, reach: _Reach, view: NodeView) -> str:
     """The subject of "... advertises <names>": which nodes were looked at."""
     if constraints.unreadable:
         return f"its scheduling constraints cannot be read ({constraints.unreadable}), so no node"
+    if not view.nodes:
+        return "no node is listed, so none"
     if reach.count == 0:
         return (f"none of the {len(view.nodes)} node(s) listed can take this pod (nodeName, nodeSelector, "
                 "required node affinity, taints), so none")
@@ -457,3 +459,21 @@ def spec_resources(spec: object) -> Iterator[tuple[str, object]]:
                 values = resources.get(section) if isinstance(resources, Mapping) else None
                 if isinstance(values, Mapping):
                     yield from values.items()
+
+
+# -- the published form ---------------------------------------------------------------------------
+# The quota service watches the nodes; the webhook workers read this document of them (one per
+# generation, replaced whole). Each node is [name, labels, [[key, value, effect], ...], [resources]].
+
+def encode_nodes(nodes: Iterable[NodeSummary], generation: int) -> dict[str, Any]:
+    return {"generation": generation,
+            "nodes": [[n.name, dict(n.labels), [[t.key, t.value, t.effect] for t in n.taints], sorted(n.resources)]
+                      for n in nodes]}
+
+
+def decode_nodes(document: Mapping[str, Any]) -> NodeView:
+    intern = sys.intern
+    return NodeView((NodeSummary(name, {intern(k): intern(v) for k, v in labels.items()},
+                                 tuple(Taint(intern(key), value, intern(effect)) for key, value, effect in taints),
+                                 frozenset(intern(r) for r in resources))
+                     for name, labels, taints, resources in document["nodes"]), int(document["generation"]))

@@ -34,6 +34,12 @@ REWRITES = Counter(
     "Container resources rewritten into the canonical form, by the resource name the user asked for.",
     ["resource"],
 )
+LEFT_AS_WRITTEN = Counter(
+    "gpuquota_left_as_written",
+    "Pods whose GPU request the rewrite would change but left as written (rewrite: auto found no node the pod "
+    "can reach that advertises the canonical names, or had not listed the nodes yet).",
+    ["resource"],
+)
 DENIALS = Counter(
     "gpuquota_denials",
     "Admission requests denied, by endpoint and reason (Invalid, BadRequest, QuotaExceeded, ...).",

@@ -26,6 +26,8 @@ from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
+from .node_view import NodeState, nodes_path
+from .node_view import files_of as node_view_files
 from .quota_loop import ServiceLoop
 from .quota_port import PodAdmission, Verdict
 from .quota_publisher import Publisher
@@ -119,9 +121,12 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
                        max_reservations_per_caller=max_reservations_per_caller)
     if accounting == LOCAL:
         share_with_workers(state, path)
+    nodes = NodeState(nodes_path(path))
     if state_path is not None:
         serve(state, path)
-        state.load(load_objects(str(state_path)))
+        objects = load_objects(str(state_path))
+        nodes.load(objects)
+        state.load(objects)
     else:
         from kubeaccess.kube import connect
 
@@ -138,7 +143,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
                              daemon=True, name="ledger-reconciler").start()
             admitter = strict
         serve(state, path, admitter=admitter)
-        start_live_sync(state, api)
+        start_live_sync(state, api, nodes=nodes)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     # SIGTERM exits through the same cleanup as the parent's end.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
@@ -155,7 +160,8 @@ def remove_private_files(socket_path: Path) -> None:
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
-    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path))):
+    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path)),
+                    *node_view_files(nodes_path(socket_path))):
         created.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # not empty, or gone already
         socket_path.parent.rmdir()

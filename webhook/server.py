@@ -21,6 +21,7 @@ import os
 import ssl
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,8 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from flask import Flask
+
+    from gpuquota_core.placement import NodeView
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -112,6 +115,16 @@ def build_quota_decider(settings: Settings) -> QuotaDecider:
     return FastAdmission(region_path(Path(socket_path)), client)
 
 
+def build_node_view() -> Callable[[], NodeView | None]:
+    """A worker's view of the nodes the quota service publishes (webhook.node_view)."""
+    socket_path = os.environ.get(QUOTA_SOCKET_ENV)
+    if not socket_path:
+        return lambda: None
+    from .node_view import NodeViewReader, nodes_path
+
+    return NodeViewReader(nodes_path(Path(socket_path))).current
+
+
 def load_conversion_config(path: Path | None) -> ConversionConfig:
     """The conversion table and enforcement modes from a YAML file, or the built-in defaults without one.
 
@@ -155,7 +168,7 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
         from .app import create_app
 
         return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
-                          config_path=self.settings.config_path)
+                          config_path=self.settings.config_path, nodes=build_node_view())
 
 
 def _check_tls_files(settings: Settings) -> None:
