@@ -12,6 +12,7 @@ import yaml
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.convert import ConvertedObject, convert_object
+from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from kubeaccess.manifests import ManifestError, load_objects
@@ -19,6 +20,8 @@ from kubeaccess.manifests import ManifestError, load_objects
 from .errors import CommandError
 
 UNSCHEDULABLE_EXIT = 1
+NO_NODES = ("no Node objects in the input: rewrote as `rewrite: always` would; give the cluster's nodes too "
+            "(e.g. -f nodes.yaml) to decide as the webhook does")
 
 
 @click.command()
@@ -31,7 +34,9 @@ UNSCHEDULABLE_EXIT = 1
 def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> None:
     """Print manifests with GPU requests in the canonical form the webhook stores.
 
-    What was rewritten goes to stderr. Exit 1 when a result would still be refused by
+    With Node objects among the input, a pod (or template) is rewritten only where the webhook
+    would: when a node it can be scheduled on advertises the canonical names (``rewrite: auto``).
+    What was rewritten, or left and why, goes to stderr. Exit 1 when a result would still be refused by
     /validate-pods (the reason is printed), 2 on bad flags or files.
     """
     # Imported here: the server module is a third of a second of every gpuquota command's start-up.
@@ -45,12 +50,15 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     except RecursionError:
         # PyYAML's constructor recurses: a hostile document nested thousands deep ends here.
         raise CommandError("input is nested too deeply to read") from None
+    nodes = NodeView.from_objects(objects)
     converted: list[ConvertedObject] = []
     for obj in objects:
         try:
-            converted.append(convert_object(obj, config))
+            converted.append(convert_object(obj, config, nodes))
         except (PodShapeError, QuantityError) as error:
             raise CommandError(f"{_ref(obj)}: {error}") from None
+    if nodes is None and config.rewrite is RewritePolicy.AUTO and any(item.summary for item in converted):
+        click.echo(NO_NODES, err=True)
     for item in converted:
         for line in item.summary:
             click.echo(f"{item.ref}: rewrote {line}", err=True)

@@ -389,6 +389,15 @@ def _where(constraints: Constraints, reach: _Reach, view: NodeView) -> str:
     return f"none of the {reach.count} node(s) this pod can be scheduled on ({named(reach.names)})"
 
 
+def unadvertised(constraints: Constraints, needs: Iterable[str], view: NodeView) -> str | None:
+    """None when a node the pod can be scheduled on advertises every name in ``needs``, else why not."""
+    needed = frozenset(needs)
+    reach = _NOWHERE if constraints.unreadable else _reach(constraints, needed, view)
+    if reach.advertising:
+        return None
+    return f"{_where(constraints, reach, view)} advertises {', '.join(sorted(needed))}"
+
+
 def decide_rewrite(policy: RewritePolicy, constraints: Constraints, sources: Iterable[str],
                    needs: Iterable[str], view: NodeView | None) -> RewriteDecision:
     """Whether a pod whose rewrite would replace ``sources`` with ``needs`` is rewritten.
@@ -407,14 +416,13 @@ def decide_rewrite(policy: RewritePolicy, constraints: Constraints, sources: Ite
         reason = (f"the webhook has not listed the cluster's nodes yet, so it cannot tell whether a node this "
                   f"pod can reach advertises {need_text}")
         return RewriteDecision(False, (f"gpuquota left {source_text} as written: {reason}",), reason)
-    reach = _NOWHERE if constraints.unreadable else _reach(constraints, needed, view)
-    if reach.advertising:
+    why = unadvertised(constraints, needed, view)
+    if why is None:
         return RewriteDecision(True)
-    reason = f"{_where(constraints, reach, view)} advertises {need_text}"
     if policy is RewritePolicy.ALWAYS:
-        return RewriteDecision(True, (f"gpuquota rewrote {source_text} (rewrite: always) although {reason}; "
+        return RewriteDecision(True, (f"gpuquota rewrote {source_text} (rewrite: always) although {why}; "
                                       "the pod may stay Pending",))
-    return RewriteDecision(False, (f"gpuquota left {source_text} as written: {reason}",), reason)
+    return RewriteDecision(False, (f"gpuquota left {source_text} as written: {why}",), why)
 
 
 def mixed_node_warning(constraints: Constraints, view: NodeView | None) -> str | None:
@@ -444,7 +452,7 @@ def nonzero_names(resources: Iterable[tuple[str, object]]) -> frozenset[str]:
 
 
 def gpu_names(resources: Iterable[tuple[str, object]]) -> frozenset[str]:
-    return frozenset(name for name in nonzero_names(resources) if is_gpu_name(name))
+    return nonzero_names((name, raw) for name, raw in resources if is_gpu_name(name))
 
 
 def spec_resources(spec: object) -> Iterator[tuple[str, object]]:
