@@ -264,3 +264,12 @@ def test_convert_applies_the_same_rule_to_templates() -> None:
     assert left.notes[0].startswith("gpuquota left nvidia.com/gpu as written: none of the 1 node(s)")
     # No nodes to look at: what a rewrite would store.
     assert convert_object(deployment, load_config(None), None).summary
+
+
+def test_one_view_remembers_decisions_per_constraints_not_per_shape() -> None:
+    config = load_config(None)
+    pinned, free = gpu_pod(nodeSelector={"pool": "whole"}), gpu_pod()
+
+    for _ in range(2):  # the second round answers from the view's memo: still per constraints
+        assert not admission_mutation(pinned, config, CLUSTER).changed
+        assert admission_mutation(free, config, CLUSTER).changed

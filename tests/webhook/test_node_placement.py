@@ -138,3 +138,36 @@ def test_an_unknown_policy_stops_serve_before_it_serves(tmp_path: Path) -> None:
 
     assert result.returncode == 2
     assert result.stderr == f"Error: {config}: rewrite must be one of auto, always, never, not 'sometimes'\n"
+
+
+# -- the README's walkthrough on the example cluster (examples/cluster: gpu-whole-0 is vendor-only) ---
+
+MUTATE_EXAMPLE = REPO_ROOT / "examples" / "requests" / "mutate-pod.json"
+MIXED_WARNING = ("gpuquota: this pod can be scheduled on gpu-mixed-0, which advertise(s) both a vendor GPU name and "
+                 "koordinator.sh/gpu-* for the same cards: the device plugin and Koordinator may hand out one card "
+                 "twice (audit check node-mixed-gpu-resources)")
+
+
+def test_the_readme_example_is_rewritten_and_warned_about_the_mixed_node(offline_webhook: WebhookProcess) -> None:
+    document = json.loads(MUTATE_EXAMPLE.read_text(encoding="utf-8"))
+
+    response = post_review(offline_webhook, "/mutate-pods", document)
+
+    assert response["warnings"] == [
+        'gpuquota rewrote container "trainer" nvidia.com/gpu: 2 -> koordinator.sh/gpu-core: 200, '
+        "koordinator.sh/gpu-memory-ratio: 200", MIXED_WARNING]
+    stored = apply(document["request"]["object"], json.loads(base64.b64decode(response["patch"])))
+    assert stored["spec"]["containers"][0]["resources"]["limits"] == {
+        "koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
+
+
+def test_the_readme_example_pinned_to_the_vendor_only_node_is_left(offline_webhook: WebhookProcess) -> None:
+    document = json.loads(MUTATE_EXAMPLE.read_text(encoding="utf-8"))
+    document["request"]["object"]["spec"]["nodeName"] = "gpu-whole-0"
+
+    response = post_review(offline_webhook, "/mutate-pods", document)
+
+    assert "patch" not in response
+    assert response["warnings"] == [
+        "gpuquota left nvidia.com/gpu as written: none of the 1 node(s) this pod can be scheduled on (gpu-whole-0) "
+        "advertises koordinator.sh/gpu-core, koordinator.sh/gpu-memory-ratio"]
