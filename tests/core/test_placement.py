@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuquota_core.conversion import load_config
 from gpuquota_core.convert import convert_object
@@ -273,3 +275,24 @@ def test_one_view_remembers_decisions_per_constraints_not_per_shape() -> None:
     for _ in range(2):  # the second round answers from the view's memo: still per constraints
         assert not admission_mutation(pinned, config, CLUSTER).changed
         assert admission_mutation(free, config, CLUSTER).changed
+
+
+# -- hostile input: the decision answers, it never raises -----------------------------------------
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=6), st.sampled_from(
+    ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Equal", "NoSchedule", "NoExecute", "pool", "whole", "8"]))
+_KEYS = st.one_of(st.sampled_from(["nodeName", "nodeSelector", "affinity", "nodeAffinity", "tolerations",
+                                   "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms",
+                                   "matchExpressions", "matchFields", "key", "operator", "values", "value",
+                                   "effect", "pool"]), st.text(max_size=6))
+_JSON = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(_KEYS, inner, max_size=3)), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.dictionaries(_KEYS, _JSON, max_size=4))
+def test_any_scheduling_fields_get_an_answer(fields: dict[str, Any]) -> None:
+    pod = gpu_pod()
+    pod["spec"].update(fields)
+    mutation = admission_mutation(pod, load_config(None), CLUSTER)
+    assert mutation.changed or mutation.warnings
