@@ -35,8 +35,10 @@ from .quota import (
     spec_shape_key,
 )
 from .resources import (
+    DEPRECATED_RENAMES,
     GPU_CORE,
     GPU_MEMORY_RATIO,
+    GPU_SHARED,
     PERCENT_PER_CARD,
     RESOURCEQUOTA_PREFIXES,
     VENDOR_WHOLE_GPU_NAMES,
@@ -445,6 +447,9 @@ def check_gpu_placement(pods: Iterable[Mapping[str, Any]], workloads: Iterable[M
 
 def _check_placement(spec: Mapping[str, Any], asked: frozenset[str], kind: str, obj: Mapping[str, Any],
                      nodes: NodeView, report: AuditReport) -> None:
+    # As Koordinator's scheduler reads them: deprecated names renamed; gpu.shared is the device
+    # count its own webhook adds, a scheduling hint nodes publish only behind a feature gate.
+    asked = frozenset(DEPRECATED_RENAMES.get(name, name) for name in asked) - {GPU_SHARED}
     if not asked:
         return
     reason = unadvertised(constraints_of(spec), asked, nodes)

@@ -29,7 +29,7 @@ from typing import Any
 
 from .memo import BoundedMemo
 from .quantity import QuantityError, parse_quantity
-from .resources import GpuFamily, families_of, is_gpu_name
+from .resources import DEPRECATED_RENAMES, GpuFamily, families_of, is_gpu_name
 
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 NO_SCHEDULE, NO_EXECUTE = "NoSchedule", "NoExecute"
@@ -98,7 +98,9 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
     if spec.get("unschedulable") is True:
         taints.append(Taint(UNSCHEDULABLE_TAINT_KEY, "", NO_SCHEDULE))
     status = node.get("status")
-    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    status = status if isinstance(status, Mapping) else {}
+    # The API server defaults a missing allocatable to the capacity; manifests may carry only that.
+    allocatable = status.get("allocatable") if "allocatable" in status else status.get("capacity")
     resources: set[str] = set()
     if isinstance(allocatable, Mapping):
         for resource, amount in allocatable.items():
@@ -107,6 +109,9 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
             try:
                 if isinstance(amount, (str, int, float)) and parse_quantity(amount).amount > 0:
                     resources.add(sys.intern(resource))
+                    # Koordinator's informers rename deprecated names (koordinator.md §1.1).
+                    if resource in DEPRECATED_RENAMES:
+                        resources.add(DEPRECATED_RENAMES[resource])
             except QuantityError:
                 continue
     return NodeSummary(name, labels, tuple(taints), frozenset(resources))
@@ -167,10 +172,6 @@ class Constraints:
     terms: tuple[Term, ...] | None = None  # None: no required node affinity
     tolerations: tuple[Toleration, ...] = ()
     unreadable: str = ""  # why the constraints could not be read ("" = they could): no node matches
-
-    @property
-    def constrained(self) -> bool:
-        return bool(self.node_name is not None or self.node_selector or self.terms is not None or self.unreadable)
 
 
 NO_CONSTRAINTS = Constraints()

@@ -72,3 +72,12 @@ def test_a_template_is_judged_as_the_webhook_would_store_its_pods() -> None:
 
 def test_without_nodes_nothing_is_said() -> None:
     assert unadvertised([pod("vendor-on-shared", {NVIDIA: "1"}, "shared")]) == {}
+
+
+def test_names_as_koordinators_scheduler_reads_them() -> None:
+    # gpu.shared is added by Koordinator's own webhook; kubernetes.io/gpu-core is renamed by its informers.
+    shared = pod("shared-hint", {CORE: "100", RATIO: "100", "koordinator.sh/gpu.shared": "1"}, "shared")
+    deprecated = pod("deprecated", {"kubernetes.io/gpu-core": "100", "kubernetes.io/gpu-memory-ratio": "100"},
+                     "shared")
+
+    assert unadvertised([*NODES, shared, deprecated]) == {}
