@@ -88,7 +88,8 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
     spec = node.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
     taints: list[Taint] = []
-    for raw in spec.get("taints") or () if isinstance(spec.get("taints"), list) else ():
+    raw_taints = spec.get("taints")
+    for raw in raw_taints if isinstance(raw_taints, list) else ():
         if not isinstance(raw, Mapping) or not isinstance(raw.get("key"), str):
             continue
         value = raw.get("value")
