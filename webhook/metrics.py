@@ -36,8 +36,9 @@ REWRITES = Counter(
 )
 LEFT_AS_WRITTEN = Counter(
     "gpuquota_left_as_written",
-    "Pods whose GPU request the rewrite would change but left as written (rewrite: auto found no node the pod "
-    "can reach that advertises the canonical names, or had not listed the nodes yet).",
+    "Pod GPU requests the rewrite would change but left as written, by the resource name the user asked for: "
+    "rewrite: auto found no node the pod can reach that advertises the canonical names (or had not listed the "
+    "nodes yet), or rewrite: never.",
     ["resource"],
 )
 DENIALS = Counter(

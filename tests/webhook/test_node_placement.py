@@ -77,6 +77,9 @@ def test_a_pod_that_reaches_only_the_vendor_node_is_left_and_told_why(server: We
     assert "patch" not in response
     assert requests_of(stored) == {"nvidia.com/gpu": "1"}
     assert response["warnings"] == [LEFT_ON_WHOLE]
+    status, metrics = server.get("/metrics")
+    assert status == 200
+    assert b'gpuquota_left_as_written_total{resource="nvidia.com/gpu"}' in metrics
 
 
 def test_a_pod_that_tolerates_the_sharing_node_is_rewritten(server: WebhookProcess) -> None:
