@@ -159,8 +159,8 @@ def isolated_namespace(api: Api) -> str:
 
 
 def test_under_the_shipped_role_the_webhook_sees_the_nodes(
-        api: Api, kubeconfig_path: Path, canonical_gpu_node: str, vendor_only_node: tuple[str, str],
-        isolated_namespace: str, tmp_path: Path) -> None:
+        api: Api, kubeconfig_path: Path, elasticquota_crd: object, canonical_gpu_node: str,
+        vendor_only_node: tuple[str, str], isolated_namespace: str, tmp_path: Path) -> None:
     node, pool = vendor_only_node
     left = (f"gpuquota left nvidia.com/gpu as written: none of the 1 node(s) this pod can be scheduled on ({node}) "
             f"advertises {CORE}, {RATIO}")
@@ -174,17 +174,20 @@ def test_under_the_shipped_role_the_webhook_sees_the_nodes(
 
 
 def test_before_the_nodes_are_listed_requests_are_left_as_written(
-        api: Api, kubeconfig_path: Path, canonical_gpu_node: str, isolated_namespace: str, tmp_path: Path) -> None:
+        api: Api, kubeconfig_path: Path, elasticquota_crd: object, canonical_gpu_node: str,
+        isolated_namespace: str, tmp_path: Path) -> None:
     # The role of the version before the node view: pods and quotas, no nodes. The node list never
     # completes, so the webhook never learns what any node advertises.
     role = webhook_role()
     role["rules"] = [{**rule, "resources": [r for r in rule["resources"] if r != "nodes"]} for rule in role["rules"]]
     not_listed = (f"gpuquota left nvidia.com/gpu as written: the webhook has not listed the cluster's nodes yet, so "
                   f"it cannot tell whether a node this pod can reach advertises {CORE}, {RATIO}")
-    with served_as(api, kubeconfig_path, tmp_path, role, isolated_namespace):
+    with served_as(api, kubeconfig_path, tmp_path, role, isolated_namespace) as server:
         eventually(lambda: not_listed in create(api, isolated_namespace, gpu_pod("probe"), dry_run=True)[1],
                    "the apiserver calls the webhook for the namespace", DEADLINE)
         stored, warning = create(api, isolated_namespace, gpu_pod("free"))
+        # What docs/deploy.md tells operators to look for.
+        assert "quota sync of Node failed" in server.log_path.read_text(encoding="utf-8", errors="replace")
 
     assert not_listed in warning
     assert stored["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
