@@ -268,3 +268,13 @@ def test_with_nodes_in_the_input_an_unpinned_pod_is_rewritten_without_the_notice
     assert code == 0
     assert err == ('Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
                    "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200\n")
+
+
+def test_rewrite_never_in_the_config_rewrites_nothing(tmp_path: Path) -> None:
+    (tmp_path / "pod.yaml").write_text(POD)
+    (tmp_path / "c.yaml").write_text("rewrite: never\n")
+
+    code, out, err = run("-f", str(tmp_path / "pod.yaml"), "--config", str(tmp_path / "c.yaml"), "-o", "patch")
+
+    assert (code, err) == (0, "")
+    assert json.loads(out)["patch"] == []
