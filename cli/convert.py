@@ -11,6 +11,7 @@ import click
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.convert import ConvertedObject, convert_object
+from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
@@ -18,6 +19,8 @@ from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 from .errors import CommandError, input_names
 
 UNSCHEDULABLE_EXIT = 1
+NO_NODES = ("no Node objects in the input: rewrote as `rewrite: always` would; give the cluster's nodes too "
+            "(e.g. -f nodes.yaml) to decide as the webhook does")
 
 
 @click.command()
@@ -30,10 +33,12 @@ UNSCHEDULABLE_EXIT = 1
 def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> None:
     """Print manifests with GPU requests in the canonical form the webhook stores.
 
+    With Node objects among the input, a pod (or template) is rewritten only where the webhook
+    would: when a node it can be scheduled on advertises the canonical names (``rewrite: auto``).
     YAML output keeps the input's comments, key order, flow style and quoting: only the rewritten
-    resources and the original-resources annotation change. What was rewritten goes to stderr.
-    Exit 1 when a result would still be refused by /validate-pods (the reason is printed), 2 on bad
-    flags or files, or when the input holds no object.
+    resources and the original-resources annotation change. What was rewritten, or left and why,
+    goes to stderr. Exit 1 when a result would still be refused by /validate-pods (the reason is
+    printed), 2 on bad flags or files, or when the input holds no object.
     """
     # Imported here: the server module is a third of a second of every gpuquota command's start-up.
     from webhook.server import ServeError, load_conversion_config
@@ -49,12 +54,15 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     objects = [obj for source in sources for obj in source.objects]
     if not objects:
         raise CommandError(f"no objects in {input_names(paths)}: nothing to convert")
+    nodes = NodeView.from_objects(objects)
     converted: list[ConvertedObject] = []
     for obj in objects:
         try:
-            converted.append(convert_object(obj, config))
+            converted.append(convert_object(obj, config, nodes))
         except (PodShapeError, QuantityError) as error:
             raise CommandError(f"{_ref(obj)}: {error}") from None
+    if nodes is None and config.rewrite is RewritePolicy.AUTO and any(item.summary for item in converted):
+        click.echo(NO_NODES, err=True)
     for item in converted:
         for line in item.summary:
             click.echo(f"{item.ref}: rewrote {line}", err=True)

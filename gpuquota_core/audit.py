@@ -15,6 +15,7 @@ from . import collector
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .memo import BoundedMemo
+from .placement import NodeView, constraints_of, decide_rewrite, gpu_names, nonzero_names, spec_resources, unadvertised
 from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity
 from .quota import (
@@ -34,8 +35,10 @@ from .quota import (
     spec_shape_key,
 )
 from .resources import (
+    DEPRECATED_RENAMES,
     GPU_CORE,
     GPU_MEMORY_RATIO,
+    GPU_SHARED,
     PERCENT_PER_CARD,
     RESOURCEQUOTA_PREFIXES,
     VENDOR_WHOLE_GPU_NAMES,
@@ -405,6 +408,60 @@ def check_resourcequotas(objects: Iterable[Mapping[str, Any]], report: AuditRepo
                 {"keys": keys, "hard": {k: str(hard[k]) for k in keys}}))
 
 
+UNADVERTISED_CHECK = "gpu-request-unadvertised"
+
+
+def check_gpu_placement(pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]],
+                        nodes: NodeView, report: AuditReport, config: ConversionConfig = DEFAULT_CONFIG) -> None:
+    """GPU requests that no node the pod can be scheduled on advertises: such a pod stays Pending.
+
+    A pod is judged as stored (the webhook sees only creates); a workload's template as the webhook
+    would store the pods it creates: rewritten where the config's ``rewrite`` policy and the nodes
+    allow (gpuquota_core.placement, the webhook's own decision), else as written.
+    """
+    for pod in pods:
+        status = pod.get("status")
+        if isinstance(status, Mapping) and status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec")
+        if isinstance(spec, Mapping):
+            _check_placement(spec, gpu_names(spec_resources(spec)), "Pod", pod, nodes, report)
+    for obj in workloads:
+        template = template_of(obj)
+        spec = template.get("spec") if template is not None else None
+        if not isinstance(spec, Mapping):
+            continue
+        asked = gpu_names(spec_resources(spec))
+        try:
+            rewritten, rewrites, _, _ = canonicalize_pod_spec(spec, config)
+        except PodShapeError:
+            continue  # pod-invalid-gpu-request reports it
+        if rewrites:
+            needs = nonzero_names((name, amount) for r in rewrites for name, amount in r.outputs.items())
+            decision = decide_rewrite(config.rewrite, constraints_of(spec), [r.source for r in rewrites], needs,
+                                      nodes)
+            if decision.rewrite:
+                asked = gpu_names(spec_resources(rewritten))
+        _check_placement(spec, asked, str(obj.get("kind")), obj, nodes, report)
+
+
+def _check_placement(spec: Mapping[str, Any], asked: frozenset[str], kind: str, obj: Mapping[str, Any],
+                     nodes: NodeView, report: AuditReport) -> None:
+    # As Koordinator's scheduler reads them: deprecated names renamed; gpu.shared is the device
+    # count its own webhook adds, a scheduling hint nodes publish only behind a feature gate.
+    asked = frozenset(DEPRECATED_RENAMES.get(name, name) for name in asked) - {GPU_SHARED}
+    if not asked:
+        return
+    reason = unadvertised(constraints_of(spec), asked, nodes)
+    if reason is None:
+        return
+    namespace, name, _ = _meta(obj)
+    report.findings.append(Finding(
+        UNADVERTISED_CHECK, Severity.ERROR, kind, namespace, name,
+        f"asks for {', '.join(sorted(asked))}, but {reason}: it cannot be scheduled",
+        {"resources": sorted(asked)}))
+
+
 SCOPES = ("nodes", "quotas", "pods", "workloads", "resourcequotas")
 
 
@@ -439,6 +496,11 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
         check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
+    view = NodeView.from_objects(nodes)
+    if view is not None:  # without any Node object nothing can be said about placement
+        check_gpu_placement(pods if "pods" in wanted else [],
+                            [o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs]
+                            if "workloads" in wanted else [], view, report, config)
     report.findings.sort(key=lambda f: (f.kind, f.namespace, f.name, f.check))
     return report
 

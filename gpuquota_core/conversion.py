@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from .enforcement import DEFAULT_ENFORCEMENT, EnforcementConfig, EnforcementError, load_enforcement
+from .placement import RewritePolicy
 from .quantity import QuantityError, parse_quantity
 from .resources import (
     AMD_GPU,
@@ -29,7 +30,7 @@ from .resources import (
 
 GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
 CONFIG_KEYS: tuple[str, ...] = ("transformations", "gpuMemoryByModel", "gpuModelLabel", "renameDeprecated",
-                                 "enforcement")
+                                 "enforcement", "rewrite")
 RULE_KEYS: tuple[str, ...] = ("input", "outputs", "strategy", "wholeUnitsOnly")
 
 
@@ -75,6 +76,9 @@ class ConversionConfig:
     # Per-check enforce / warn / dry-run of /validate-pods (gpuquota_core.enforcement); it lives in
     # the same file so one reload swaps the table and the modes together.
     enforcement: EnforcementConfig = DEFAULT_ENFORCEMENT
+    # Whether a pod is rewritten at all (gpuquota_core.placement): only where a node it can reach
+    # advertises the canonical names (auto), regardless (always), or never (count only).
+    rewrite: RewritePolicy = RewritePolicy.AUTO
 
     def rule_for(self, name: str) -> ConversionRule | None:
         for rule in self.rules:
@@ -95,7 +99,8 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
 
     ``transformations: [{input, outputs: {name: qty}, strategy: Replace|Retain}]`` replaces the
     default table; ``gpuMemoryByModel: {model: 80Gi}`` enables bytes → ratio for pinned models;
-    ``enforcement: {default: enforce, checks: {QuotaExceeded: warn}}`` sets the enforcement modes.
+    ``enforcement: {default: enforce, checks: {QuotaExceeded: warn}}`` sets the enforcement modes;
+    ``rewrite: auto|always|never`` whether pods are rewritten (gpuquota_core.placement).
     """
     if document is None:
         return DEFAULT_CONFIG
@@ -127,7 +132,11 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
         enforcement = load_enforcement(document.get("enforcement"))
     except EnforcementError as error:
         raise ConfigError(str(error)) from None
-    return ConversionConfig(rules, models, model_label, rename, enforcement)
+    policies = [policy.value for policy in RewritePolicy]
+    raw_policy = document.get("rewrite", RewritePolicy.AUTO.value)
+    if raw_policy not in policies:
+        raise ConfigError(f"rewrite must be one of {', '.join(policies)}, not {raw_policy!r}")
+    return ConversionConfig(rules, models, model_label, rename, enforcement, RewritePolicy(raw_policy))
 
 
 def _mapping(value: object, where: str) -> Mapping[Any, Any]:

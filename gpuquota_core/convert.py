@@ -1,7 +1,10 @@
 """The mutating webhook's rewrite applied to whole manifests: pods and workloads' pod templates.
 
 ``gpuquota convert`` shows users what the webhook will store; it must be exactly the webhook's
-rewrite, so both go through :func:`canonical.canonicalize_pod`.
+rewrite, so both go through :func:`canonical.canonicalize_pod`, and whether it is applied is the
+webhook's decision too (:func:`placement.decide_rewrite`), made from the Node objects in the input.
+Without any, there are no nodes to look at: ``rewrite: auto`` then rewrites as ``always`` would
+(the CLI says so).
 """
 
 from __future__ import annotations
@@ -11,9 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .audit import TEMPLATE_PATHS
-from .canonical import canonicalize_pod
+from .canonical import CanonicalResult, canonicalize_pod
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .jsonpatch import Operation, copy_json, diff
+from .placement import (
+    NodeView,
+    RewritePolicy,
+    constraints_of,
+    decide_rewrite,
+    gpu_names,
+    mixed_node_warning,
+    nonzero_names,
+    spec_resources,
+)
 from .podspec import PodShapeError, as_mapping, pod_requests, read_containers
 from .validation import GpuRequestProblem, validate_pod_gpu
 
@@ -43,8 +56,12 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:
             str(metadata.get("name") or metadata.get("generateName") or "?"))
 
 
-def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG) -> ConvertedObject:
-    """The object with canonical GPU requests; raises PodShapeError on an unreadable pod spec."""
+def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG,
+                   nodes: NodeView | None = None) -> ConvertedObject:
+    """The object with canonical GPU requests; raises PodShapeError on an unreadable pod spec.
+
+    ``nodes``: the Node objects to decide with, as the webhook does; None: no nodes to look at.
+    """
     kind, namespace, name = _identity(obj)
     if kind == "Pod":
         path: tuple[str, ...] = ()
@@ -59,7 +76,7 @@ def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CO
         parent, target = target, target.get(step) if isinstance(target, Mapping) else None
     if not isinstance(target, Mapping):
         raise PodShapeError(".".join(path), "missing pod template")
-    result = canonicalize_pod(target, config)
+    result, warnings = _placed(canonicalize_pod(target, config), target, config, nodes)
     if parent is not None:
         parent[path[-1]] = result.obj
     else:
@@ -68,4 +85,26 @@ def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CO
     containers = read_containers(spec)
     problems = validate_pod_gpu(containers, pod_requests(spec, containers), config)
     return ConvertedObject(kind, namespace, name, new_obj, diff(dict(obj), new_obj), result.summary(),
-                           list(result.notes), problems)
+                           list(result.notes) + warnings, problems)
+
+
+def _placed(result: CanonicalResult, pod: Mapping[str, Any], config: ConversionConfig,
+            nodes: NodeView | None) -> tuple[CanonicalResult, list[str]]:
+    """The rewrite if the webhook would apply it where this pod can land, else the pod as written."""
+    spec = pod.get("spec")
+    constraints = constraints_of(spec if isinstance(spec, Mapping) else {})
+    warnings: list[str] = []
+    if result.changed:
+        # No nodes to look at is not "not listed yet": convert shows what a rewrite would store.
+        policy = RewritePolicy.ALWAYS if nodes is None and config.rewrite is RewritePolicy.AUTO else config.rewrite
+        needs = nonzero_names((name, amount) for r in result.rewrites for name, amount in r.outputs.items())
+        decision = decide_rewrite(policy, constraints, [r.source for r in result.rewrites], needs, nodes)
+        warnings.extend(decision.warnings)
+        if not decision.rewrite:
+            result = CanonicalResult(copy_json(dict(pod)), [], list(result.notes))
+    spec = result.obj.get("spec")
+    if gpu_names(spec_resources(spec)):
+        mixed = mixed_node_warning(constraints, nodes)
+        if mixed is not None:
+            warnings.append(mixed)
+    return result, warnings

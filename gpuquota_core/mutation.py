@@ -10,12 +10,16 @@ state of the one annotation written, and the config. Anything outside plain JSON
 shape takes the uncached path, which raises its own precise error.
 ``tests/core/test_mutation_memo.py`` checks, on generated pods, that the remembered answer is the
 computed one.
+
+Whether the rewrite is applied depends on the nodes (:func:`admission_mutation`): that decision is
+remembered separately, per node view and scheduling constraints (gpuquota_core.placement), so
+the memo above never holds an answer that depends on the nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .canonical import (
@@ -30,6 +34,15 @@ from .canonical import (
 from .conversion import ConversionConfig
 from .jsonpatch import Operation, copy_json, diff
 from .memo import BoundedMemo
+from .placement import (
+    NodeView,
+    constraints_of,
+    decide_rewrite,
+    gpu_names,
+    mixed_node_warning,
+    nonzero_names,
+    spec_resources,
+)
 from .podspec import CONTAINER_KINDS, MAX_CONTAINERS
 
 
@@ -43,6 +56,15 @@ class PodMutation:
     summary: tuple[str, ...]  # one line per container and resource (see CanonicalResult.summary)
     # Each rewritten resource once per container (requests and limits change together): the metric.
     rewritten_sources: tuple[str, ...]
+    # The names the rewrite asks a node for (non-zero outputs), and whether the pod asks for a GPU
+    # before or after it: what the placement decision reads.
+    needs: frozenset[str] = frozenset()
+    asks_gpu: bool = False
+    # Why the rewrite was not applied, or what to know about where the pod can land (full text).
+    warnings: tuple[str, ...] = ()
+    # The resources a rewrite would have replaced, when it was not applied (admission_mutation).
+    left_sources: tuple[str, ...] = ()
+    left_reason: str = ""
 
     @property
     def changed(self) -> bool:
@@ -56,10 +78,38 @@ class PodMutation:
 
 
 def pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
+    """The rewrite of ``pod`` wherever it lands (the nodes are :func:`admission_mutation`'s business)."""
     view = canonical_view(pod, config)
     patch = tuple(diff(pod, view.obj)) if view.changed else ()
     sources = tuple(source for _container, source in dict.fromkeys((r.container, r.source) for r in view.rewrites))
-    return PodMutation(patch, tuple(view.rewrites), tuple(view.notes), tuple(view.summary()), sources)
+    needs = nonzero_names((name, amount) for r in view.rewrites for name, amount in r.outputs.items())
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    asks_gpu = bool(gpu_names(spec_resources(spec))
+                    or (view.changed and gpu_names(spec_resources(view.obj.get("spec")))))
+    return PodMutation(patch, tuple(view.rewrites), tuple(view.notes), tuple(view.summary()), sources,
+                       needs, asks_gpu)
+
+
+def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | None) -> PodMutation:
+    """What the mutating webhook answers: the rewrite, applied only where ``config.rewrite`` and the
+    nodes the pod can reach allow it (``nodes`` None: not listed yet), with the warnings to show."""
+    mutation = remembered_pod_mutation(pod, config)
+    if not mutation.changed and not mutation.asks_gpu:
+        return mutation
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    constraints = constraints_of(spec if isinstance(spec, Mapping) else {})
+    warnings: list[str] = []
+    if mutation.changed:
+        decision = decide_rewrite(config.rewrite, constraints, mutation.rewritten_sources, mutation.needs, nodes)
+        if not decision.rewrite:
+            mutation = replace(mutation, patch=(), rewrites=(), summary=(), rewritten_sources=(),
+                               left_sources=mutation.rewritten_sources, left_reason=decision.reason)
+        warnings.extend(decision.warnings)
+    if mutation.asks_gpu:
+        mixed = mixed_node_warning(constraints, nodes)
+        if mixed is not None:
+            warnings.append(mixed)
+    return replace(mutation, warnings=tuple(warnings)) if warnings else mutation
 
 
 _mutations: BoundedMemo[PodMutation] = BoundedMemo()

@@ -24,7 +24,8 @@ from flask import Flask, Response
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
-from gpuquota_core.mutation import remembered_pod_mutation
+from gpuquota_core.mutation import admission_mutation
+from gpuquota_core.placement import NodeView
 from gpuquota_core.podspec import PodShapeError, as_mapping
 from gpuquota_core.quota import QuotaShapeError, remembered_gpu_problems, remembered_request_texts, spec_shape_key
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
@@ -82,9 +83,12 @@ def _problem_text(problem: GpuRequestProblem) -> str:
 class AdmissionHandlers:
     """The decisions, one method per endpoint, free of HTTP so tests can call them directly."""
 
-    def __init__(self, config: ConversionConfig | ConfigSource, quota: QuotaDecider) -> None:
+    def __init__(self, config: ConversionConfig | ConfigSource, quota: QuotaDecider,
+                 nodes: Callable[[], NodeView | None] = lambda: None) -> None:
         self.source = config if isinstance(config, ConfigSource) else ConfigSource(config)
         self.quota = quota
+        # The nodes the rewrite decision looks at (webhook.node_view); None: not listed (yet).
+        self.nodes = nodes
 
     @property
     def config(self) -> ConversionConfig:
@@ -99,15 +103,18 @@ class AdmissionHandlers:
         if req.object is None:
             return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
         try:
-            mutation = remembered_pod_mutation(req.object, self.config)
+            mutation = admission_mutation(req.object, self.config, self.nodes())
         except PodShapeError as error:
             return self._unreadable(req, error)
         notes = [f"gpuquota: {note}" for note in mutation.notes]
         if not mutation.changed:
-            return Outcome(allowed(req, warnings=notes), "already canonical")
+            for resource in mutation.left_sources:
+                metrics.LEFT_AS_WRITTEN.labels(resource).inc()
+            note = f"left as written: {mutation.left_reason}" if mutation.left_sources else "already canonical"
+            return Outcome(allowed(req, warnings=[*mutation.warnings, *notes]), note)
         for resource in mutation.rewritten_sources:
             metrics.REWRITES.labels(resource).inc()
-        warnings = [f"gpuquota rewrote {line}" for line in mutation.summary] + notes
+        warnings = [f"gpuquota rewrote {line}" for line in mutation.summary] + list(mutation.warnings) + notes
         response = patched(req, mutation.operations(), warnings=warnings)
         return Outcome(response, f"rewrote {len(mutation.summary)} container resource(s)")
 
@@ -374,15 +381,17 @@ def admission_endpoints(app: object) -> Mapping[str, AdmissionEndpoint]:
 
 
 def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
-               logger: logging.Logger | None = None, config_path: Path | None = None) -> Flask:
+               logger: logging.Logger | None = None, config_path: Path | None = None,
+               nodes: Callable[[], NodeView | None] = lambda: None) -> Flask:
     """A WSGI app serving the admission endpoints, health, readiness and metrics.
 
     ``config`` is in force from the start; with ``config_path`` the file is re-read when it
     changes (checked at most once a second) and a version that does not load is logged and ignored.
+    ``nodes`` gives the current node view for the rewrite decision (None: not listed yet).
     """
     app = Flask("gpuquota-webhook")
     log = logger or logging.getLogger(LOGGER_NAME)
-    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota)
+    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota, nodes)
     app.extensions["gpuquota.handlers"] = handlers
 
     endpoints = {

@@ -1,4 +1,5 @@
-"""Live mode: list+watch pods and ElasticQuotas into a QuotaState, with raw JSON decoding.
+"""Live mode: list+watch pods and ElasticQuotas into a QuotaState, and Nodes into the node view,
+with raw JSON decoding.
 
 Each kind runs its own loop: list (full replace), then watch from the list's resourceVersion,
 again and again; a 410 Gone re-lists at once, any other error re-lists after a bounded backoff.
@@ -10,15 +11,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from . import quota_metrics as metrics
-from .quota_state import KINDS, QuotaState, compact
+from .node_view import NODE_KIND, NodeState
+from .quota_state import KINDS, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 EQ_GROUP, EQ_VERSION, EQ_PLURAL = "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas"
@@ -33,9 +35,23 @@ PAGE_SIZE = 5000
 Lister = Callable[..., Any]
 
 
+class SyncTarget(Protocol):
+    """What one kind's loop feeds: the quota state (pods, quotas) or the node view (nodes)."""
+
+    def compact(self, kind: str, obj: Mapping[str, Any]) -> Any: ...
+
+    def replace_compact(self, kind: str, items: Iterable[Any]) -> None: ...
+
+    def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None: ...
+
+    def sync_failed(self, kind: str) -> None: ...
+
+
 def lister_for(api: client.ApiClient, kind: str) -> Lister:
     if kind == "Pod":
         return client.CoreV1Api(api).list_pod_for_all_namespaces
+    if kind == NODE_KIND:
+        return client.CoreV1Api(api).list_node
     custom = client.CustomObjectsApi(api)
     return lambda **kw: custom.list_cluster_custom_object(EQ_GROUP, EQ_VERSION, EQ_PLURAL, **kw)
 
@@ -44,7 +60,7 @@ class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): only a new list can continue."""
 
 
-def sync_kind(state: QuotaState, lister: Lister, kind: str, stop: threading.Event,
+def sync_kind(state: SyncTarget, lister: Lister, kind: str, stop: threading.Event,
               watch_seconds: int = WATCH_SECONDS, initial_backoff: float = 0.5, page_size: int = PAGE_SIZE) -> None:
     backoff = initial_backoff
     reason = "initial"
@@ -66,7 +82,7 @@ def sync_kind(state: QuotaState, lister: Lister, kind: str, stop: threading.Even
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
 
-def list_into(state: QuotaState, lister: Lister, kind: str, page_size: int = PAGE_SIZE) -> str:
+def list_into(state: SyncTarget, lister: Lister, kind: str, page_size: int = PAGE_SIZE) -> str:
     """List every object of ``kind`` page by page into ``state``; returns the list's resourceVersion.
 
     Each page is decoded, reduced to the few fields a decision needs and dropped before the next
@@ -85,7 +101,7 @@ def list_into(state: QuotaState, lister: Lister, kind: str, page_size: int = PAG
                 raise WatchExpired("the list's continue token expired") from None
             raise
         page = orjson.loads(response.data)
-        compacted.extend(compact(kind, item) for item in page.get("items") or [])
+        compacted.extend(state.compact(kind, item) for item in page.get("items") or [])
         del page["items"], response
         metadata = page["metadata"]
         token = metadata.get("continue") or None
@@ -94,7 +110,7 @@ def list_into(state: QuotaState, lister: Lister, kind: str, page_size: int = PAG
             return str(metadata["resourceVersion"])
 
 
-def watch_once(state: QuotaState, lister: Lister, kind: str, version: str,
+def watch_once(state: SyncTarget, lister: Lister, kind: str, version: str,
                watch_seconds: int = WATCH_SECONDS) -> str:
     """Apply one watch stream's events; returns the resourceVersion to continue from."""
     response = lister(watch=True, resource_version=version, allow_watch_bookmarks=True,
@@ -128,9 +144,15 @@ def _lines(response: Any) -> Iterator[bytes]:
         yield buffer
 
 
-def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int = WATCH_SECONDS) -> threading.Event:
+def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int = WATCH_SECONDS,
+                    nodes: NodeState | None = None) -> threading.Event:
+    """One loop per kind; with ``nodes``, Nodes too, and the thread that publishes their view."""
     stop = threading.Event()
-    for kind in KINDS:
-        threading.Thread(target=sync_kind, args=(state, lister_for(api, kind), kind, stop, watch_seconds),
+    targets: list[tuple[SyncTarget, str]] = [(state, kind) for kind in KINDS]
+    if nodes is not None:
+        targets.append((nodes, NODE_KIND))
+        threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()
+    for target, kind in targets:
+        threading.Thread(target=sync_kind, args=(target, lister_for(api, kind), kind, stop, watch_seconds),
                          daemon=True, name=f"sync-{kind}").start()
     return stop

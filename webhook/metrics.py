@@ -55,6 +55,13 @@ REWRITES = Counter(
     "Container resources rewritten into the canonical form, by the resource name the user asked for.",
     ["resource"],
 )
+LEFT_AS_WRITTEN = Counter(
+    "gpuquota_left_as_written",
+    "Pod GPU requests the rewrite would change but left as written, by the resource name the user asked for: "
+    "rewrite: auto found no node the pod can reach that advertises the canonical names (or had not listed the "
+    "nodes yet), or rewrite: never.",
+    ["resource"],
+)
 DENIALS = Counter(
     "gpuquota_denials",
     "Admission requests denied, by endpoint and reason (Invalid, BadRequest, QuotaExceeded, ...).",

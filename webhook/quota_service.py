@@ -28,6 +28,8 @@ from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
 from . import quota_metrics
+from .node_view import NodeState, nodes_path
+from .node_view import files_of as node_view_files
 from .quota_loop import ServiceLoop
 from .quota_port import PodAdmission, Verdict
 from .quota_publisher import Publisher
@@ -119,10 +121,13 @@ def _is_admission(message: Any) -> bool:
     return isinstance(message, dict) and message.get("op") == "admit_pod"
 
 
-def load_state_file(state: QuotaState, state_path: Path) -> None:
+def load_state_file(state: QuotaState, state_path: Path, nodes: NodeState | None = None) -> None:
     """Offline mode's whole state from manifests; ``gpuquota serve`` runs it once before starting,
     so any ValueError it raises stops the server instead of this process."""
-    state.load(load_objects(str(state_path)))
+    objects = load_objects(str(state_path))
+    if nodes is not None:  # first: the state's readiness must find the node view published
+        nodes.load(objects)
+    state.load(objects)
 
 
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
@@ -140,9 +145,10 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
     # Every result at zero from the start, so alerts on its rate see a series before the first write.
     for result in quota_metrics.LEDGER_WRITE_RESULTS:
         quota_metrics.LEDGER_WRITES.labels(result)
+    nodes = NodeState(nodes_path(path))
     if state_path is not None:
         serve(state, path)
-        load_state_file(state, state_path)
+        load_state_file(state, state_path, nodes)
     else:
         from kubeaccess.kube import connect
 
@@ -159,7 +165,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
                              daemon=True, name="ledger-reconciler").start()
             admitter = strict
         serve(state, path, admitter=admitter)
-        start_live_sync(state, api)
+        start_live_sync(state, api, nodes=nodes)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     # SIGTERM exits through the same cleanup as the parent's end.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
@@ -177,7 +183,8 @@ def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> 
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
-    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path))):
+    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path)),
+                    *node_view_files(nodes_path(socket_path))):
         created.unlink(missing_ok=True)
     if not keep_directory:
         with contextlib.suppress(OSError):  # not empty, or gone already

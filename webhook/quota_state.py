@@ -81,6 +81,10 @@ class QuotaState:
             finally:
                 publisher.leave(self.tree, self.usage, self.ledger, self.synced)
 
+    def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
+        """What the list loop keeps of each listed object (webhook.cluster_state.SyncTarget)."""
+        return compact(kind, obj)
+
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
         objects = list(objects)

@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,8 @@ from .supervision import QuotaServiceSupervisor, SupervisingArbiter
 
 if TYPE_CHECKING:
     from flask import Flask
+
+    from gpuquota_core.placement import NodeView
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -120,6 +123,16 @@ def build_quota_decider(settings: Settings) -> QuotaDecider:
     return FastAdmission(region_path(Path(socket_path)), client)
 
 
+def build_node_view() -> Callable[[], NodeView | None]:
+    """A worker's view of the nodes the quota service publishes (webhook.node_view)."""
+    socket_path = os.environ.get(QUOTA_SOCKET_ENV)
+    if not socket_path:
+        return lambda: None
+    from .node_view import NodeViewReader, nodes_path
+
+    return NodeViewReader(nodes_path(Path(socket_path))).current
+
+
 def load_conversion_config(path: Path | None) -> ConversionConfig:
     """The conversion table and enforcement modes from a YAML file, or the built-in defaults without one.
 
@@ -173,7 +186,7 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
         from .app import create_app
 
         return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
-                          config_path=self.settings.config_path)
+                          config_path=self.settings.config_path, nodes=build_node_view())
 
 
 def _check_tls_files(settings: Settings) -> None:

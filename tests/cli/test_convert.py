@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
+from cli.convert import NO_NODES
 from cli.main import cli
 
 POD = """
@@ -57,7 +58,8 @@ def test_pod_is_printed_canonical_and_the_rewrite_reported_on_stderr(tmp_path: P
     pod = yaml.safe_load(out)
     assert pod["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "2", **CANONICAL_TWO},
                                                          "limits": CANONICAL_TWO}
-    assert err == ('Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
+    assert err == (f"{NO_NODES}\n"
+                   'Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
                    "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200\n")
 
 
@@ -157,7 +159,8 @@ kind: ConfigMap
 metadata: {name: cm}
 data: {a: b}
 """
-    assert err == ('Deployment/ns/web: rewrote container "main" koordinator.sh/gpu: 50 -> koordinator.sh/gpu-core: 50, '
+    assert err == (f"{NO_NODES}\n"
+                   'Deployment/ns/web: rewrote container "main" koordinator.sh/gpu: 50 -> koordinator.sh/gpu-core: 50, '
                    "koordinator.sh/gpu-memory-ratio: 50\n")
 
 
@@ -185,7 +188,7 @@ def test_a_bad_conversion_config_exits_2_naming_the_key(tmp_path: Path) -> None:
 
     assert (code, out) == (2, "")
     assert err == (f"Error: {tmp_path}/c.yaml: the conversion config: unknown key 'transformation' (expected one of "
-                   "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated, enforcement)\n")
+                   "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated, enforcement, rewrite)\n")
 
 
 def test_a_conversion_config_with_card_memory_turns_bytes_into_a_ratio(tmp_path: Path) -> None:
@@ -200,7 +203,8 @@ def test_a_conversion_config_with_card_memory_turns_bytes_into_a_ratio(tmp_path:
     assert code == 0
     assert json.loads(out)["spec"]["containers"][0]["resources"] == {
         "requests": {"koordinator.sh/gpu-memory-ratio": "50"}, "limits": {"koordinator.sh/gpu-memory-ratio": "50"}}
-    assert err == ('Pod/team-a/trainer: rewrote container "main" koordinator.sh/gpu-memory: 8Gi -> '
+    assert err == (f"{NO_NODES}\n"
+                   'Pod/team-a/trainer: rewrote container "main" koordinator.sh/gpu-memory: 8Gi -> '
                    "koordinator.sh/gpu-memory-ratio: 50\n")
 
 
@@ -218,3 +222,51 @@ def test_an_unknown_output_format_is_a_usage_error() -> None:
     assert code == 2
     assert err == ("Error: Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json', 'patch'.\n"
                    "See 'cli convert --help' for usage.\n")
+
+
+VENDOR_NODE = """apiVersion: v1
+kind: Node
+metadata: {name: gpu-whole-0, labels: {pool: whole}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: gpu-shared-0, labels: {pool: shared}}
+status: {allocatable: {koordinator.sh/gpu-core: "400", koordinator.sh/gpu-memory-ratio: "400"}}
+"""
+
+
+def test_with_nodes_in_the_input_a_pod_pinned_to_a_vendor_only_node_is_left(tmp_path: Path) -> None:
+    pinned = POD.replace("spec:\n", "spec:\n  nodeSelector: {pool: whole}\n", 1)
+    (tmp_path / "nodes.yaml").write_text(VENDOR_NODE)
+    (tmp_path / "pod.yaml").write_text(pinned)
+
+    code, out, err = run("-f", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "pod.yaml"), "-o", "json")
+
+    assert code == 0
+    pod = next(o for o in json.loads(out)["items"] if o["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert err == ("Pod/team-a/trainer: gpuquota left nvidia.com/gpu as written: none of the 1 node(s) this pod can "
+                   "be scheduled on (gpu-whole-0) advertises koordinator.sh/gpu-core, "
+                   "koordinator.sh/gpu-memory-ratio\n")
+
+
+def test_with_nodes_in_the_input_an_unpinned_pod_is_rewritten_without_the_notice(tmp_path: Path) -> None:
+    (tmp_path / "nodes.yaml").write_text(VENDOR_NODE)
+    (tmp_path / "pod.yaml").write_text(POD)
+
+    code, _, err = run("-f", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "pod.yaml"))
+
+    assert code == 0
+    assert err == ('Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
+                   "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200\n")
+
+
+def test_rewrite_never_in_the_config_rewrites_nothing(tmp_path: Path) -> None:
+    (tmp_path / "pod.yaml").write_text(POD)
+    (tmp_path / "c.yaml").write_text("rewrite: never\n")
+
+    code, out, err = run("-f", str(tmp_path / "pod.yaml"), "--config", str(tmp_path / "c.yaml"), "-o", "patch")
+
+    assert (code, err) == (0, "")
+    assert json.loads(out)["patch"] == []

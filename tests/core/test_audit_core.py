@@ -66,7 +66,7 @@ def only(report: AuditReport, check: str) -> Finding:
 def test_every_documented_check_id_has_tests_here() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "audit-checks.md").read_text()
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE))
-    assert len(documented) == 14
+    assert len(documented) == 15
     source = Path(__file__).read_text()
     for check in documented:
         assert f'"{check}"' in source, check
@@ -431,3 +431,18 @@ def test_remembered_spec_verdicts_name_each_pods_own_containers() -> None:
     # Same shape, other container name: the message quotes the right container, not the cached one.
     assert _spec_verdict(spec("b", "2"), DEFAULT_CONFIG).rewrites[0].startswith('container "b" requests:')
     assert _spec_verdict(spec("a", "0.5"), DEFAULT_CONFIG).problems[0][1] == "not-integer"
+
+
+# -- placement -----------------------------------------------------------------------------------
+
+def test_gpu_request_unadvertised() -> None:
+    pinned = pod("pinned", "ns", {"nvidia.com/gpu": "1"})
+    pinned["spec"]["nodeSelector"] = {"pool": "shared"}
+    report = audit_objects([node("shared", {CORE: "400", RATIO: "400"}, {"pool": "shared"}), pinned,
+                            pod("free", "ns", {CORE: "100", RATIO: "100"})])
+
+    finding = only(report, "gpu-request-unadvertised")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (Severity.ERROR, "Pod", "ns", "pinned")
+    assert finding.message == ("asks for nvidia.com/gpu, but none of the 1 node(s) this pod can be scheduled on "
+                               "(shared) advertises nvidia.com/gpu: it cannot be scheduled")
+    assert finding.details == {"resources": ["nvidia.com/gpu"]}

@@ -78,8 +78,10 @@ def test_transformations_replace_the_whole_default_table() -> None:
 CONFIG_ERRORS = [
     pytest.param([], "the conversion config must be a mapping", id="not-a-mapping"),
     pytest.param({"transformation": []}, "the conversion config: unknown key 'transformation' (expected one of "
-                 "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated, enforcement)",
+                 "transformations, gpuMemoryByModel, gpuModelLabel, renameDeprecated, enforcement, rewrite)",
                  id="misspelt-section"),
+    pytest.param({"rewrite": "sometimes"}, "rewrite must be one of auto, always, never, not 'sometimes'",
+                 id="rewrite-policy-unknown"),
     pytest.param({"transformations": {}}, "transformations must be a list", id="transformations-not-list"),
     pytest.param({"transformations": ["x"]}, "transformations[0] must be a mapping", id="rule-not-mapping"),
     pytest.param({"transformations": [{"outputs": {}}]}, "transformations[0].input must be a resource name",

@@ -168,9 +168,35 @@ def gpu_node(api: Api) -> Iterator[GpuNodeFactory]:
 
 # -- the webhook, registered with the real apiserver --------------------------------------------
 
+CANONICAL_NODE = "gpuquota-e2e-canonical"
+
+
+@pytest.fixture(scope="session")
+def canonical_gpu_node(api: Api) -> Iterator[str]:
+    """A Node advertising the canonical names, untainted and unlabelled, for the whole session.
+
+    With ``rewrite: auto`` (the default) a live webhook rewrites a pod only when a node it can
+    reach advertises koordinator.sh/gpu-core and gpu-memory-ratio; the tests of live servers that
+    expect a rewrite need one. Tests of the decision itself pin their pods with their own nodes.
+    """
+    many = {"cpu": "1000", "memory": "4Ti", "pods": "1000", "koordinator.sh/gpu-core": "100000",
+            "koordinator.sh/gpu-memory-ratio": "100000", "koordinator.sh/gpu-memory": "80Ti"}
+    try:
+        create_gpu_node(api.core, CANONICAL_NODE, many)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    yield CANONICAL_NODE
+    try:
+        api.core.delete_node(CANONICAL_NODE)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 @pytest.fixture(scope="session")
 def webhook_server(api: Api, kubeconfig_path: Path, elasticquota_crd: k8s.V1CustomResourceDefinition,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+                   canonical_gpu_node: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
     """``gpuquota serve`` in live mode, registered through the project's own configurations."""
     server = WebhookProcess(tmp_path_factory.mktemp("webhook"),
                             serve_args=["--kubeconfig", str(kubeconfig_path), "--workers", "2"])

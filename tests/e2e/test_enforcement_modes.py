@@ -65,7 +65,11 @@ def test_warn_mode_stores_the_pod_and_the_caller_sees_the_warning(api: Api, warn
     response = api.core.create_namespaced_pod(warn_namespace, over_quota_pod("over"), _preload_content=False)
 
     assert response.status == 201
-    assert response.headers.get("Warning") == WARNING
+    # The mutating webhook's warning first: the example cluster's gpu-mixed-0 reports both GPU families.
+    assert response.headers.get("Warning") == (
+        '299 - "gpuquota: this pod can be scheduled on gpu-mixed-0, which advertise(s) both a vendor GPU name and '
+        "koordinator.sh/gpu-* for the same cards: the device plugin and Koordinator may hand out one card twice "
+        f'(audit check node-mixed-gpu-resources)", {WARNING}')
     created = json.loads(response.data)
     assert created["metadata"]["name"] == "over"
     stored = api.core.read_namespaced_pod("over", warn_namespace)

@@ -28,7 +28,7 @@ DEADLINE = 60.0
 
 
 @pytest.fixture
-def guarded(api: Api, kubeconfig_path: Path, elasticquota_crd: object,
+def guarded(api: Api, kubeconfig_path: Path, elasticquota_crd: object, canonical_gpu_node: str,
             tmp_path: Path) -> Iterator[tuple[WebhookProcess, str, str]]:
     server = WebhookProcess(tmp_path / "server", serve_args=["--kubeconfig", str(kubeconfig_path), "--workers", "1",
                                                              "--max-reservations-per-caller", str(BOUND)])

@@ -218,7 +218,7 @@ def test_webhook_role_reads_and_writes_only_its_ledger(rendered: list[dict[str, 
     assert verbs == {"get", "list", "watch"}
     resources = {(group, resource) for rule in role["rules"]
                  for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert resources == {("", "pods"), ("scheduling.sigs.k8s.io", "elasticquotas")}
+    assert resources == {("", "pods"), ("", "nodes"), ("scheduling.sigs.k8s.io", "elasticquotas")}
     # The CLI role exists but is bound to nobody by the base: operators bind it themselves.
     find(rendered, "ClusterRole", "gpuquota-cli")
     bindings = [o for o in rendered if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}]

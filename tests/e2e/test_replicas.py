@@ -89,7 +89,7 @@ class Replicas:
 
 
 @pytest.fixture(scope="module")
-def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object,
+def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object, canonical_gpu_node: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     ledger_namespace = f"ledger-{uuid.uuid4().hex[:6]}"
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))

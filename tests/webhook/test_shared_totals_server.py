@@ -77,7 +77,8 @@ def test_a_stopped_server_leaves_no_private_files(tmp_path: Path) -> None:
         assert ask(process, "p", "1", "team-a")["allowed"] is True  # the region is in use
         service = quota_service_pid(process.pid)
         directory = quota_service_directory(process.pid)
-        assert {p.name for p in directory.iterdir()} == {"quota.sock", "quota.region", "quota.region.tree.json"}
+        assert {p.name for p in directory.iterdir()} == {"quota.sock", "quota.region", "quota.region.tree.json",
+                                                       "nodes.json"}
     # The service exits on the SIGTERM its process group got; wait for that exit, not a fixed time.
     deadline = time.monotonic() + 10
     while _running(service) and time.monotonic() < deadline:

@@ -68,7 +68,11 @@ def test_mutate_rewrites_whole_cards_to_canonical_units(offline_webhook: Webhook
     assert response["allowed"] is True
     assert response["warnings"] == [
         'gpuquota rewrote container "main" nvidia.com/gpu: 2 -> '
-        "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200"]
+        "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200",
+        # The example cluster's gpu-mixed-0 reports both families, and nothing keeps the pod off it.
+        "gpuquota: this pod can be scheduled on gpu-mixed-0, which advertise(s) both a vendor GPU name and "
+        "koordinator.sh/gpu-* for the same cards: the device plugin and Koordinator may hand out one card twice "
+        "(audit check node-mixed-gpu-resources)"]
     patched = apply(request["request"]["object"], decoded_patch(response))
     resources = patched["spec"]["containers"][0]["resources"]
     canonical = {"cpu": "8", "koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
