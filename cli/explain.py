@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from gpuquota_core import shared_ledger
 from gpuquota_core.audit import template_of
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.jsonpatch import apply
+from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError, as_mapping
 from gpuquota_core.quota import POD_QUOTA_LABEL, remembered_pod_requests
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
@@ -30,6 +31,7 @@ from gpuquota_core.resources import ResourceList, add_lists
 from kubeaccess.manifests import ManifestError, load_objects
 
 from . import snapshot
+from .convert import NO_NODES
 from .errors import CommandError
 from .output import document, table
 
@@ -235,7 +237,12 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
     state = QuotaState()
     state.load(state_snapshot.objects)
     decider = _SnapshotDecider(state, state_snapshot.reservations)
-    handlers = AdmissionHandlers(config, decider)
+    nodes = NodeView.from_objects(state_snapshot.objects)
+    if nodes is None and config.rewrite is RewritePolicy.AUTO:
+        # As `gpuquota convert` does: with no Node to look at, say so and show the rewrite.
+        click.echo(NO_NODES, err=True)
+        config = replace(config, rewrite=RewritePolicy.ALWAYS)
+    handlers = AdmissionHandlers(config, decider, lambda: nodes)
     return [_explain(subject, handlers, decider, decode_review) for subject in subjects]
 
 
@@ -244,7 +251,10 @@ def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDe
     mutated = handlers.mutate_pod(decode_review(_review(subject.pod)))
     response = mutated.response
     rewrites = [w.removeprefix(REWROTE_PREFIX) for w in response.warnings if w.startswith(REWROTE_PREFIX)]
-    notes = [w.removeprefix(NOTE_PREFIX) for w in response.warnings if w.startswith(NOTE_PREFIX)]
+    # Everything else the mutating webhook says: why a request was left as written
+    # ("gpuquota left ..."), notes ("gpuquota: ..."), the mixed-node warning.
+    notes = [w.removeprefix(NOTE_PREFIX).removeprefix("gpuquota ") for w in response.warnings
+             if not w.startswith(REWROTE_PREFIX)]
     if not response.allowed:
         return Explanation(subject, False, response.code, response.reason, response.message, rewrites, notes,
                            mutation_note=mutated.note)
@@ -292,7 +302,7 @@ def render(e: Explanation) -> str:
     if not e.rewrites:
         lines.append(f"  no rewrite ({e.mutation_note})")
     lines += [f"  rewrote {r}" for r in e.rewrites]
-    lines += [f"  left as written: {n}" for n in e.notes]
+    lines += [f"  {n}" for n in e.notes]
     lines.append("")
     if not e.rule:
         pass  # refused before the quota decision: the pod could not be read
