@@ -15,8 +15,6 @@ import yaml
 from gpuquota_core import collector
 from gpuquota_core.migration import (
     DETACH_PHASES,
-    IN_PROGRESS,
-    MIGRATION_IN_PROGRESS_ANNOTATION,
     PRE_MIGRATION_SPEC_ANNOTATION,
     Plan,
     RollbackSourceError,
@@ -28,6 +26,7 @@ from gpuquota_core.migration import (
     plan_rollback,
 )
 from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
+from gpuquota_core.quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError

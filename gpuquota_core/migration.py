@@ -21,14 +21,14 @@ from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import PodShapeError, parse_resource_list
 from .quantity import Quantity
 from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
+from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from .resources import ResourceList
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
-# and a marker that a tree is between "add-canonical" and "drop-legacy", the one state in which a
-# quota may name both GPU families.
+# and (MIGRATION_IN_PROGRESS_ANNOTATION, defined beside the webhook's quota review that reads it) a
+# marker that a tree is between "add-canonical" and "drop-legacy", the one state in which a quota
+# may name both GPU families.
 PRE_MIGRATION_SPEC_ANNOTATION = "gpuquota.koord-gpuquota.io/pre-migration-spec"
-MIGRATION_IN_PROGRESS_ANNOTATION = "gpuquota.koord-gpuquota.io/migration"
-IN_PROGRESS = "in-progress"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from typing import Any
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation, ReservationLedger
-from gpuquota_core.migration import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from gpuquota_core.quota import (
     POD_QUOTA_LABEL,
     PodRecord,
@@ -21,8 +20,9 @@ from gpuquota_core.quota import (
     pod_record,
     quota_from_object,
 )
+from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_decision import decide, needs_check
-from gpuquota_core.quota_review import review_quota
+from gpuquota_core.quota_integrity import check_tree
 from gpuquota_core.resources import add_lists
 
 from . import quota_metrics as metrics
@@ -77,11 +77,19 @@ class QuotaState:
             finally:
                 publisher.leave(self.tree, self.usage, self.ledger, self.synced)
 
-    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
+    def load(self, objects: Iterable[Mapping[str, Any]], source: str = "") -> None:
+        """Replace the whole state from manifests (offline mode): quotas first, then the pods.
+
+        Raises :class:`~gpuquota_core.quota_integrity.QuotaTreeError` (naming ``source``, the
+        file or directory read) when two quotas share a name or parents form a cycle: with a fixed
+        set of quotas there is no later event to settle either, and the limit enforced would
+        depend on the order of the files. Nothing is replaced then.
+        """
         objects = list(objects)
-        for kind in ("ElasticQuota", "Pod"):
-            self.replace_kind(kind, (o for o in objects if o.get("kind") == kind))
+        quotas = [compact("ElasticQuota", o) for o in objects if o.get("kind") == "ElasticQuota"]
+        check_tree((q for q in quotas if isinstance(q, QuotaInfo)), source)
+        self.replace_compact("ElasticQuota", quotas)
+        self.replace_kind("Pod", (o for o in objects if o.get("kind") == "Pod"))
 
     def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
@@ -203,7 +211,7 @@ class QuotaState:
         info = quota_from_object(quota)
         with self._changing():  # reservations workers made count in the used it compares with
             used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
-            review = review_quota(info, self.tree, used, migrating=_migrating(quota))
+            review = review_quota_object(quota, self.tree, used)
         if review.problems:
             return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
         return Verdict(True, warnings=review.warnings)
@@ -300,8 +308,3 @@ def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
     except ValueError:
         return None  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
 
-
-def _migrating(quota: Mapping[str, Any]) -> bool:
-    metadata = quota.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    return isinstance(annotations, Mapping) and annotations.get(MIGRATION_IN_PROGRESS_ANNOTATION) == IN_PROGRESS
