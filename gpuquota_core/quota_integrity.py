@@ -9,8 +9,9 @@ and the webhook name a broken tree alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo
 
@@ -27,6 +28,7 @@ class TreeProblem:
     check: str
     quota: QuotaInfo
     message: str
+    details: Mapping[str, Any] = field(default_factory=dict)  # the other quotas concerned
 
 
 class QuotaTreeError(ValueError):
@@ -71,15 +73,16 @@ def tree_problems(quotas: Iterable[QuotaInfo]) -> list[TreeProblem]:
     for name, copies in by_name.items():
         if len(copies) > 1:
             message = duplicate_message(name, [q.ref for q in copies])
-            problems.extend(TreeProblem(DUPLICATE_NAME, q, message) for q in copies)
+            refs = [q.ref for q in copies]
+            problems.extend(TreeProblem(DUPLICATE_NAME, q, message, {"quotas": refs}) for q in copies)
     for quota in quotas:
         if _has_parent(quota) and quota.parent not in by_name:
-            problems.append(TreeProblem(PARENT_MISSING, quota, missing_parent_message(quota)))
+            problems.append(TreeProblem(PARENT_MISSING, quota, missing_parent_message(quota), {"parent": quota.parent}))
     # Cycles on the tree as QuotaTree.build keeps it (the last copy of a name wins).
     kept = {quota.name: quota for quota in quotas}
     for cycle in _cycles(kept):
         message = cycle_message(cycle)
-        problems.extend(TreeProblem(PARENT_CYCLE, kept[name], message) for name in cycle)
+        problems.extend(TreeProblem(PARENT_CYCLE, kept[name], message, {"cycle": cycle}) for name in cycle)
     return problems
 
 
