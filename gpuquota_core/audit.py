@@ -382,11 +382,15 @@ def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: obje
 
 def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig) -> _SpecVerdict:
     try:
-        containers = read_containers(spec)
-        _, rewrites, _, _ = canonicalize_pod_spec(spec, config)
+        read_containers(spec)
+        canonical, rewrites, _, _ = canonicalize_pod_spec(spec, config)
+        # Judged as /validate-pods judges it: after /mutate-pods rewrote it (the API server calls
+        # the mutating webhook first). A pod mixing a vendor name and koordinator names can get a
+        # different reason once the vendor name is converted.
+        containers = read_containers(canonical)
     except PodShapeError as error:
         return _SpecVerdict(str(error), (), ())
-    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    problems = validate_pod_gpu(containers, pod_requests(canonical, containers))
     return _SpecVerdict(None, tuple(r.describe() for r in rewrites), tuple((p.message, p.rule) for p in problems))
 
 
@@ -413,7 +417,9 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
     if verdict.problems:
         report.findings.append(Finding(
             "pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
-            "; ".join(message for message, _ in verdict.problems), {"rules": [rule for _, rule in verdict.problems]}))
+            "; ".join(message for message, _ in verdict.problems),
+            {"rules": [rule for _, rule in verdict.problems],
+             "problems": [message for message, _ in verdict.problems]}))
         return  # the webhook refuses it here; the quota decision is never reached
     if place is not None:
         decision = place.judge.refusal(spec, namespace, name, place.labels, config, shape)

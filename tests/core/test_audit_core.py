@@ -329,9 +329,10 @@ def test_pod_invalid_gpu_request_for_a_pod_an_unparseable_quantity_and_a_templat
     assert (bad.severity, bad.namespace) == (Severity.ERROR, "t")
     assert bad.message == (f"invalid resource device requests: [{CORE}]: add a memory request: {RATIO} (percent of a "
                            'card) or koordinator.sh/gpu-memory (bytes) (asked for by container "c")')
-    assert bad.details == {"rules": ["combination"]}
+    assert bad.details == {"rules": ["combination"], "problems": [bad.message]}
     assert found[("Pod", "unparse")].message.startswith("spec.containers[0].resources.limits[nvidia.com/gpu]: ")
-    assert "koordinator.sh/gpu: 101" in found[("Job", "j")].message
+    # Judged after the rewrite, as /validate-pods judges it: koordinator.sh/gpu 101 is gpu-core 101 by then.
+    assert f"{CORE}: 101" in found[("Job", "j")].message
 
 
 def test_valid_gpu_requests_are_not_invalid() -> None:
@@ -531,3 +532,15 @@ def test_pods_and_templates_the_webhooks_quota_decision_refuses() -> None:
     # A pod the GPU check refuses gets that finding only: the webhook answers 422 before its quota.
     report = audit_objects([pod("odd", "t", {CORE: "150"}, label="missing")])
     assert [f.check for f in report.findings] == ["pod-invalid-gpu-request"]
+
+
+def test_a_pod_is_judged_after_the_mutating_webhooks_rewrite_as_validate_pods_judges_it() -> None:
+    # One container asks a whole card the vendor way, another a share: /mutate-pods converts the
+    # card to 100 + 100, and /validate-pods then refuses gpu-core 101 (a percentage), not the mix
+    # of names the original carries. Found by tests/core/test_one_truth.py.
+    mixed = {"kind": "Pod", "metadata": {"name": "mixed", "namespace": "t"},
+             "spec": {"containers": [{"name": "a", "resources": {"limits": {CORE: "1"}}},
+                                     {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    finding = only(audit_objects([mixed]), "pod-invalid-gpu-request")
+    assert finding.details["rules"] == ["percentage"]
+    assert finding.message.startswith(f"invalid resource unit {CORE}: 101: ")
