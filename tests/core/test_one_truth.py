@@ -88,8 +88,8 @@ def quotas(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 pod_amounts = st.sampled_from(["1", "2", "50", "100", "150", "200", "300", "0.5", "-1", "1Gi"])
-gpu_requests = st.dictionaries(st.sampled_from([CORE, RATIO, MEMORY, "nvidia.com/gpu", "koordinator.sh/gpu.shared"]),
-                               pod_amounts, max_size=3)
+gpu_requests = st.dictionaries(st.sampled_from([CORE, RATIO, MEMORY, "nvidia.com/gpu", "koordinator.sh/gpu.shared",
+                                                "koordinator.sh/gpu", "amd.com/gpu", "cpu"]), pod_amounts, max_size=3)
 
 
 @st.composite
@@ -107,18 +107,33 @@ def pod_parts(draw: st.DrawFn) -> tuple[dict[str, str], list[dict[str, Any]]]:
 
 
 @st.composite
+def pod_specs(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, Any]]:
+    """Labels and spec: containers, sometimes an init container (plain or a restartable sidecar)."""
+    labels, containers = draw(pod_parts())
+    spec: dict[str, Any] = {"containers": containers}
+    if draw(st.integers(0, 3)) == 0:
+        _, (init, *_) = draw(pod_parts())
+        init = {**init, "name": "init"}
+        if draw(st.booleans()):
+            init["restartPolicy"] = "Always"
+        spec["initContainers"] = [init]
+    return labels, spec
+
+
+@st.composite
 def pods_and_workloads(draw: st.DrawFn) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for index in range(draw(st.integers(0, 4))):
-        labels, containers = draw(pod_parts())
+        labels, spec = draw(pod_specs())
         namespace = draw(st.sampled_from(NAMESPACES))
         if draw(st.booleans()):
-            objects.append({**reviews.pod(f"pod-{index}", namespace, containers=containers, labels=labels)})
+            objects.append({"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": f"pod-{index}", "namespace": namespace, "labels": labels},
+                            "spec": spec})
         else:
             objects.append({"apiVersion": "apps/v1", "kind": "Deployment",
                             "metadata": {"name": f"deploy-{index}", "namespace": namespace},
-                            "spec": {"template": {"metadata": {"labels": labels},
-                                                  "spec": {"containers": containers}}}})
+                            "spec": {"template": {"metadata": {"labels": labels}, "spec": spec}}})
     return objects
 
 
@@ -179,8 +194,10 @@ def pod_of(obj: dict[str, Any]) -> dict[str, Any]:
     if obj["kind"] == "Pod":
         return obj
     template = obj["spec"]["template"]
-    return reviews.pod(obj["metadata"]["name"], obj["metadata"]["namespace"],
-                       containers=template["spec"]["containers"], labels=template["metadata"]["labels"])
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"],
+                         "labels": template["metadata"]["labels"]},
+            "spec": template["spec"]}
 
 
 @PROFILE
