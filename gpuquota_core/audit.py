@@ -455,20 +455,22 @@ class PodQuotaJudge:
 
     def refusal(self, spec: Mapping[str, Any], namespace: str, name: str, labels: Mapping[str, Any],
                 config: ConversionConfig, shape: object) -> Decision | None:
+        """``shape``: the spec's ``spec_shape_key`` when known (it keys the canonical requests)."""
+        label = labels.get(POD_QUOTA_LABEL)
+        label = label if isinstance(label, str) else ""
+        key = (namespace, label, shape) if shape is not None else None
+        if key is not None and key in self._allowed:
+            return None
         try:
             requests = remembered_pod_requests(spec, config) if shape is None else remembered_pod_requests(
                 spec, config, shape=shape)
         except PodShapeError:
             return None  # reported by the spec check already
-        label = labels.get(POD_QUOTA_LABEL)
-        label = label if isinstance(label, str) else ""
         request = PodQuotaRequest(namespace, name, label, requests, gpu_memory_unknown(requests))
-        key = (namespace, label, request.unknown_gpu_memory, tuple(requests.items()))
-        if key in self._allowed:
-            return None
         decision = decide(self.tree, _NOTHING_USED, _NOTHING_USED, request)
         if decision.allowed:
-            self._allowed.add(key)
+            if key is not None:
+                self._allowed.add(key)
             return None
         return decision
 
