@@ -12,6 +12,7 @@ from typing import Any
 
 from .quantity import Quantity
 from .quota import QuotaTree, quota_from_object
+from .quota_integrity import placement_problems
 from .quota_review import QuotaReview, review_quota
 
 # Written by ``gpuquota migrate apply`` (gpuquota_core.migration): a quota between two steps, the
@@ -27,9 +28,16 @@ def migration_in_progress(obj: Mapping[str, Any]) -> bool:
 
 
 def review_quota_object(obj: Mapping[str, Any], tree: QuotaTree, used: Mapping[str, Quantity]) -> QuotaReview:
-    """The review of ``obj`` stored among ``tree``'s quotas, with ``used`` its current usage.
+    """The review of ``obj`` stored among ``tree``'s quotas, with ``used`` its current usage: its
+    own values (:func:`review_quota`), then its place in the tree (a taken name, a missing parent,
+    a parent cycle: :func:`placement_problems`).
 
     Raises :class:`~gpuquota_core.quota.QuotaShapeError` for an object that cannot be read (the
     webhook answers 422, the audit reports ``quota-invalid``).
     """
-    return review_quota(quota_from_object(obj), tree, used, migrating=migration_in_progress(obj))
+    quota = quota_from_object(obj)
+    review = review_quota(quota, tree, used, migrating=migration_in_progress(obj))
+    placement = placement_problems(quota, tree.get)
+    if not placement:
+        return review
+    return QuotaReview(review.problems + tuple(placement), review.warnings)

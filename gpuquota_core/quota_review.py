@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from .quantity import ZERO, Quantity
 from .quota import QuotaInfo, QuotaTree, canonical_resource_list, legacy_gpu_names, names_both_families
-from .quota_integrity import placement_problems
 from .resources import ResourceList
 
 
@@ -39,7 +38,6 @@ def review_quota(quota: QuotaInfo, tree: QuotaTree, used: Mapping[str, Quantity]
     if over:
         problems.append(f"spec.min of {quota.ref} is above spec.max in canonical units for: " +
                         ", ".join(f"{n} ({minimum[n]} > {maximum[n]})" for n in over))
-    problems.extend(placement_problems(quota, tree.get))
     legacy = legacy_gpu_names(quota.max)
     if legacy and not names_both_families(quota.max):
         warnings.append(f"{quota.ref} limits legacy {', '.join(legacy)}; it is enforced as "

@@ -121,7 +121,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         share_with_workers(state, path)
     if state_path is not None:
         serve(state, path)
-        state.load(load_objects(str(state_path)), source=str(state_path))
+        state.load(load_objects(str(state_path)))
     else:
         from kubeaccess.kube import connect
 

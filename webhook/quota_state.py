@@ -77,17 +77,14 @@ class QuotaState:
             finally:
                 publisher.leave(self.tree, self.usage, self.ledger, self.synced)
 
-    def load(self, objects: Iterable[Mapping[str, Any]], source: str = "") -> None:
-        """Replace the whole state from manifests (offline mode): quotas first, then the pods.
-
-        Raises :class:`~gpuquota_core.quota_integrity.QuotaTreeError` (naming ``source``, the
-        file or directory read) when two quotas share a name or parents form a cycle: with a fixed
-        set of quotas there is no later event to settle either, and the limit enforced would
-        depend on the order of the files. Nothing is replaced then.
-        """
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
         objects = list(objects)
+        # Two quotas of one name or a parent cycle raise QuotaTreeError (a ValueError naming the
+        # quotas) and nothing is replaced: with a fixed set of quotas no later event settles
+        # either, and the limit enforced would depend on the order of the files.
         quotas = [compact("ElasticQuota", o) for o in objects if o.get("kind") == "ElasticQuota"]
-        check_tree((q for q in quotas if isinstance(q, QuotaInfo)), source)
+        check_tree(q for q in quotas if isinstance(q, QuotaInfo))
         self.replace_compact("ElasticQuota", quotas)
         self.replace_kind("Pod", (o for o in objects if o.get("kind") == "Pod"))
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuquota_core.quota import QuotaTree, quota_from_object
+from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_integrity import (
     DUPLICATE_NAME,
     PARENT_CYCLE,
@@ -19,7 +20,6 @@ from gpuquota_core.quota_integrity import (
     check_tree,
     tree_problems,
 )
-from gpuquota_core.quota_review import review_quota
 from webhook.quota_port import PodAdmission
 from webhook.quota_state import QuotaState
 
@@ -89,8 +89,9 @@ def test_state_with_a_repeated_name_does_not_load_in_either_order(order: int) ->
     # Before: the copy read last won, so the room (1000 or 400) depended on the order of the files.
     copies = [quota("team", "ns-a", ratio="1000"), quota("team", "ns-b", ratio="400")][::order]
     state = QuotaState()
-    with pytest.raises(QuotaTreeError, match=r"^team-state\.yaml: .*ElasticQuota name team is used by 2 quotas"):
-        state.load([*copies, pod("p", "100")], source="team-state.yaml")
+    with pytest.raises(QuotaTreeError, match=r"^the ElasticQuotas do not form a tree: ElasticQuota name team is used "
+                                             r"by 2 quotas \((ns-a/team, ns-b/team|ns-b/team, ns-a/team)\)"):
+        state.load([*copies, pod("p", "100")])
     assert state.ready() == (False, "quota state not synced yet")
     refused = state.admit_pod(PodAdmission(uid="u", operation="CREATE", namespace="ns-a", name="q", pod_uid="",
                                            labels={QUOTA_LABEL: "team"}, canonical_requests={RATIO: "100"}))
@@ -113,7 +114,7 @@ def test_state_with_a_missing_parent_loads_and_enforces_the_leaf() -> None:
 
 def review(obj: dict[str, Any], *stored: dict[str, Any]) -> tuple[str, ...]:
     tree = QuotaTree.build(quota_from_object(o) for o in stored)
-    return review_quota(quota_from_object(obj), tree, {}).problems
+    return review_quota_object(obj, tree, {}).problems
 
 
 def test_webhook_refuses_a_second_quota_of_a_name_in_another_namespace() -> None:
