@@ -17,6 +17,8 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("cli.certs", "certs"),
     ("cli.audit", "audit"),
     ("cli.migrate", "migrate"),
+    ("cli.quota", "quota"),
+    ("cli.explain", "explain"),
 )
 
 

@@ -1,0 +1,317 @@
+"""``gpuquota explain``: what the webhook would answer for a pod, or a workload's pod template,
+before it is created.
+
+Nothing here decides: the pod goes through the webhook's own handlers (``AdmissionHandlers``:
+``mutate_pod``, then ``validate_pod`` on the patched pod, as the API server calls them) against the
+webhook's own quota state (``QuotaState``) loaded from the same snapshot ``gpuquota serve --state``
+or a live cluster gives it. The headroom table is :func:`gpuquota_core.quota_view.chain_headroom`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.audit import template_of
+from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.jsonpatch import apply
+from gpuquota_core.podspec import PodShapeError, as_mapping
+from gpuquota_core.quota import POD_QUOTA_LABEL, remembered_pod_requests
+from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
+from gpuquota_core.resources import ResourceList, add_lists
+from kubeaccess.manifests import ManifestError, load_objects
+
+from . import snapshot
+from .errors import CommandError
+from .output import document, table
+
+if TYPE_CHECKING:
+    from gpuquota_core.ledger import ReservationLedger
+    from gpuquota_core.shared_ledger import StoredReservation
+    from webhook.admission import AdmissionRequest
+    from webhook.app import AdmissionHandlers
+    from webhook.quota_port import PodAdmission, Verdict
+    from webhook.quota_state import QuotaState
+
+REFUSED_EXIT = 1
+REWROTE_PREFIX = "gpuquota rewrote "
+NOTE_PREFIX = "gpuquota: "
+
+
+@dataclass
+class Subject:
+    """A pod to explain: a Pod as given, or the pod a workload's template would create."""
+
+    source: str  # "Pod team-nlp/x" or "Deployment team-nlp/inference"
+    pod: dict[str, Any]
+    replicas: int | None = None
+
+
+@dataclass
+class Explanation:
+    subject: Subject
+    admitted: bool
+    code: int
+    reason: str
+    message: str
+    rewrites: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    would_deny: list[dict[str, str]] = field(default_factory=list)
+    quota: str | None = None
+    rule: str = ""
+    rule_text: str = ""
+    chain: list[str] = field(default_factory=list)
+    levels: list[LevelHeadroom] = field(default_factory=list)
+    fit: int | None = None
+    mutation_note: str = ""
+    patch: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"subject": self.subject.source, "admitted": self.admitted, "code": self.code,
+                "reason": self.reason, "message": self.message,
+                "mutation": {"rewrites": self.rewrites, "notes": self.notes, "patch": self.patch},
+                "warnings": self.warnings, "wouldDeny": self.would_deny,
+                "quota": self.quota, "rule": self.rule, "chain": self.chain,
+                "headroom": [level.as_dict() for level in self.levels],
+                **({"replicas": self.subject.replicas, "replicasThatFit": self.fit}
+                   if self.subject.replicas is not None else {})}
+
+
+class _SnapshotDecider:
+    """The webhook's quota decider over one snapshot (a ``QuotaDecider``). Every review it sees is
+    a dry run, so nothing is reserved; with strict accounting's stored reservations it judges as a
+    strict replica does, against the ledger as stored."""
+
+    def __init__(self, state: QuotaState, reservations: Mapping[str, StoredReservation]) -> None:
+        self.state = state
+        self.reservations = reservations
+
+    def ready(self) -> tuple[bool, str]:
+        return self.state.ready()
+
+    def holding_room(self) -> ReservationLedger:
+        """The reservations the decision counts: the stored ones still holding room, else the
+        state's own (empty: explain reserves nothing)."""
+        if self.reservations:
+            return shared_ledger.holding_room(self.reservations, self.state.usage, time.time(),
+                                              self.state.ledger.ttl_seconds)
+        return self.state.ledger
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        if self.reservations:
+            return self.state.judge_batch([admission], self.reservations, time.time())[0][0]
+        return self.state.admit_pod(admission)
+
+    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
+                            dry_run: bool) -> Verdict:
+        raise NotImplementedError("explain reviews pods only")
+
+
+@click.command()
+@click.option("-f", "--filename", "paths", multiple=True, required=True,
+              help="Pod, workload (Deployment, Job, CronJob, ...) or AdmissionReview: file, directory or -.")
+@click.option("--state", "state_paths", multiple=True,
+              help="Manifests that stand in for the cluster (as for 'gpuquota serve --state').")
+@click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster (default: $KUBECONFIG, "
+              "~/.kube/config, in-cluster).")
+@click.option("--context", default=None, help="Kubeconfig context to use.")
+@click.option("-n", "--namespace", default=None, help="Namespace of objects that name none (default: the "
+              "context's, or 'default' with --state).")
+@click.option("-o", "--output", "fmt", default="text", type=click.Choice(["text", "json", "yaml"]))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="The webhook's YAML conversion table, enforcement modes included (built-in defaults without it).")
+def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
+            namespace: str | None, fmt: str, config_path: Path | None) -> None:
+    """Show what the webhook would do with a pod before it is created.
+
+    What /mutate-pods would rewrite (or leave as written, and why), whether /validate-pods would
+    refuse it and with which message, the quota chain it resolves to and by which rule, and the
+    room at each level before and after. Exit 0 when it would be admitted, 1 when refused.
+    """
+    config = snapshot.conversion_config(config_path)
+    if state_paths and (kubeconfig or context):
+        raise CommandError("--state reads manifests; --kubeconfig/--context are for a live cluster: "
+                           "give one or the other")
+    try:
+        given = load_objects(list(paths))
+    except ManifestError as error:
+        raise CommandError(str(error)) from None
+    state_snapshot = snapshot.from_files(state_paths) if state_paths else snapshot.from_cluster(kubeconfig, context)
+    if namespace is None:
+        if state_snapshot.live:
+            from kubeaccess.kube import context_namespace
+
+            namespace = context_namespace(kubeconfig, context)
+        else:
+            namespace = "default"
+    subjects = [s for obj in given for s in subjects_of(obj, namespace)]
+    if not subjects:
+        raise CommandError(f"{', '.join(paths)}: no Pod, workload with a pod template, or AdmissionReview")
+    explanations = explain_all(subjects, state_snapshot, config)
+    if fmt == "text":
+        click.echo("\n\n".join(render(e) for e in explanations))
+    else:
+        click.echo(document({"explanations": [e.as_dict() for e in explanations]}, fmt, plain=True))
+    if not all(e.admitted for e in explanations):
+        raise SystemExit(REFUSED_EXIT)
+
+
+def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
+    kind = str(obj.get("kind"))
+    metadata = _mapping(obj.get("metadata"))
+    own_namespace = str(metadata.get("namespace") or namespace)
+    name = str(metadata.get("name") or metadata.get("generateName") or "")
+    if kind == "AdmissionReview":
+        request = obj.get("request")
+        pod = request.get("object") if isinstance(request, Mapping) else None
+        if not isinstance(pod, dict):
+            raise CommandError("AdmissionReview has no request.object")
+        review_namespace = str(request.get("namespace") or "") if isinstance(request, Mapping) else ""
+        return subjects_of(pod, review_namespace or namespace)
+    if kind == "Pod":
+        pod = _plain(obj, name)
+        if not isinstance(pod.get("metadata", {}), dict):
+            raise CommandError(f"Pod {name or '(unnamed)'}: metadata is not an object")
+        pod.setdefault("metadata", {})["namespace"] = own_namespace
+        return [Subject(f"Pod {own_namespace}/{name}", pod)]
+    template = template_of(obj)
+    if template is None:
+        return []
+    # The pod a controller would create from it: the template's labels and annotations (the quota
+    # label among them), a generated name, the workload's namespace.
+    template_metadata = _mapping(template.get("metadata"))
+    pod_metadata: dict[str, Any] = {"generateName": f"{name}-", "namespace": own_namespace}
+    for key in ("labels", "annotations"):
+        if isinstance(template_metadata.get(key), Mapping):
+            pod_metadata[key] = _plain(template_metadata[key], name)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
+           "spec": _plain(template.get("spec") or {}, name)}
+    spec = _mapping(obj.get("spec"))
+    replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
+    if kind == "Job":
+        replicas = spec.get("parallelism", 1)
+    return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod,
+                    replicas if isinstance(replicas, int) else None)]
+
+
+def _plain(value: Any, name: str) -> Any:
+    """A JSON copy, as the API server would hold it: YAML timestamps become their text."""
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (ValueError, RecursionError):
+        raise CommandError(f"{name or '(unnamed)'}: not a JSON object the API server would store") from None
+
+
+def _review(pod: Mapping[str, Any]) -> bytes:
+    """The AdmissionReview the API server would send for the pod's CREATE, as a dry run: the quota
+    decision then reserves nothing, even in the webhook's own state."""
+    metadata = _mapping(pod.get("metadata"))
+    request = {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+               "resource": {"group": "", "version": "v1", "resource": "pods"},
+               "namespace": str(metadata.get("namespace") or ""), "name": str(metadata.get("name") or ""),
+               "operation": "CREATE", "userInfo": {"username": "gpuquota-explain"}, "object": pod, "dryRun": True}
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+
+
+def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
+                config: ConversionConfig) -> list[Explanation]:
+    from webhook.admission import decode_review
+    from webhook.app import AdmissionHandlers
+    from webhook.quota_state import QuotaState
+
+    state_snapshot.tree(config)  # an unreadable quota: one Error line, before the state reads it
+    state = QuotaState()
+    state.load(state_snapshot.objects)
+    decider = _SnapshotDecider(state, state_snapshot.reservations)
+    handlers = AdmissionHandlers(config, decider)
+    return [_explain(subject, handlers, decider, decode_review) for subject in subjects]
+
+
+def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDecider,
+             decode_review: Callable[[bytes], AdmissionRequest]) -> Explanation:
+    mutated = handlers.mutate_pod(decode_review(_review(subject.pod)))
+    response = mutated.response
+    rewrites = [w.removeprefix(REWROTE_PREFIX) for w in response.warnings if w.startswith(REWROTE_PREFIX)]
+    notes = [w.removeprefix(NOTE_PREFIX) for w in response.warnings if w.startswith(NOTE_PREFIX)]
+    if not response.allowed:
+        return Explanation(subject, False, response.code, response.reason, response.message, rewrites, notes,
+                           mutation_note=mutated.note)
+    pod = apply(subject.pod, response.patch) if response.patch else subject.pod
+    validated = handlers.validate_pod(decode_review(_review(pod)))
+    state, reserved = decider.state, decider.holding_room()
+    verdict = validated.response
+    result = Explanation(subject, verdict.allowed, verdict.code, verdict.reason, verdict.message, rewrites, notes,
+                         warnings=list(verdict.warnings),
+                         would_deny=[{"check": r.check, "mode": r.mode.value, "message": r.message}
+                                     for r in validated.relaxed],
+                         mutation_note=mutated.note, patch=[dict(op) for op in response.patch or ()])
+    metadata = _mapping(pod.get("metadata"))
+    labels = _mapping(metadata.get("labels"))
+    resolution = state.tree.resolve(str(metadata.get("namespace") or ""), str(labels.get(POD_QUOTA_LABEL) or ""))
+    result.quota, result.rule, result.rule_text = resolution.quota, resolution.rule, describe_rule(resolution)
+    result.chain = [q.name for q in state.tree.chain(resolution.quota)] if resolution.quota in state.tree.quotas \
+        else []
+    try:
+        requests = remembered_pod_requests(as_mapping(pod.get("spec"), "spec"), handlers.config)
+    except PodShapeError:
+        return result  # validation refused it as unreadable: there is no request to place
+
+    def used_of(quota: str) -> ResourceList:
+        return add_lists(state.usage.used(quota), reserved.used(quota))
+
+    result.levels = chain_headroom(state.tree, resolution, requests, used_of)
+    result.fit = pods_that_fit(result.levels)
+    return result
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def render(e: Explanation) -> str:
+    verdict = "ADMITTED" if e.admitted else f"REFUSED ({e.code} {e.reason})"
+    lines = [f"{e.subject.source}: {verdict}"]
+    if e.message:
+        lines.append(f"  {e.message}")
+    for would in e.would_deny:
+        lines.append(f"  would be refused ({would['check']}, {would['mode']} mode): {would['message']}")
+    lines.append("")
+    lines.append("Mutation (/mutate-pods):")
+    if not e.rewrites:
+        lines.append(f"  no rewrite ({e.mutation_note})")
+    lines += [f"  rewrote {r}" for r in e.rewrites]
+    lines += [f"  left as written: {n}" for n in e.notes]
+    lines.append("")
+    if not e.rule:
+        pass  # refused before the quota decision: the pod could not be read
+    elif e.quota is None:
+        lines.append(f"Quota: none ({e.rule_text})")
+    else:
+        lines.append(f"Quota: {e.quota}, by rule {e.rule}: {e.rule_text}")
+        if e.chain:
+            lines.append(f"  chain: {' -> '.join(e.chain)}")
+    if e.levels:
+        rows = [[level.quota.name, level.resource.removeprefix("koordinator.sh/"),
+                 with_cards(level.resource, level.limit), with_cards(level.resource, level.used),
+                 with_cards(level.resource, level.charge), with_cards(level.resource, level.before),
+                 with_cards(level.resource, level.after), "" if level.fits else "over"]
+                for level in e.levels]
+        rendered = table(["LEVEL", "RESOURCE", "LIMIT", "USED", "POD ADDS", "FREE BEFORE", "FREE AFTER", ""], rows)
+        lines += ["  " + line for line in rendered.splitlines()]
+    if e.subject.replicas is not None and e.fit is not None:
+        lines.append(f"  replicas: {e.subject.replicas}; pods alike that fit now: {e.fit}")
+    other = [w for w in e.warnings if not w.startswith(REWROTE_PREFIX)]
+    if other:
+        lines.append("")
+        lines.append("Warnings:")
+        lines += [f"  {w}" for w in other]
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""``gpuquota quota``: the ElasticQuota tree with what each quota uses, reserves and has left.
+
+The numbers come from :mod:`gpuquota_core.quota_view`, built on the webhook's own usage index;
+this module loads and renders them (bars and colour on a terminal, plain text when piped).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from fractions import Fraction
+
+import click
+
+from gpuquota_core.quantity import Quantity
+from gpuquota_core.quota_view import (
+    FAMILY_KOORDINATOR,
+    FAMILY_MIXED,
+    FAMILY_VENDOR,
+    ResourceView,
+    TreeView,
+    build_view,
+    with_cards,
+)
+
+from . import snapshot
+from .errors import CommandError
+from .output import FORMATS, document, table
+
+STATE_COLOURS = {"ok": "green", "near-full": "yellow", "full": "red", "over": "red"}
+BAR_MIN, BAR_MAX = 5, 20
+INDENT = "  "
+
+
+def short(resource: str) -> str:
+    return resource.removeprefix("koordinator.sh/")
+
+
+def on_terminal() -> bool:
+    """Whether standard output is a terminal (a function so that tests can say it is)."""
+    return sys.stdout.isatty()
+
+
+def use_colour(choice: str) -> bool:
+    if choice == "auto":
+        return on_terminal() and not os.environ.get("NO_COLOR")
+    return choice == "always"
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("-f", "--filename", "paths", multiple=True, help="File, directory or - (stdin) holding the cluster.")
+@click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster (default: $KUBECONFIG, "
+              "~/.kube/config, in-cluster).")
+@click.option("--context", default=None, help="Kubeconfig context to use.")
+@click.option("-n", "--namespace", default=None,
+              help="Only quotas in this namespace or bound to it (with their ancestors).")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Every quota (the default offline).")
+@click.option("-o", "--output", "fmt", default="table", type=click.Choice(FORMATS))
+@click.option("--pods", "with_pods", is_flag=True, help="Also list the pods charged to each quota, largest first.")
+@click.option("--color", "colour", default="auto", type=click.Choice(["auto", "always", "never"]),
+              show_default=True, help="Usage bars and colour: on a terminal (auto), always or never.")
+def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
+          namespace: str | None, all_namespaces: bool, fmt: str, with_pods: bool, colour: str) -> None:
+    """Show the ElasticQuota tree with each quota's GPU usage, in canonical units.
+
+    Per quota and limited GPU resource: min, max (or the admission annotation), used (split by the
+    family the pods wrote: vendor nvidia.com/gpu-style or koordinator.sh/gpu-* shares), reserved but
+    not yet seen (live, strict accounting), free, and which quota of the chain binds first.
+    Without -f it reads the live cluster: like kubectl, the context's namespace unless -n or -A.
+    """
+    if namespace and all_namespaces:
+        raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
+    state = snapshot.load(paths, kubeconfig, context)
+    if state.live and not namespace and not all_namespaces and name is None:
+        from kubeaccess.kube import context_namespace
+
+        namespace = context_namespace(kubeconfig, context)
+    # The built-in conversion table, as the webhook's quota service charges stored pods and reads
+    # quota limits with it (its --config governs the rewrite of new pods, not the accounting).
+    tree = state.tree()
+    if name is not None and name not in tree.quotas:
+        raise CommandError(f"no ElasticQuota named {name!r}")
+    view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,
+                      ledger_trees=state.ledger_trees, now=time.time())
+    view = view.select(name, namespace)
+    if fmt in ("json", "yaml"):
+        data = view.as_dict(with_pods)
+        data["source"] = "live" if state.live else "files"
+        data["notes"] = [*data["notes"], *state.notes]
+        click.echo(document(data, fmt, plain=True))
+        return
+    if not view.quotas:
+        click.echo(f"No ElasticQuotas{f' in namespace {namespace}' if namespace else ''}.")
+        return
+    coloured = use_colour(colour)
+    click.echo(render_table(view, wide=fmt == "wide", coloured=coloured,
+                            width=shutil.get_terminal_size().columns), color=coloured)
+    if with_pods:
+        click.echo("")
+        click.echo(render_pods(view))
+    for note in [*view.notes, *state.notes, *(f"unreadable pod not counted: {p}" for p in view.unreadable_pods)]:
+        click.echo(f"note: {note}", err=True)
+
+
+def _amount(resource: str, quantity: Quantity | None, cards: bool) -> str:
+    if quantity is None:
+        return "-"
+    return with_cards(resource, quantity) if cards and not quantity.is_zero() else str(quantity)
+
+
+def _percent(row: ResourceView) -> str:
+    if row.limit is None:
+        return ""
+    if row.limit.amount == 0:
+        return "100%" if row.taken.amount > 0 else "0%"
+    return f"{int(row.taken.amount * 100 / row.limit.amount)}%"
+
+
+DEFAULT_COLUMNS = ("QUOTA", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE", "RESERVED", "FREE", "BINDS-FIRST",
+                   "USE")
+WIDE_COLUMNS = ("QUOTA", "NAMESPACE", "RESOURCE", "MIN", "MAX", "USED", "VENDOR", "SHARE", "RESERVED", "FREE",
+                "BINDS-FIRST", "CHAIN-FREE", "LIMIT-FROM", "MIXED", "USE")
+# What a terminal too narrow for the default table keeps: the limit, the use, the room, who binds.
+NARROW_COLUMNS = ("QUOTA", "RESOURCE", "MAX", "USED", "FREE", "BINDS-FIRST", "USE")
+
+
+def _rows(view: TreeView, columns: Sequence[str], cards: bool,
+          every: bool) -> tuple[list[str], list[list[str]], list[ResourceView | None]]:
+    """``cards``: counts beside MAX, USED, FREE and CHAIN-FREE; ``every``: beside every figure."""
+    rows: list[list[str]] = []
+    resources: list[ResourceView | None] = []
+    for quota_view in view.quotas:
+        label = INDENT * quota_view.depth + quota_view.quota.name
+        if not quota_view.resources:
+            rows.append([label if column == "QUOTA" else "" for column in columns])
+            resources.append(None)
+            continue
+        for index, row in enumerate(quota_view.resources):
+            name = row.resource
+            cells = {
+                "QUOTA": label if index == 0 else "",
+                "NAMESPACE": quota_view.quota.namespace if index == 0 else "",
+                "RESOURCE": short(name),
+                "MIN": _amount(name, row.min, every),
+                "MAX": _amount(name, row.limit, cards),
+                "USED": _amount(name, row.used, cards),
+                "VENDOR": _amount(name, row.used_by_family.get(FAMILY_VENDOR), every),
+                "SHARE": _amount(name, row.used_by_family.get(FAMILY_KOORDINATOR), every),
+                "MIXED": _amount(name, row.used_by_family.get(FAMILY_MIXED), every),
+                "RESERVED": _amount(name, row.reserved, every),
+                "FREE": _amount(name, row.free, cards),
+                "BINDS-FIRST": row.binds_first or "-",
+                "CHAIN-FREE": _amount(name, row.chain_free, cards),
+                "LIMIT-FROM": quota_view.limit_source,
+                "USE": _percent(row),
+            }
+            rows.append([cells[column] for column in columns])
+            resources.append(row)
+    return list(columns), rows, resources
+
+
+def _width(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+def render_table(view: TreeView, *, wide: bool, coloured: bool, width: int) -> str:
+    """The tree as a table; ``coloured``: a terminal, with usage bars, fitted to ``width`` columns.
+
+    Piped, every column with its card counts. On a terminal the first layout that leaves room for
+    a short bar: as piped; without card counts (the canonical figures stay); the narrow columns.
+    """
+    layouts: list[tuple[Sequence[str], bool, bool]]
+    if wide:
+        layouts = [(WIDE_COLUMNS, True, True), (WIDE_COLUMNS, False, False)]
+    else:
+        layouts = [(DEFAULT_COLUMNS, True, False), (DEFAULT_COLUMNS, False, False), (NARROW_COLUMNS, False, False)]
+    if not coloured:
+        layouts = layouts[:1]
+    for columns, cards, every in layouts:
+        headers, rows, resources = _rows(view, columns, cards, every)
+        text = table(headers, rows)
+        if _width(text) + BAR_MIN + 1 <= width:
+            break
+    if not coloured:
+        return text
+    lines = text.splitlines()
+    # The USE column is last: its cell is replaced by a bar and the figure, both coloured.
+    start = lines[0].rindex("USE")
+    bar = max(0, min(BAR_MAX, width - start - len(" 100%") - 1))
+    out = [lines[0]]
+    for line, row in zip(lines[1:], resources, strict=True):
+        prefix = line[:start].ljust(start)
+        if row is None or row.limit is None:
+            out.append(line.rstrip())
+            continue
+        out.append(prefix + _bar(row, bar))
+    return "\n".join(out)
+
+
+def _bar(row: ResourceView, width: int) -> str:
+    colour = STATE_COLOURS.get(row.state, "")
+    figure = _percent(row) + (" OVER" if row.state == "over" else "")
+    if width < BAR_MIN:
+        return click.style(figure, fg=colour, bold=row.state == "over")
+    assert row.limit is not None
+    share = Fraction(1) if row.limit.amount == 0 else min(Fraction(1), row.taken.amount / row.limit.amount)
+    filled = int(share * width)
+    return click.style("█" * filled + "░" * (width - filled) + " " + figure, fg=colour, bold=row.state == "over")
+
+
+def render_pods(view: TreeView) -> str:
+    names = sorted({name for quota_view in view.quotas for pod in quota_view.pods for name in pod.requests})
+    headers: Sequence[str] = ["QUOTA", "POD", "FAMILY", *(short(n).upper() for n in names)]
+    rows = [[quota_view.quota.name, f"{pod.namespace}/{pod.name}", pod.family or "-",
+             *(with_cards(n, pod.requests[n]) if n in pod.requests else "-" for n in names)]
+            for quota_view in view.quotas for pod in quota_view.pods]
+    return table(headers, rows) if rows else "No pods are charged to these quotas."

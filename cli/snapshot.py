@@ -1,0 +1,119 @@
+"""What ``gpuquota quota`` and ``gpuquota explain`` read: quotas, pods and nodes, from manifest files
+or a live cluster, plus (live) the strict-accounting ledgers the webhook replicas write."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
+from gpuquota_core.podspec import PodShapeError
+from gpuquota_core.quota import QuotaShapeError, QuotaTree, quota_from_object
+from kubeaccess.manifests import ManifestError, load_objects
+
+from .errors import CommandError
+
+STATE_KINDS = ("Node", "Pod", "ElasticQuota")
+
+
+@dataclass
+class Snapshot:
+    objects: list[dict[str, Any]]
+    live: bool
+    # Strict accounting's stored reservations and the trees whose ledger object was read; offline
+    # both are empty and every tree counts as known (nothing is reserved in a set of files).
+    reservations: dict[str, shared_ledger.StoredReservation] = field(default_factory=dict)
+    ledger_trees: set[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [obj for obj in self.objects if obj.get("kind") == kind]
+
+    def tree(self, config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+        try:
+            return QuotaTree.build((quota_from_object(obj) for obj in self.of_kind("ElasticQuota")), config)
+        except (QuotaShapeError, PodShapeError) as error:
+            raise CommandError(f"cannot read an ElasticQuota: {error}") from None
+
+
+def conversion_config(path: Path | None) -> ConversionConfig:
+    if path is None:
+        return DEFAULT_CONFIG
+    from webhook.config_source import ConfigFileError, read_config_file
+
+    try:
+        return read_config_file(path)
+    except ConfigFileError as error:
+        raise CommandError(str(error)) from None
+
+
+def from_files(paths: Iterable[str]) -> Snapshot:
+    try:
+        objects = load_objects(list(paths))
+    except ManifestError as error:
+        raise CommandError(str(error)) from None
+    return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False)
+
+
+def from_cluster(kubeconfig: str | None, context: str | None, *, with_ledgers: bool = True) -> Snapshot:
+    """Every quota, pod and node of the cluster (pods of every namespace: a parent quota counts them
+    all), and the ledger ConfigMaps strict accounting keeps, where they can be read."""
+    from kubeaccess.kube import AUDIT_KINDS, KubeAccessError, connect, list_all
+
+    try:
+        api = connect(kubeconfig, context)
+        try:
+            objects = [obj for kind in AUDIT_KINDS if kind.kind in STATE_KINDS for obj in list_all(api, kind, None)]
+            snapshot = Snapshot(objects, live=True, ledger_trees=set())
+            if with_ledgers:
+                _read_ledgers(api, snapshot)
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
+    except KubeAccessError as error:
+        raise CommandError(str(error)) from None
+    return snapshot
+
+
+def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
+    """Reservations strict accounting holds, per tree; a tree without a readable ledger object stays
+    unknown (local accounting keeps them in each webhook instance's memory, out of reach)."""
+    import orjson
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from kubeaccess.kube import api_error_message
+    from webhook.strict_accounting import MANAGED_SELECTOR
+
+    try:
+        response: Any = client.CoreV1Api(api).list_config_map_for_all_namespaces(
+            label_selector=MANAGED_SELECTOR, _preload_content=False, _request_timeout=60)
+    except ApiException as error:
+        snapshot.notes.append(f"reserved is unknown: cannot list the strict-accounting ledger ConfigMaps: "
+                              f"{error.status} {api_error_message(error)}")
+        return
+    except HTTPError as error:
+        snapshot.notes.append(f"reserved is unknown: cannot list the ledger ConfigMaps: {error}")
+        return
+    assert snapshot.ledger_trees is not None
+    for item in orjson.loads(response.data or b"{}").get("items", []):
+        metadata = item.get("metadata") or {}
+        name = str(metadata.get("name") or "")
+        if not name.startswith(shared_ledger.LEDGER_NAME_PREFIX):
+            continue
+        try:
+            stored = shared_ledger.decode(item.get("data"))
+        except shared_ledger.LedgerFormatError as error:
+            snapshot.notes.append(f"ConfigMap {metadata.get('namespace')}/{name}: {error}")
+            continue
+        snapshot.ledger_trees.add(name[len(shared_ledger.LEDGER_NAME_PREFIX):])
+        snapshot.reservations.update(stored)
+
+
+def load(paths: tuple[str, ...], kubeconfig: str | None, context: str | None) -> Snapshot:
+    if paths and (kubeconfig or context):
+        raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
+    return from_files(paths) if paths else from_cluster(kubeconfig, context)

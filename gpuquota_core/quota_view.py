@@ -1,0 +1,420 @@
+"""The quota tree as people read it: per quota and GPU resource, the limit, what is used (and by
+which family of requests), what is reserved, what is free, and which quota on the chain binds first.
+
+Everything here is derived with the functions the webhook decides with (``QuotaTree.resolve``,
+``QuotaTree.limit``, ``UsageIndex``, ``charges_for_chain``, ``shared_ledger.holding_room``), so a
+number shown is the number the validating webhook compares. Pure: callers load the objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from .canonical import ORIGINAL_RESOURCES_ANNOTATION, original_resources
+from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .podspec import CONTAINER_KINDS
+from .quantity import ZERO, Quantity
+from .quota import (
+    UNCHECKED_QUOTAS,
+    QuotaInfo,
+    QuotaTree,
+    Resolution,
+    UsageIndex,
+    canonical_resource_list,
+    charges_for_chain,
+    pod_is_counted,
+    pod_record,
+)
+from .resources import (
+    DEPRECATED_RENAMES,
+    PERCENT_PER_CARD,
+    PERCENTAGE_NAMES,
+    GpuFamily,
+    ResourceList,
+    families_of,
+    is_gpu_name,
+)
+from .shared_ledger import StoredReservation, holding_room, tree_of
+
+SCHEMA_VERSION = 1
+# At or above this share of its limit a quota shows as near full (a warning colour on a terminal).
+NEAR_FULL = Fraction(4, 5)
+
+# Which requests a pod wrote, before any rewrite: whole cards of a vendor name, Koordinator's
+# percent names (the share pods), or both in one pod.
+FAMILY_VENDOR = GpuFamily.VENDOR.value
+FAMILY_KOORDINATOR = GpuFamily.KOORDINATOR.value
+FAMILY_MIXED = "mixed"
+FAMILIES = (FAMILY_VENDOR, FAMILY_KOORDINATOR, FAMILY_MIXED)
+
+RULE_TEXT: Mapping[str, str] = {
+    "label": "the pod's quota.scheduling.koordinator.sh/name label names it",
+    "namespace-name": "it is the quota named after the pod's namespace, in that namespace",
+    "namespaces-annotation": "its quota.scheduling.koordinator.sh/namespaces annotation lists the pod's namespace",
+    "default": "no label, namespace or annotation matched: the default quota",
+    "label-not-found": "the pod's quota.scheduling.koordinator.sh/name label names a quota that does not exist",
+    "none": "no label, namespace or annotation matched and there is no default quota: not quota-checked",
+}
+
+
+def cards(quantity: Quantity) -> str:
+    """A percent-of-a-card amount in cards: ``350`` -> ``3.5``; exact, at most two decimals shown."""
+    value = quantity.amount / PERCENT_PER_CARD
+    if value.denominator == 1:
+        return str(value.numerator)
+    hundredths = value * 100
+    if hundredths.denominator == 1:
+        return f"{value.numerator / value.denominator:.2f}".rstrip("0")
+    return f"~{float(value):.2f}"
+
+
+def with_cards(resource: str, quantity: Quantity) -> str:
+    """``350 (3.5 cards)`` for percent-of-a-card names, the plain quantity for any other."""
+    if resource not in PERCENTAGE_NAMES:
+        return str(quantity)
+    count = cards(quantity)
+    return f"{quantity} ({count} {'card' if count in ('1', '-1') else 'cards'})"
+
+
+def written_family(pod: Mapping[str, Any]) -> str | None:
+    """The GPU family a pod's author wrote: read from the original-resources annotation for what
+    the mutating webhook rewrote, from the spec for the rest. None for a pod without GPU names."""
+    originals = original_resources(pod) or {}
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    names: set[str] = set()
+    for kind in CONTAINER_KINDS:
+        entries = spec.get(kind)
+        recorded_kind = originals.get(kind)
+        recorded: Mapping[str, Any] = recorded_kind if isinstance(recorded_kind, Mapping) else {}
+        for entry in entries if isinstance(entries, list) else ():
+            if not isinstance(entry, Mapping):
+                continue
+            container_name = entry.get("name")
+            fields = recorded.get(container_name) if isinstance(container_name, str) else None
+            if isinstance(fields, Mapping) and fields:
+                # Rewritten: the spec now holds the webhook's names, the annotation the author's.
+                names.update(name for values in fields.values() if isinstance(values, Mapping) for name in values)
+                continue
+            resources = entry.get("resources")
+            for values in (resources.get(f) for f in ("requests", "limits")) if isinstance(resources, Mapping) else ():
+                if isinstance(values, Mapping):
+                    names.update(str(name) for name in values)
+    families = families_of(DEPRECATED_RENAMES.get(name, name) for name in names)
+    if not families:
+        return None
+    if len(families) > 1:
+        return FAMILY_MIXED
+    return next(iter(families)).value
+
+
+def _annotated(pod: Mapping[str, Any]) -> bool:
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return isinstance(annotations, Mapping) and ORIGINAL_RESOURCES_ANNOTATION in annotations
+
+
+@dataclass(frozen=True, slots=True)
+class ChargedPod:
+    namespace: str
+    name: str
+    quota: str  # the leaf it resolves to
+    rule: str
+    family: str | None
+    rewritten: bool  # the mutating webhook rewrote it (original-resources annotation present)
+    requests: ResourceList  # canonical, GPU names only
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "quota": self.quota, "rule": self.rule,
+                "family": self.family, "rewritten": self.rewritten,
+                "requests": {name: str(q) for name, q in sorted(self.requests.items())}}
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceView:
+    resource: str
+    min: Quantity | None
+    limit: Quantity | None  # None: this quota does not limit it (an ancestor does)
+    used: Quantity
+    used_by_family: dict[str, Quantity]
+    reserved: Quantity | None  # None: not known (no readable ledger for this tree)
+    binds_first: str  # the quota of the chain with the least room ("" when none limits it)
+    chain_free: Quantity | None  # that least room: what one more pod here can take
+
+    @property
+    def taken(self) -> Quantity:
+        return self.used + (self.reserved or ZERO)
+
+    @property
+    def free(self) -> Quantity | None:
+        return None if self.limit is None else self.limit - self.taken
+
+    @property
+    def state(self) -> str:
+        """ok, near-full, full or over (against this quota's own limit); unlimited without one."""
+        if self.limit is None:
+            return "unlimited"
+        if self.taken > self.limit:
+            return "over"
+        if self.taken == self.limit:
+            return "full"
+        if self.limit.amount > 0 and self.taken.amount / self.limit.amount >= NEAR_FULL:
+            return "near-full"
+        return "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        def text(q: Quantity | None) -> str | None:
+            return None if q is None else str(q)
+        return {"name": self.resource, "min": text(self.min), "limit": text(self.limit), "used": str(self.used),
+                "usedByFamily": {family: str(q) for family, q in self.used_by_family.items()},
+                "reserved": text(self.reserved), "free": text(self.free), "state": self.state,
+                "bindsFirst": self.binds_first or None, "chainFree": text(self.chain_free)}
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaView:
+    quota: QuotaInfo
+    depth: int
+    limit_source: str  # "admission" (the annotation overrides max) or "max"
+    resources: tuple[ResourceView, ...]
+    pods: tuple[ChargedPod, ...]  # charged to this quota as their leaf, largest first
+
+    def as_dict(self, with_pods: bool) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.quota.name, "namespace": self.quota.namespace,
+                                "parent": self.quota.parent or None, "depth": self.depth,
+                                "isParent": self.quota.is_parent, "limitSource": self.limit_source,
+                                "resources": [r.as_dict() for r in self.resources]}
+        if with_pods:
+            data["pods"] = [p.as_dict() for p in self.pods]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class TreeView:
+    quotas: tuple[QuotaView, ...]
+    unreadable_pods: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def select(self, name: str | None = None, namespace: str | None = None) -> TreeView:
+        """The quotas matching ``name`` / ``namespace`` with their ancestors (the tree stays readable),
+        and with ``name`` its descendants too."""
+        by_name = {view.quota.name: view for view in self.quotas}
+        wanted: set[str] = set()
+        for view in self.quotas:
+            quota = view.quota
+            if name is not None and quota.name != name:
+                continue
+            if namespace is not None and quota.namespace != namespace and namespace not in quota.bound_namespaces:
+                continue
+            wanted.add(quota.name)
+        if name is not None:
+            # Descendants: every quota whose chain passes through a wanted one.
+            for view in self.quotas:
+                if _ancestors(view.quota, by_name) & wanted:
+                    wanted.add(view.quota.name)
+        for quota_name in list(wanted):
+            wanted |= _ancestors(by_name[quota_name].quota, by_name)
+        return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes)
+
+    def as_dict(self, with_pods: bool = False) -> dict[str, Any]:
+        return {"schemaVersion": SCHEMA_VERSION, "kind": "QuotaUsage",
+                "quotas": [view.as_dict(with_pods) for view in self.quotas],
+                "unreadablePods": list(self.unreadable_pods), "notes": list(self.notes)}
+
+
+def _ancestors(quota: QuotaInfo, by_name: Mapping[str, QuotaView]) -> set[str]:
+    found: set[str] = set()
+    parent = quota.parent
+    while parent and parent in by_name and parent not in found:
+        found.add(parent)
+        parent = by_name[parent].quota.parent
+    return found
+
+
+def tree_order(tree: QuotaTree) -> list[tuple[QuotaInfo, int]]:
+    """Every quota once, parents above their children (depth first, by name), with its depth."""
+    ordered: list[tuple[QuotaInfo, int]] = []
+    seen: set[str] = set()
+
+    def visit(name: str, depth: int) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        ordered.append((tree.quotas[name], depth))
+        for child in sorted(tree.children(name)):
+            visit(child, depth + 1)
+
+    roots = sorted(q.name for q in tree if not q.parent or q.parent not in tree.quotas)
+    for root in roots:
+        visit(root, 0)
+    for name in sorted(tree.quotas):  # quotas in a parent cycle: no root reaches them
+        visit(name, 0)
+    return ordered
+
+
+def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
+               reservations: Mapping[str, StoredReservation] | None = None,
+               ledger_trees: Iterable[str] | None = None, now: float = 0.0,
+               config: ConversionConfig = DEFAULT_CONFIG) -> TreeView:
+    """The usage view of ``tree`` with ``pods`` charged as the webhook's usage index charges them.
+
+    ``reservations``: the strict-accounting ledgers' entries (``shared_ledger.decode``) with
+    ``ledger_trees`` the tree roots whose ledger object was read; reserved is unknown (None) for the
+    other trees. Without ``ledger_trees`` every tree is known (offline: nothing is reserved).
+    """
+    usage = UsageIndex(tree)
+    # By pod key: a pod listed twice counts once, as its later version (UsageIndex.upsert's rule).
+    charged: dict[str, ChargedPod] = {}
+    unreadable: list[str] = []
+    for pod in pods:
+        if not pod_is_counted(pod):
+            continue
+        try:
+            record = pod_record(pod, config)
+        except ValueError:
+            metadata = pod.get("metadata")
+            metadata = metadata if isinstance(metadata, Mapping) else {}
+            unreadable.append(f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}")
+            continue
+        usage.upsert(record)
+        charged.pop(record.key, None)
+        if usage.charged_to(record.key):
+            resolution = tree.resolve(record.namespace, record.quota_label)
+            charged[record.key] = ChargedPod(record.namespace, record.name, usage.charged_to(record.key)[0],
+                                             resolution.rule, written_family(pod), _annotated(pod),
+                                             {n: q for n, q in record.requests.items() if is_gpu_name(n)})
+    ledger = holding_room(reservations or {}, usage, now, 0.0)
+    known = None if ledger_trees is None else set(ledger_trees)
+
+    def reserved_of(quota: str) -> ResourceList | None:
+        if known is not None and tree_of(tree, quota) not in known:
+            return None
+        return ledger.used(quota)
+
+    by_family: dict[str, dict[str, ResourceList]] = {}
+    by_leaf: dict[str, list[ChargedPod]] = {}
+    for key, pod_view in charged.items():
+        by_leaf.setdefault(pod_view.quota, []).append(pod_view)
+        # A pod without GPU names adds nothing to any GPU total; its family does not matter.
+        family = pod_view.family or FAMILY_KOORDINATOR
+        for charged_quota in usage.charged_to(key):
+            totals = by_family.setdefault(charged_quota, {}).setdefault(family, {})
+            for name, quantity in pod_view.requests.items():
+                totals[name] = totals.get(name, ZERO) + quantity
+
+    views: list[QuotaView] = []
+    for quota, depth in tree_order(tree):
+        chain = tree.chain(quota.name)
+        limited: set[str] = set()
+        for member in chain:
+            if member.name not in UNCHECKED_QUOTAS:
+                limited.update(n for n in tree.limit(member.name)[0] if is_gpu_name(n))
+        own_limit = tree.limit(quota.name)[0] if quota.name not in UNCHECKED_QUOTAS else {}
+        own_min = canonical_resource_list(quota.min, tree.config, quota.name)[0]
+        used = usage.used(quota.name)
+        families = by_family.get(quota.name, {})
+        resources: list[ResourceView] = []
+        for name in sorted(limited | {n for n in own_limit if is_gpu_name(n)}):
+            reserved = reserved_of(quota.name)
+            binds, least = _binding(tree, chain, name, usage, reserved_of)
+            resources.append(ResourceView(
+                resource=name, min=own_min.get(name), limit=own_limit.get(name),
+                used=used.get(name, ZERO),
+                # vendor and koordinator always; mixed only where such pods exist.
+                used_by_family={family: families.get(family, {}).get(name, ZERO)
+                                for family in FAMILIES if family in families or family != FAMILY_MIXED},
+                reserved=None if reserved is None else reserved.get(name, ZERO),
+                binds_first=binds, chain_free=least))
+        own_pods = sorted(by_leaf.get(quota.name, ()), key=_size_key)
+        views.append(QuotaView(quota, depth, "admission" if quota.admission is not None else "max",
+                               tuple(resources), tuple(own_pods)))
+    notes = tuple(sorted({note.message for quota in tree if quota.name not in UNCHECKED_QUOTAS
+                          for note in tree.limit(quota.name)[1]}))
+    return TreeView(tuple(views), tuple(unreadable), notes)
+
+
+def _size_key(pod: ChargedPod) -> tuple[Any, ...]:
+    # Largest first: by the sum of its GPU amounts, then by name for a stable order.
+    return (-sum((q.amount for q in pod.requests.values()), Fraction(0)), pod.namespace, pod.name)
+
+
+def _binding(tree: QuotaTree, chain: list[QuotaInfo], name: str, usage: UsageIndex,
+             reserved_of: Callable[[str], ResourceList | None]) -> tuple[str, Quantity | None]:
+    """The quota of ``chain`` (leaf first) with the least room for ``name``, and that room.
+
+    The leaf wins a tie: ``check_chain`` reports the nearest quota first too.
+    """
+    best: tuple[str, Quantity | None] = ("", None)
+    for member in chain:
+        if member.name in UNCHECKED_QUOTAS:
+            continue
+        limit = tree.limit(member.name)[0].get(name)
+        if limit is None:
+            continue
+        room = limit - usage.used(member.name).get(name, ZERO) - (reserved_of(member.name) or {}).get(name, ZERO)
+        if best[1] is None or room < best[1]:
+            best = (member.name, room)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class LevelHeadroom:
+    """One quota and resource on a pod's chain: room before and after admitting the pod."""
+
+    quota: QuotaInfo
+    resource: str
+    limit: Quantity
+    used: Quantity  # watched usage plus reservations
+    charge: Quantity  # what the pod adds here
+    before: Quantity
+    after: Quantity
+
+    @property
+    def fits(self) -> bool:
+        return self.charge.is_zero() or not self.after < ZERO
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"quota": self.quota.name, "namespace": self.quota.namespace, "resource": self.resource,
+                "limit": str(self.limit), "used": str(self.used), "charge": str(self.charge),
+                "freeBefore": str(self.before), "freeAfter": str(self.after), "fits": self.fits}
+
+
+def chain_headroom(tree: QuotaTree, resolution: Resolution, requests: Mapping[str, Quantity],
+                   used_of: Callable[[str], ResourceList]) -> list[LevelHeadroom]:
+    """Per quota of the pod's chain (leaf first) and per resource it limits that the pod asks for
+    or that is a GPU name: the room before and after, as ``check_chain`` counts it for a CREATE."""
+    if resolution.quota is None or resolution.quota not in tree.quotas:
+        return []
+    chain = [q for q in tree.chain(resolution.quota) if q.name not in UNCHECKED_QUOTAS]
+    charges = charges_for_chain([q.name for q in chain], requests)
+    levels: list[LevelHeadroom] = []
+    for quota in chain:
+        limit = tree.limit(quota.name)[0]
+        used = used_of(quota.name)
+        adds = charges[quota.name]
+        for name in sorted(n for n in limit if is_gpu_name(n) or n in adds):
+            taken = used.get(name, ZERO)
+            charge = adds.get(name, ZERO)
+            before = limit[name] - taken
+            levels.append(LevelHeadroom(quota, name, limit[name], taken, charge, before, before - charge))
+    return levels
+
+
+def pods_that_fit(levels: Iterable[LevelHeadroom]) -> int | None:
+    """How many pods alike fit side by side in the room ``levels`` show before admitting any (a
+    workload's replicas); None when the pod charges nothing that is limited."""
+    counts = [max(level.before.amount, Fraction(0)) // level.charge.amount
+              for level in levels if level.charge.amount > 0]
+    return int(min(counts)) if counts else None
+
+
+def describe_rule(resolution: Resolution) -> str:
+    return RULE_TEXT.get(resolution.rule, resolution.rule)
+
+
+__all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaView", "ResourceView", "TreeView",
+           "build_view", "cards", "chain_headroom", "describe_rule", "pods_that_fit", "tree_order", "with_cards",
+           "written_family"]
