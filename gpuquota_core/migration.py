@@ -20,8 +20,16 @@ from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import PodShapeError, parse_resource_list
 from .quantity import Quantity
-from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
-from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
+from .quota import (
+    PARENT_LABEL,
+    ROOT_QUOTA,
+    QuotaInfo,
+    QuotaTree,
+    canonical_resource_list,
+    legacy_gpu_names,
+    quota_from_object,
+)
+from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
 from .quota_integrity import tree_problems
 from .resources import ResourceList
 
@@ -59,6 +67,10 @@ MULTI_LEVEL_TREE = "multi-level-tree"  # gate off: a parent and its children mus
 OVER_LIMIT = "over-limit"  # usage already exceeds the canonical limit the step writes
 TREE_ID = "tree-id"  # all-at-once: a quota with a tree id cannot be detached
 KOORDINATOR_REFUSES = "koordinator-refuses"  # Koordinator's ElasticQuota webhook would refuse the step
+REFUSED_BY_WEBHOOK = "refused-by-webhook"  # gpuquota's own ElasticQuota webhook would refuse the step
+# Phases after which ``migrate apply`` leaves a quota marked as migrating (cli/migrate.py writes the
+# marker; the webhook then admits both GPU families in it).
+MARKED_PHASES = frozenset({"add-canonical", "detach-convert"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +164,7 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
             steps.append(Step(quota.name, quota.namespace, "drop-legacy",
                               {"min": _text(quota.min), "max": _text(union_max)},
                               {"min": _text(new_min), "max": _text(new_max)}))
+    blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, set(converted), config))
     return Plan(steps, blocked, _revisit(objects, config))
 
@@ -161,6 +174,44 @@ def _tree_blocks(quotas: list[QuotaInfo], migrated: set[str]) -> list[Blocked]:
     parent cycle): where its step leaves it cannot be known, nor what Koordinator will say."""
     return [Blocked(p.quota.name, p.quota.namespace, p.check, p.message)
             for p in tree_problems(quotas) if p.quota.name in migrated]
+
+
+def _webhook_refusals(objects: list[Mapping[str, Any]], steps: list[Step], config: ConversionConfig) -> list[Blocked]:
+    """Every step gpuquota's own validating webhook would refuse, replaying the steps in order.
+
+    ``review_quota_object`` is what ``/validate-elasticquotas`` runs on each write ``apply`` sends
+    (its server-side dry run would stop the run there). Not judged when a name is used twice: which
+    object a step writes is then unknown (the plan is blocked for it already).
+    """
+    quota_objects = [o for o in objects if o.get("kind") == "ElasticQuota"]
+    by_name = {_key(o)[1]: o for o in quota_objects}
+    if len(by_name) != len(quota_objects):
+        return []
+    tree = QuotaTree.build((quota_from_object(o) for o in quota_objects), config)
+    refusals: list[Blocked] = []
+    for number, step in enumerate(steps, 1):
+        written = _as_written(by_name[step.quota], step)
+        review = review_quota_object(written, tree, {})
+        if review.problems:
+            refusals.append(Blocked(step.quota, step.namespace, REFUSED_BY_WEBHOOK,
+                                    f"step {number} ({step.phase} {step.namespace}/{step.quota}) would be refused by "
+                                    f"gpuquota's ElasticQuota webhook: {'; '.join(review.problems)}"))
+        tree.upsert(quota_from_object(written))
+        by_name[step.quota] = written
+    return refusals
+
+
+def _as_written(obj: Mapping[str, Any], step: Step) -> dict[str, Any]:
+    """The quota as ``apply`` writes it in ``step``: spec, parent label and the migration marker."""
+    metadata = dict(_meta_of(obj))
+    labels = dict(metadata.get("labels") or {})
+    if step.parent_after is not None:
+        labels[PARENT_LABEL] = step.parent_after
+    annotations = {k: v for k, v in _annotations(obj).items() if k != MIGRATION_IN_PROGRESS_ANNOTATION}
+    if step.phase in MARKED_PHASES:
+        annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS
+    return {**obj, "metadata": {**metadata, "labels": labels, "annotations": annotations},
+            "spec": {"min": dict(step.after["min"]), "max": dict(step.after["max"])}}
 
 
 def _over_limit(objects: list[Mapping[str, Any]], migrated: set[str], config: ConversionConfig) -> list[Blocked]:
@@ -633,6 +684,7 @@ def _plan_all_at_once(objects: list[Mapping[str, Any]], config: ConversionConfig
         placements = {n: placement_of(i) for n, i in infos.items()}
         blocked.extend(Blocked(step.quota, step.namespace, KOORDINATOR_REFUSES, message)
                        for step, message in koordinator_refusals(placements, steps))
+    blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, migrated, config))
     return Plan(steps, blocked, _revisit(objects, config), _window(steps, infos, target))
 

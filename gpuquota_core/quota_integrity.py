@@ -4,7 +4,8 @@ Quota names are a cluster-wide key in Koordinator (koordinator.md §2.4): its we
 second quota of an existing name in any namespace and a parent that does not exist (§4.2). Both
 the whole-set view (the audit, ``migrate plan``, loading ``serve --state``) and the one-object view
 (the validating webhook on a CREATE or UPDATE) are here, with one wording, so the audit, the plan
-and the webhook name a broken tree alike.
+and the webhook name a broken tree alike. The webhook refuses a taken name and a cycle, not a
+missing parent (see :func:`placement_problems`).
 """
 
 from __future__ import annotations
@@ -100,30 +101,32 @@ def check_tree(quotas: Iterable[QuotaInfo], source: str = "") -> None:
 
 
 def placement_problems(quota: QuotaInfo, lookup: Callable[[str], QuotaInfo | None]) -> list[str]:
-    """Why the webhook refuses to store ``quota`` among the quotas ``lookup`` finds by name.
+    """Why the webhook refuses to store ``quota`` among the quotas ``lookup`` finds by name: a name
+    another namespace's quota uses, or a parent label that closes a cycle.
 
     A stored quota of the same name and namespace is this object's own current version (an
     UPDATE); when its parent stays the same nothing about its place changes and, as in
-    Koordinator's webhook, the place is not judged again (status and annotation writes of a quota
-    whose parent was deleted later must still pass).
+    Koordinator's webhook, the place is not judged again.
+
+    A parent that does not exist is not refused here (the audit and ``migrate plan`` report it):
+    the webhook knows the quotas through a watch, and a tree applied in one go (``kubectl apply``
+    of a parent and its children) would see children refused whenever the watch had not yet
+    delivered their parent. A stale view can only miss the two refusals above, never make one up
+    (a quota deleted and at once re-created elsewhere is the exception: its retry passes).
     """
     existing = lookup(quota.name)
     if existing is not None and existing.namespace != quota.namespace:
         return [taken_name_message(quota, existing)]
     if existing is not None and existing.parent == quota.parent:
         return []
-    if not _has_parent(quota):
-        return []
     path = [quota.name]
-    current: str = quota.parent
+    current = quota.parent if _has_parent(quota) else ""
     while current and current != ROOT_QUOTA:
         if current == quota.name:
             return [cycle_message(path)]
-        if current in path:
-            return []  # a cycle above, not through this quota: the audit reports it
         parent = lookup(current)
-        if parent is None:
-            return [missing_parent_message(quota)] if current == quota.parent else []
+        if parent is None or current in path:
+            return []  # not known (yet), or a cycle above that does not pass through this quota
         path.append(current)
         current = parent.parent
     return []

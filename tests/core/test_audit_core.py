@@ -471,7 +471,6 @@ def test_a_missing_parent_is_a_finding() -> None:
     finding = only(report, "quota-parent-missing")
     assert (finding.severity, finding.namespace, finding.name, finding.details) == (Severity.ERROR, "t", "team",
                                                                                     {"parent": "org"})
-    assert finding.message in review_message(eq("team", "t", {CORE: "100"}, parent="org"))
 
 
 def test_two_quotas_of_one_name_are_both_findings() -> None:

@@ -348,3 +348,19 @@ def test_a_repeated_name_and_a_cycle_block_the_plan() -> None:
                             eq("b", "t", {"nvidia.com/gpu": "2"}, parent="a", is_parent=True)],
                            update_resource_key_gate=True)
     assert {(b.quota, b.reason) for b in cycle.blocked} == {("a", "quota-parent-cycle"), ("b", "quota-parent-cycle")}
+
+
+def test_a_step_gpuquotas_own_webhook_would_refuse_blocks_the_plan() -> None:
+    # min above max stays above max once converted: apply's dry run would stop at this step.
+    plan = plan_migration([eq("team", "t", {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "3"})])
+    assert plan.blocked == [Blocked(
+        "team", "t", "refused-by-webhook",
+        "step 1 (convert t/team) would be refused by gpuquota's ElasticQuota webhook: spec.min of t/team is above "
+        f"spec.max in canonical units for: {CORE} (300 > 200), {RATIO} (300 > 200)")]
+
+
+def test_the_webhook_replay_admits_every_state_a_gated_migration_passes_through() -> None:
+    # add-canonical names both families: admitted because apply marks the quota as migrating.
+    plan = plan_migration(TREE, update_resource_key_gate=True)
+    assert [b for b in plan.blocked if b.reason == "refused-by-webhook"] == []
+    assert any(step.phase == "add-canonical" for step in plan.steps)

@@ -125,10 +125,9 @@ def test_webhook_refuses_a_second_quota_of_a_name_in_another_namespace() -> None
     assert review(quota("team", "ns-a", ratio="10"), quota("team", "ns-a")) == ()
 
 
-def test_webhook_refuses_a_missing_parent_and_a_cycle() -> None:
-    assert review(quota("team", parent="org")) == (
-        "ElasticQuota team/team names parent org (label quota.scheduling.koordinator.sh/parent), which does not "
-        "exist: no ancestor limits its pods; create the parent first or fix the label",)
+def test_webhook_refuses_a_cycle_and_leaves_a_missing_parent_to_the_audit() -> None:
+    # Its view comes from a watch: a parent created just before may not be in it yet.
+    assert review(quota("team", parent="org")) == ()
     org = quota("org", parent="dept", is_parent=True)
     dept = quota("dept", parent="koordinator-root-quota", is_parent=True)
     assert review(quota("team", parent="org"), org, dept) == ()
@@ -140,11 +139,13 @@ def test_webhook_refuses_a_missing_parent_and_a_cycle() -> None:
 
 
 def test_webhook_does_not_judge_again_the_place_of_a_quota_that_keeps_its_parent() -> None:
-    # Its parent was deleted later: status and annotation writes (and spec changes) must still pass.
-    stored = quota("team", parent="gone")
-    assert review(quota("team", parent="gone", ratio="10"), stored) == ()
-    assert review(quota("team", parent="elsewhere"), stored)[0].startswith("ElasticQuota team/team names parent "
-                                                                           "elsewhere")
+    # A loop closed behind the webhook's back (two writes its watch saw out of order): status and
+    # annotation writes of its members must still pass; a new parent label is judged.
+    a, b = quota("a", parent="b", is_parent=True), quota("b", parent="a", is_parent=True)
+    assert review(quota("a", parent="b", is_parent=True, ratio="10"), a, b) == ()
+    c = quota("c", parent="a", is_parent=True)
+    assert review(quota("a", parent="c", is_parent=True), a, b, c)[0].startswith(
+        "the parent labels of ElasticQuotas a -> c -> a form a cycle")
 
 
 def test_quota_state_review_runs_the_tree_checks() -> None:

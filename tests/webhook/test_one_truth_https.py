@@ -2,8 +2,9 @@
 
 tests/core/test_one_truth.py checks the same on generated input through the handlers in-process;
 this is the served path for the cases the issue names: a quota with a negative max and min above
-max, a quota whose parent does not exist, a pod naming no quota, a pod whose reason changes once
-the mutating webhook has rewritten it.
+max, a pod naming no quota, a pod whose reason changes once the mutating webhook has rewritten it;
+and the one deliberate difference: a quota whose parent does not exist is an audit finding the
+webhook admits (its watch may not yet hold a parent created just before).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def test_served_webhook_and_audit_give_the_same_verdicts(tmp_path: Path) -> None
         assert refused["status"]["code"] == 422
         assert refused["status"]["message"] == findings[("negative", "quota-refused-by-webhook")].message
 
-        refused = post_review(server, "/validate-elasticquotas", quota_review(orphan))
-        assert refused["status"]["message"] == findings[("orphan", "quota-parent-missing")].message
+        assert post_review(server, "/validate-elasticquotas", quota_review(orphan))["allowed"]
+        assert ("orphan", "quota-parent-missing") in findings
 
         refused = post_review(server, "/validate-pods", review(ghost, dry_run=True))
         finding = findings[("ghost", "pod-quota-refused")]
