@@ -27,6 +27,7 @@ from .quota import (
     UsageIndex,
     canonical_resource_list,
     gpu_memory_unknown,
+    keeps,
     legacy_gpu_names,
     names_both_families,
     pod_is_counted,
@@ -203,7 +204,10 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
         quota = problem.quota
         report.findings.append(Finding(problem.check, Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
                                        problem.message, problem.details))
-    by_name = {q.name: q for q in infos}
+    by_name: dict[str, QuotaInfo] = {}
+    for quota in infos:  # of a repeated name, the copy the webhook's tree keeps
+        if keeps(by_name.get(quota.name), quota):
+            by_name[quota.name] = quota
     for quota in infos:
         names = set(quota.min) | set(quota.max)
         legacy = legacy_gpu_names(names)

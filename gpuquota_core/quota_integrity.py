@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo
+from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo, keeps
 
 # Stable ids: audit check ids (docs/audit-checks.md) and ``migrate plan`` blocked reasons.
 DUPLICATE_NAME = "quota-duplicate-name"
@@ -79,8 +79,11 @@ def tree_problems(quotas: Iterable[QuotaInfo]) -> list[TreeProblem]:
     for quota in quotas:
         if _has_parent(quota) and quota.parent not in by_name:
             problems.append(TreeProblem(PARENT_MISSING, quota, missing_parent_message(quota), {"parent": quota.parent}))
-    # Cycles on the tree as QuotaTree.build keeps it (the last copy of a name wins).
-    kept = {quota.name: quota for quota in quotas}
+    # Cycles on the tree as QuotaTree.build keeps it (one copy of a repeated name: QuotaTree.keeps).
+    kept: dict[str, QuotaInfo] = {}
+    for quota in quotas:
+        if keeps(kept.get(quota.name), quota):
+            kept[quota.name] = quota
     for cycle in _cycles(kept):
         message = cycle_message(cycle)
         problems.extend(TreeProblem(PARENT_CYCLE, kept[name], message, {"cycle": cycle}) for name in cycle)

@@ -16,6 +16,7 @@ from gpuquota_core.quota import (
     QuotaInfo,
     QuotaTree,
     UsageIndex,
+    keeps,
     pod_is_counted,
     pod_record,
     quota_from_object,
@@ -56,6 +57,9 @@ class QuotaState:
         self._listed_kinds: set[str] = set()
         self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
         self._published: tuple[int, ...] = ()  # the gauges' last values (see _publish)
+        # Quotas another quota of their name keeps out of the tree (QuotaTree.keeps), by (name,
+        # namespace): when the kept one is deleted, the next takes its place.
+        self._shadowed: dict[tuple[str, str], QuotaInfo] = {}
         # Local accounting in a server: the totals shared with the webhook workers (webhook.shared_region).
         self.publisher: Publisher | None = None
 
@@ -106,7 +110,9 @@ class QuotaState:
                         self._count(record)
             else:
                 records = list(self.usage.pods())
-                self.tree = QuotaTree.build(q for q in items if isinstance(q, QuotaInfo))
+                quotas = [q for q in items if isinstance(q, QuotaInfo)]
+                self.tree = QuotaTree.build(quotas)
+                self._shadowed = {(q.name, q.namespace): q for q in quotas if self.tree.get(q.name) is not q}
                 self.usage = UsageIndex(self.tree)
                 for record in records:
                     self.usage.upsert(record)
@@ -134,15 +140,46 @@ class QuotaState:
                 else:
                     self._upsert_pod(obj)
             else:
-                quota = quota_from_object(obj)
+                before, after = self._quota_event(quota_from_object(obj), event_type == "DELETED")
                 if self.publisher is not None:
-                    self.publisher.quota_changed(self.tree.get(quota.name), None if event_type == "DELETED" else quota)
-                moved = self.tree.remove(quota.name) if event_type == "DELETED" else self.tree.upsert(quota)
+                    self.publisher.quota_changed(before, after)
+                moved = False
+                if after is None:
+                    moved = before is not None and self.tree.remove(before.name)
+                elif after is not before:
+                    moved = self.tree.upsert(after)
                 if moved:
                     self.usage.rebuild()
                     if self.publisher is not None:
                         self.publisher.usage_rebuilt()
             self._publish()
+
+    def _quota_event(self, quota: QuotaInfo, deleted: bool) -> tuple[QuotaInfo | None, QuotaInfo | None]:
+        """The tree's quota of this name before and after a watch event of ``quota`` (lock held).
+
+        Two quotas of one name (they can predate Koordinator's webhook): the tree keeps the one
+        ``QuotaTree.keeps`` picks whatever order events come in, so a delete or change of the other
+        leaves it alone, and deleting the kept one brings the next in.
+        """
+        kept = self.tree.get(quota.name)
+        key = (quota.name, quota.namespace)
+        if kept is not None and kept.namespace != quota.namespace:
+            if deleted:
+                self._shadowed.pop(key, None)
+                return kept, kept
+            if not keeps(kept, quota):
+                self._shadowed[key] = quota
+                return kept, kept
+            self._shadowed[(kept.name, kept.namespace)] = kept
+            return kept, quota
+        if not deleted:
+            return kept, quota
+        others = sorted((q for (name, _), q in self._shadowed.items() if name == quota.name),
+                        key=lambda q: q.namespace)
+        if not others:
+            return kept, None
+        del self._shadowed[(others[0].name, others[0].namespace)]
+        return kept, others[0]
 
     def sync_failed(self, kind: str) -> None:
         """The list or watch of ``kind`` broke; decisions go on from the last state until it is stale."""

@@ -155,3 +155,50 @@ def test_quota_state_review_runs_the_tree_checks() -> None:
     assert (verdict.allowed, verdict.code, verdict.reason) == (False, 422, "Invalid")
     assert "already used by ns-a/team" in verdict.message
     assert state.review_elasticquota(quota("other", parent="team")).allowed
+
+
+# -- live mode: two quotas of one name that predate the webhook ---------------------------------
+
+
+def admitted(state: QuotaState, count: int) -> int:
+    return sum(state.admit_pod(PodAdmission(uid=f"u{i}", operation="CREATE", namespace="ns-a", name=f"p{i}",
+                                            pod_uid="", labels={QUOTA_LABEL: "team"},
+                                            canonical_requests={RATIO: "100"})).allowed for i in range(count))
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_live_list_keeps_the_same_copy_of_a_repeated_name_in_either_order(order: int) -> None:
+    # Before: the copy listed last won, so 10 of 10 or 4 of 10 pods were admitted by list order.
+    state = QuotaState()
+    copies = [quota("team", "ns-a", ratio="1000"), quota("team", "ns-b", ratio="400")]
+    state.replace_kind("ElasticQuota", copies[::order])
+    state.replace_kind("Pod", [])
+    assert state.tree.quotas["team"].namespace == "ns-a"
+    assert admitted(state, 10) == 10
+
+
+def test_watch_events_of_the_other_copy_leave_the_kept_one_alone() -> None:
+    state = QuotaState()
+    state.replace_kind("ElasticQuota", [quota("team", "ns-a", ratio="1000")])
+    state.replace_kind("Pod", [])
+    state.apply_event("ElasticQuota", "ADDED", quota("team", "ns-b", ratio="400"))
+    assert state.tree.quotas["team"].namespace == "ns-a"
+    # Before: deleting the other copy removed the name from the tree, and with it ns-a's limit.
+    state.apply_event("ElasticQuota", "DELETED", quota("team", "ns-b", ratio="400"))
+    assert state.tree.quotas["team"].namespace == "ns-a"
+    state.apply_event("ElasticQuota", "ADDED", quota("team", "ns-b", ratio="400"))
+    state.apply_event("ElasticQuota", "DELETED", quota("team", "ns-a", ratio="1000"))
+    assert state.tree.quotas["team"].namespace == "ns-b"  # the next copy takes its place
+    assert admitted(state, 10) == 4
+    state.apply_event("ElasticQuota", "ADDED", quota("team", "ns-0", ratio="200"))  # sorts first: kept
+    assert state.tree.quotas["team"].namespace == "ns-0"
+    state.apply_event("ElasticQuota", "DELETED", quota("team", "ns-0", ratio="200"))
+    assert state.tree.quotas["team"].namespace == "ns-b"
+
+
+def test_the_audit_and_the_tree_keep_the_same_copy() -> None:
+    from gpuquota_core.audit import audit_objects
+
+    for order in (1, -1):
+        copies = [quota("team", "ns-a", ratio="1000"), quota("team", "ns-b", ratio="400")][::order]
+        assert audit_objects(copies).quota_usage["team"][RATIO]["limit"] == "1k"
