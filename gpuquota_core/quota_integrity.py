@@ -1,7 +1,8 @@
 """Whether ElasticQuotas form a tree: names used once, parents that exist, no parent cycles.
 
 Quota names are a cluster-wide key in Koordinator (koordinator.md §2.4): its webhook refuses a
-second quota of an existing name in any namespace and a parent that does not exist (§4.2). Both
+second quota of an existing name in any namespace and a parent that does not exist (§4.2); which
+of two copies its scheduler uses depends on the order it reads them. Both
 the whole-set view (the audit, ``migrate plan``, loading ``serve --state``) and the one-object view
 (the validating webhook on a CREATE or UPDATE) are here, with one wording, so the audit, the plan
 and the webhook name a broken tree alike. The webhook refuses a taken name and a cycle, not a
@@ -45,7 +46,7 @@ class QuotaTreeError(ValueError):
 
 def duplicate_message(name: str, refs: Sequence[str]) -> str:
     return (f"ElasticQuota name {name} is used by {len(refs)} quotas ({', '.join(refs)}): quota names are "
-            "cluster-wide in Koordinator, so which one limits the pods would depend on the order they are read")
+            "cluster-wide in Koordinator, so only one of them can limit the pods bound to that name")
 
 
 def taken_name_message(quota: QuotaInfo, existing: QuotaInfo) -> str:
@@ -95,8 +96,8 @@ def check_tree(quotas: Iterable[QuotaInfo], source: str = "") -> None:
 
     For a fixed set of quotas (``serve --state``): there the enforced limit of a repeated name
     would depend on file order, and a cycle has no root. A missing parent is left to the audit
-    (its quota is still enforced, by its own limit), as the live webhook does for a parent deleted
-    later.
+    (its quota is still enforced, by its own limit), as the live webhook leaves it (see
+    :func:`placement_problems`).
     """
     fatal = [p for p in tree_problems(quotas) if p.check in (DUPLICATE_NAME, PARENT_CYCLE)]
     if fatal:

@@ -205,5 +205,5 @@ def test_a_state_whose_quotas_do_not_form_a_tree_is_one_error_line(tmp_path: Pat
     code, out, err = run("-f", str(OVER_QUOTA), "--state", str(tmp_path / "state.yaml"))
     assert (code, out) == (2, "")
     assert err.splitlines() == ["Error: the ElasticQuotas do not form a tree: ElasticQuota name team is used by 2 "
-                                "quotas (a/team, b/team): quota names are cluster-wide in Koordinator, so which one "
-                                "limits the pods would depend on the order they are read"]
+                                "quotas (a/team, b/team): quota names are cluster-wide in Koordinator, so only one of "
+                                "them can limit the pods bound to that name"]

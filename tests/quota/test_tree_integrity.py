@@ -44,7 +44,7 @@ def problems(*objects: dict[str, Any]) -> list[tuple[str, str, str]]:
 def test_a_repeated_name_is_reported_for_each_copy() -> None:
     found = problems(quota("team", "ns-a"), quota("team", "ns-b"), quota("other"))
     message = ("ElasticQuota name team is used by 2 quotas (ns-a/team, ns-b/team): quota names are cluster-wide "
-               "in Koordinator, so which one limits the pods would depend on the order they are read")
+               "in Koordinator, so only one of them can limit the pods bound to that name")
     assert found == [(DUPLICATE_NAME, "ns-a/team", message), (DUPLICATE_NAME, "ns-b/team", message)]
 
 
