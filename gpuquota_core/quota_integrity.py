@@ -94,8 +94,9 @@ def tree_problems(quotas: Iterable[QuotaInfo]) -> list[TreeProblem]:
 def check_tree(quotas: Iterable[QuotaInfo], source: str = "") -> None:
     """Raise :class:`QuotaTreeError` for a repeated name or a parent cycle.
 
-    For a fixed set of quotas (``serve --state``): there the enforced limit of a repeated name
-    would depend on file order, and a cycle has no root. A missing parent is left to the audit
+    For a fixed set of quotas (``serve --state``) both are mistakes in the files, better fixed
+    before serving than enforced silently: one copy of a repeated name would be ignored, and a
+    cycle has no root. A missing parent is left to the audit
     (its quota is still enforced, by its own limit), as the live webhook leaves it (see
     :func:`placement_problems`).
     """

@@ -85,8 +85,8 @@ class QuotaState:
         """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
         objects = list(objects)
         # Two quotas of one name or a parent cycle raise QuotaTreeError (a ValueError naming the
-        # quotas) and nothing is replaced: with a fixed set of quotas no later event settles
-        # either, and the limit enforced would depend on the order of the files.
+        # quotas) and nothing is replaced: in files they are mistakes to fix before serving (one
+        # copy would be ignored; a cycle has no root), not something a later event settles.
         quotas = [compact("ElasticQuota", o) for o in objects if o.get("kind") == "ElasticQuota"]
         check_tree(q for q in quotas if isinstance(q, QuotaInfo))
         self.replace_compact("ElasticQuota", quotas)
