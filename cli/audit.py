@@ -49,9 +49,10 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
     if not paths:
         from kubeaccess.kube import context_namespace
 
-        live_namespace = None if all_namespaces else namespace or context_namespace(kubeconfig, context)
-        objects = _live_objects(kubeconfig, context, live_namespace, chunk_size)
-        namespace = None  # the API already scoped the lists
+        namespace = None if all_namespaces else namespace or context_namespace(kubeconfig, context)
+        # Scoped lists, except nodes and ElasticQuotas (kubeaccess.kube.AUDIT_KINDS): a quota's
+        # tree spans namespaces.
+        objects = _live_objects(kubeconfig, context, namespace, chunk_size)
     else:
         try:
             objects = load_objects(paths)
@@ -60,12 +61,9 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
         if not objects:
             # "No findings." would read as a clean bill of health for files that hold nothing.
             raise CommandError(f"no objects in {input_names(paths)}: nothing to audit")
-    if namespace:
-        # Cluster-scoped objects (nodes) stay: quota checks need to know what nodes advertise.
-        objects = [o for o in objects if not (o.get("metadata") or {}).get("namespace")
-                   or (o.get("metadata") or {}).get("namespace") == namespace]
     scopes = SCOPES if scope == "all" else (scope,)
-    report = audit_objects(objects, scopes, shared_label=gpu_shared_label)
+    # -n shows one namespace; everything read is judged (a quota's parents live elsewhere).
+    report = audit_objects(objects, scopes, shared_label=gpu_shared_label, namespace=namespace or None)
     if fmt in ("json", "yaml"):
         click.echo(document(report.as_dict(), fmt, plain=True))  # findings hold only str, int, lists, dicts
     else:

@@ -229,13 +229,23 @@ def _review(pod: Mapping[str, Any]) -> bytes:
 
 def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
                 config: ConversionConfig) -> list[Explanation]:
+    from gpuquota_core.quota_integrity import QuotaTreeError
     from webhook.admission import decode_review
     from webhook.app import AdmissionHandlers
     from webhook.quota_state import QuotaState
 
     state_snapshot.tree(config)  # an unreadable quota: one Error line, before the state reads it
     state = QuotaState()
-    state.load(state_snapshot.objects)
+    if state_snapshot.live:
+        # As the live webhook lists them: two quotas of one name already stored are not an error
+        # there (the state keeps one; the audit reports both).
+        for kind in ("ElasticQuota", "Pod"):
+            state.replace_kind(kind, state_snapshot.of_kind(kind))
+    else:
+        try:
+            state.load(state_snapshot.objects)  # as `serve --state` loads them
+        except QuotaTreeError as error:
+            raise CommandError(str(error)) from None
     decider = _SnapshotDecider(state, state_snapshot.reservations)
     nodes = NodeView.from_objects(state_snapshot.objects)
     if nodes is None and config.rewrite is RewritePolicy.AUTO:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,6 @@ import yaml
 from gpuquota_core import collector
 from gpuquota_core.migration import (
     DETACH_PHASES,
-    IN_PROGRESS,
-    MIGRATION_IN_PROGRESS_ANNOTATION,
     PRE_MIGRATION_SPEC_ANNOTATION,
     Plan,
     RollbackSourceError,
@@ -28,6 +26,7 @@ from gpuquota_core.migration import (
     plan_rollback,
 )
 from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
+from gpuquota_core.quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError, input_names
@@ -54,7 +53,10 @@ def migrate() -> None:
 @collector.paused()  # see gpuquota_core/collector.py
 def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fmt: str,
          update_resource_key_gate: bool, all_at_once: bool) -> None:
-    """Show every change, per quota, with before/after in canonical units."""
+    """Show every change, per quota, with before/after in canonical units.
+
+    Exits 1 when any step is blocked (what blocks it comes first), as `apply` would write nothing.
+    """
     _check_modes(update_resource_key_gate, all_at_once)
     objects = load_objects_or_fail(paths) if paths else _live_objects(kubeconfig, context)
     result = _plan(objects, update_resource_key_gate, all_at_once)
@@ -63,11 +65,14 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
         click.echo(document(result.as_dict(), fmt))
         if nothing:
             click.echo(nothing, err=True)  # stdout stays the document scripts parse
-        return
-    _print_steps(result.steps)
-    _print_blocked_and_revisit(result)
-    if nothing:
-        click.echo(nothing)
+    else:
+        _print_blocked(result)
+        _print_steps(result.steps, result.blocked_quotas())
+        _print_window_and_revisit(result)
+        if nothing:
+            click.echo(nothing)
+    if result.blocked:
+        sys.exit(CONFLICT_EXIT)
 
 
 def _nothing_to_migrate(result: Plan, objects: list[dict[str, Any]], where: str) -> str:
@@ -85,11 +90,21 @@ def _check_modes(update_resource_key_gate: bool, all_at_once: bool) -> None:
                            "step-by-step plan needs no maintenance window: drop one of the two flags")
 
 
+def _print_blocked(result: Plan) -> None:
+    # One line per distinct reason: a multi-level tree blocks each of its quotas with one message
+    # that names them all (the JSON output has one entry per quota).
+    for reason, message in dict.fromkeys((entry.reason, entry.message) for entry in result.blocked):
+        click.echo(f"BLOCKED: {message} [{reason}]")
+
+
 def _print_blocked_and_revisit(result: Plan) -> None:
+    _print_blocked(result)
+    _print_window_and_revisit(result)
+
+
+def _print_window_and_revisit(result: Plan) -> None:
     for line in result.window:
         click.echo(f"WINDOW: {line}")
-    for reason in result.blocked:
-        click.echo(f"BLOCKED: {reason}")
     for item in result.revisit:
         click.echo(f"REVISIT: {item['kind']} {item['namespace']}/{item['name']}: {item['message']}")
 
@@ -128,9 +143,10 @@ DRY_RUN_HELP = ("client: print the steps and write nothing; server: send every s
                 "(the apiserver and its webhooks judge it), nothing is stored.")
 
 
-def _print_steps(steps: list[Step]) -> None:
+def _print_steps(steps: list[Step], blocked: Collection[str] = ()) -> None:
     for number, step in enumerate(steps, 1):
-        click.echo(f"# step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")
+        mark = " (BLOCKED)" if step.quota in blocked else ""
+        click.echo(f"# step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}{mark}")
         for section in ("min", "max"):
             before, after = step.before[section], step.after[section]
             for key in sorted(set(before) | set(after)):

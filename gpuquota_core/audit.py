@@ -19,6 +19,7 @@ from .placement import NodeView, constraints_of, decide_rewrite, gpu_names, nonz
 from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity
 from .quota import (
+    POD_QUOTA_LABEL,
     UNCHECKED_QUOTAS,
     PodRecord,
     QuotaInfo,
@@ -26,14 +27,20 @@ from .quota import (
     QuotaTree,
     UsageIndex,
     canonical_resource_list,
+    gpu_memory_unknown,
+    keeps,
     legacy_gpu_names,
     names_both_families,
     pod_is_counted,
     pod_record,
     quota_from_object,
+    remembered_pod_requests,
     spec_names_key,
     spec_shape_key,
 )
+from .quota_admission import review_quota_object
+from .quota_decision import Decision, PodQuotaRequest, decide
+from .quota_integrity import tree_problems
 from .resources import (
     DEPRECATED_RENAMES,
     GPU_CORE,
@@ -43,6 +50,7 @@ from .resources import (
     RESOURCEQUOTA_PREFIXES,
     VENDOR_WHOLE_GPU_NAMES,
     GpuFamily,
+    ResourceList,
     families_of,
     format_list,
     gpu_family,
@@ -191,15 +199,18 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
                  advertised: set[str] | None, config: ConversionConfig = DEFAULT_CONFIG,
                  shapes: list[object] | None = None) -> None:
     """``shapes``: :func:`pod_shapes` of ``pods``, when the caller has them (audit_objects does)."""
-    infos: list[QuotaInfo] = []
-    for obj in quotas:
-        try:
-            infos.append(quota_from_object(obj))
-        except QuotaShapeError as error:
-            namespace, name, _ = _meta(obj)
-            report.findings.append(Finding("quota-invalid", Severity.ERROR, "ElasticQuota", namespace, name,
-                                           str(error)))
-    by_name = {q.name: q for q in infos}
+    parsed = _parse_quotas(quotas, report)
+    infos = [info for _, info in parsed]
+    # Whether the quotas form a tree at all (repeated names, missing parents, cycles): the same
+    # checks and wording as the webhook's review of one quota and `serve --state`'s load.
+    for problem in tree_problems(infos):
+        quota = problem.quota
+        report.findings.append(Finding(problem.check, Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
+                                       problem.message, problem.details))
+    by_name: dict[str, QuotaInfo] = {}
+    for quota in infos:  # of a repeated name, the copy the webhook's tree keeps
+        if keeps(by_name.get(quota.name), quota):
+            by_name[quota.name] = quota
     for quota in infos:
         names = set(quota.min) | set(quota.max)
         legacy = legacy_gpu_names(names)
@@ -245,11 +256,51 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
                 "children's min sum exceeds min: " + ", ".join(
                     f"{k} {v} > {parent_min[k]}" for k, v in sorted(over.items())),
                 {k: {"children": str(v), "min": str(parent_min[k])} for k, v in sorted(over.items())}))
-    _check_usage(infos, pods, report, config, shapes)
+    _check_usage(parsed, pods, report, config, shapes)
 
 
-def _check_usage(infos: list[QuotaInfo], pods: list[Mapping[str, Any]], report: AuditReport,
-                 config: ConversionConfig, shapes: list[object] | None) -> None:
+def _parse_quotas(quotas: Iterable[Mapping[str, Any]], report: AuditReport | None) -> list[tuple[Mapping[str, Any],
+                                                                                              QuotaInfo]]:
+    """Each readable quota with its object; with ``report``, a ``quota-invalid`` finding for the rest."""
+    parsed: list[tuple[Mapping[str, Any], QuotaInfo]] = []
+    for obj in quotas:
+        try:
+            parsed.append((obj, quota_from_object(obj)))
+        except QuotaShapeError as error:
+            if report is not None:
+                namespace, name, _ = _meta(obj)
+                report.findings.append(Finding("quota-invalid", Severity.ERROR, "ElasticQuota", namespace, name,
+                                               str(error)))
+    return parsed
+
+
+def quota_tree(quotas: Iterable[Mapping[str, Any]], config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+    """The tree the webhook would hold for these ElasticQuota objects (unreadable ones left out)."""
+    return QuotaTree.build((info for _, info in _parse_quotas(quotas, None)), config)
+
+
+def _check_review(parsed: list[tuple[Mapping[str, Any], QuotaInfo]], tree: QuotaTree, usage: UsageIndex,
+                  report: AuditReport) -> None:
+    """The validating webhook's own review of every quota, as a CREATE or UPDATE of it as written.
+
+    ``review_quota_object`` is what ``/validate-elasticquotas`` runs; its problems, joined as the
+    webhook joins them, are the finding's message.
+    """
+    for obj, quota in parsed:
+        review_tree = tree
+        if tree.get(quota.name) is not quota:
+            # A second quota of a name (reported as quota-duplicate-name): judged as the one stored,
+            # as the webhook judges the copy its tree holds.
+            review_tree = QuotaTree.build([*(q for q in tree if q.name != quota.name), quota], tree.config)
+        review = review_quota_object(obj, review_tree, usage.used(quota.name))
+        if review.problems:
+            report.findings.append(Finding(
+                "quota-refused-by-webhook", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
+                "; ".join(review.problems), {"problems": list(review.problems)}))
+
+
+def _check_usage(parsed: list[tuple[Mapping[str, Any], QuotaInfo]], pods: list[Mapping[str, Any]],
+                 report: AuditReport, config: ConversionConfig, shapes: list[object] | None) -> None:
     """Canonical usage per quota, from the webhook's own tree and index (never a second resolver).
 
     ``QuotaTree.resolve`` binds each pod (label, namespace-named quota, ``namespaces`` annotation,
@@ -257,6 +308,7 @@ def _check_usage(infos: list[QuotaInfo], pods: list[Mapping[str, Any]], report: 
     exactly as the validating webhook counts ``used``. Over-limit is reported only for quotas the
     webhook checks (not the root or system quota).
     """
+    infos = [info for _, info in parsed]
     tree = QuotaTree.build(infos, config)
     usage = UsageIndex(tree)
     records: list[PodRecord] = []
@@ -268,6 +320,7 @@ def _check_usage(infos: list[QuotaInfo], pods: list[Mapping[str, Any]], report: 
         except ValueError:
             continue  # an unreadable pod cannot be charged, as in the webhook's quota state
     usage.load(records)  # as upserting each in turn, with the sums done per quota chain
+    _check_review(parsed, tree, usage, report)
     for quota in infos:
         if tree.get(quota.name) is not quota:
             continue  # a second quota of the same name: the tree (like Koordinator) keeps one
@@ -336,16 +389,29 @@ def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: obje
 
 def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig) -> _SpecVerdict:
     try:
-        containers = read_containers(spec)
-        _, rewrites, _, _ = canonicalize_pod_spec(spec, config)
+        read_containers(spec)
+        canonical, rewrites, _, _ = canonicalize_pod_spec(spec, config)
+        # Judged as /validate-pods judges it: after /mutate-pods rewrote it (the API server calls
+        # the mutating webhook first). A pod mixing a vendor name and koordinator names can get a
+        # different reason once the vendor name is converted.
+        containers = read_containers(canonical)
     except PodShapeError as error:
         return _SpecVerdict(str(error), (), ())
-    problems = validate_pod_gpu(containers, pod_requests(spec, containers))
+    problems = validate_pod_gpu(containers, pod_requests(canonical, containers))
     return _SpecVerdict(None, tuple(r.describe() for r in rewrites), tuple((p.message, p.rule) for p in problems))
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaPlace:
+    """Where a pod (or a template's pods) would be admitted: the quota judge, and the pod's labels."""
+
+    judge: PodQuotaJudge
+    labels: Mapping[str, Any]
+
+
 def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
-                report: AuditReport, config: ConversionConfig, shape: object = None) -> None:
+                report: AuditReport, config: ConversionConfig, shape: object = None,
+                place: QuotaPlace | None = None) -> None:
     verdict = _spec_verdict(spec, config, shape)
     if verdict.error is not None:
         report.findings.append(Finding("pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
@@ -358,7 +424,62 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
     if verdict.problems:
         report.findings.append(Finding(
             "pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
-            "; ".join(message for message, _ in verdict.problems), {"rules": [rule for _, rule in verdict.problems]}))
+            "; ".join(message for message, _ in verdict.problems),
+            {"rules": [rule for _, rule in verdict.problems],
+             "problems": [message for message, _ in verdict.problems]}))
+        return  # the webhook refuses it here; the quota decision is never reached
+    if place is not None:
+        decision = place.judge.refusal(spec, namespace, name, place.labels, config, shape)
+        if decision is not None:
+            report.findings.append(Finding(
+                "pod-quota-refused", Severity.ERROR, kind, namespace, name, decision.message,
+                {"reason": decision.reason, "code": decision.code}))
+
+
+class _NothingUsed:
+    """Totals of quotas with nothing in them (see :class:`PodQuotaJudge`)."""
+
+    def used(self, quota: str) -> ResourceList:
+        return {}
+
+
+_NOTHING_USED = _NothingUsed()
+
+
+class PodQuotaJudge:
+    """The validating webhook's quota decision on creating a pod, with its quotas otherwise empty.
+
+    ``decide`` is the function the webhook's quota service runs: a label naming no quota, a parent
+    quota, GPU memory in bytes against a ratio limit, or a request larger than a limit on its own
+    are refused whatever else runs. How full the quotas are is the ``quota-over-limit`` check.
+    """
+
+    def __init__(self, tree: QuotaTree) -> None:
+        self.tree = tree
+        # What the decision reads of a pod -> allowed. Refusals are rare and decided again for
+        # their message, which names the pod; replicas of a workload ask alike.
+        self._allowed: set[object] = set()
+
+    def refusal(self, spec: Mapping[str, Any], namespace: str, name: str, labels: Mapping[str, Any],
+                config: ConversionConfig, shape: object) -> Decision | None:
+        """``shape``: the spec's ``spec_shape_key`` when known (it keys the canonical requests)."""
+        label = labels.get(POD_QUOTA_LABEL)
+        label = label if isinstance(label, str) else ""
+        key = (namespace, label, shape) if shape is not None else None
+        if key is not None and key in self._allowed:
+            return None
+        try:
+            requests = remembered_pod_requests(spec, config) if shape is None else remembered_pod_requests(
+                spec, config, shape=shape)
+        except PodShapeError:
+            return None  # reported by the spec check already
+        request = PodQuotaRequest(namespace, name, label, requests, gpu_memory_unknown(requests))
+        decision = decide(self.tree, _NOTHING_USED, _NOTHING_USED, request)
+        if decision.allowed:
+            if key is not None:
+                self._allowed.add(key)
+            return None
+        return decision
 
 
 def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -372,24 +493,43 @@ def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
-               config: ConversionConfig = DEFAULT_CONFIG, shapes: list[object] | None = None) -> None:
-    """``shapes``: :func:`pod_shapes` of ``pods``, when the caller has them (audit_objects does)."""
+               config: ConversionConfig = DEFAULT_CONFIG, shapes: list[object] | None = None,
+               tree: QuotaTree | None = None) -> None:
+    """``shapes``: :func:`pod_shapes` of ``pods``, when the caller has them (audit_objects does).
+    ``tree``: the cluster's quotas (:func:`quota_tree`), to run the webhook's quota decision too."""
     pods = list(pods)
+    judge = PodQuotaJudge(tree) if tree is not None else None
     for pod, shape in zip(pods, _shapes(pods, config, shapes), strict=True):
-        namespace, name, _ = _meta(pod)
+        namespace, name, metadata = _meta(pod)
         spec = pod.get("spec")
         if type(spec) is dict or isinstance(spec, Mapping):  # type() first: see _meta
-            _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config, shape)
+            place = None
+            if judge is not None and pod_is_counted(pod):  # a finished pod is never admitted again
+                place = QuotaPlace(judge, _labels_of(metadata))
+            _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config, shape, place)
+
+
+def _labels_of(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+    labels = metadata.get("labels")
+    return labels if isinstance(labels, Mapping) else {}
 
 
 def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
-                    config: ConversionConfig = DEFAULT_CONFIG) -> None:
+                    config: ConversionConfig = DEFAULT_CONFIG, tree: QuotaTree | None = None) -> None:
+    """``tree``: as for :func:`check_pods`; a template's pods are judged in the workload's namespace."""
+    judge = PodQuotaJudge(tree) if tree is not None else None
     for obj in objects:
         template = template_of(obj)
         spec = template.get("spec") if template is not None else None
         if isinstance(spec, Mapping):
             namespace, name, _ = _meta(obj)
-            _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config)
+            place = None
+            if judge is not None and template is not None:
+                template_metadata = template.get("metadata")
+                place = QuotaPlace(judge, _labels_of(template_metadata if isinstance(template_metadata, Mapping)
+                                                    else {}))
+            _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config,
+                        place=place)
 
 
 def check_resourcequotas(objects: Iterable[Mapping[str, Any]], report: AuditReport) -> None:
@@ -466,12 +606,32 @@ SCOPES = ("nodes", "quotas", "pods", "workloads", "resourcequotas")
 
 
 def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = SCOPES,
-                  config: ConversionConfig = DEFAULT_CONFIG, shared_label: str = DEFAULT_SHARED_LABEL) -> AuditReport:
+                  config: ConversionConfig = DEFAULT_CONFIG, shared_label: str = DEFAULT_SHARED_LABEL,
+                  namespace: str | None = None) -> AuditReport:
+    """Every check over ``objects``.
+
+    ``namespace`` filters what is reported, never what is judged: every object is checked with
+    all the others (a quota's parents in other namespaces, the pods charged to it), then only
+    findings on objects of that namespace and on cluster-scoped ones (nodes) are kept, and the
+    usage summary of that namespace's quotas.
+    """
     # The audit allocates a few objects per pod (shape keys, records, findings) that stay alive until
     # it ends, and builds no reference cycles. With the collector on, its full collections walked
     # everything allocated so far, over and over: 21 of them, 2 s of a 5 s audit at 100,000 pods.
+    objects = objects if isinstance(objects, list) else list(objects)  # read twice with a namespace
     with collector.paused():
-        return _audit(objects, scopes, config, shared_label)
+        report = _audit(objects, scopes, config, shared_label)
+    if namespace is None:
+        return report
+    return _shown_in(report, namespace, objects)
+
+
+def _shown_in(report: AuditReport, namespace: str, objects: Iterable[Mapping[str, Any]]) -> AuditReport:
+    shown_quotas = {name for obj in objects if obj.get("kind") == "ElasticQuota"
+                    for quota_namespace, name, _ in [_meta(obj)] if quota_namespace == namespace}
+    return AuditReport(findings=[f for f in report.findings if f.namespace in (namespace, "")],
+                       capacity=report.capacity,
+                       quota_usage={name: usage for name, usage in report.quota_usage.items() if name in shown_quotas})
 
 
 def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: ConversionConfig,
@@ -490,10 +650,13 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
     if "quotas" in wanted:
         # Without any Node object we cannot tell what is advertised; skip that check then.
         check_quotas(by_kind.get("ElasticQuota", []), pods, report, advertised if nodes else None, config, shapes)
+    # The webhook's quota decision on pods and templates needs the tree, whatever scopes are shown.
+    tree = quota_tree(by_kind.get("ElasticQuota", []), config) if wanted & {"pods", "workloads"} else None
     if "pods" in wanted:
-        check_pods(pods, report, config, shapes)
+        check_pods(pods, report, config, shapes, tree)
     if "workloads" in wanted:
-        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config)
+        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config,
+                        tree)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
     view = NodeView.from_objects(nodes)

@@ -20,15 +20,24 @@ from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import PodShapeError, parse_resource_list
 from .quantity import Quantity
-from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo, canonical_resource_list, legacy_gpu_names, quota_from_object
+from .quota import (
+    PARENT_LABEL,
+    ROOT_QUOTA,
+    QuotaInfo,
+    QuotaTree,
+    canonical_resource_list,
+    legacy_gpu_names,
+    quota_from_object,
+)
+from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
+from .quota_integrity import tree_problems
 from .resources import ResourceList
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
-# and a marker that a tree is between "add-canonical" and "drop-legacy", the one state in which a
-# quota may name both GPU families.
+# and (MIGRATION_IN_PROGRESS_ANNOTATION, defined beside the webhook's quota review that reads it) a
+# marker that a tree is between "add-canonical" and "drop-legacy", the one state in which a quota
+# may name both GPU families.
 PRE_MIGRATION_SPEC_ANNOTATION = "gpuquota.koord-gpuquota.io/pre-migration-spec"
-MIGRATION_IN_PROGRESS_ANNOTATION = "gpuquota.koord-gpuquota.io/migration"
-IN_PROGRESS = "in-progress"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +61,45 @@ class Step:
         return result
 
 
+# Why a quota's step is blocked (stable ids, in ``migrate plan -o json``): besides the audit's
+# quota-parent-missing, quota-duplicate-name and quota-parent-cycle (gpuquota_core.quota_integrity).
+MULTI_LEVEL_TREE = "multi-level-tree"  # gate off: a parent and its children must change at once
+OVER_LIMIT = "over-limit"  # usage already exceeds the canonical limit the step writes
+TREE_ID = "tree-id"  # all-at-once: a quota with a tree id cannot be detached
+KOORDINATOR_REFUSES = "koordinator-refuses"  # Koordinator's ElasticQuota webhook would refuse the step
+REFUSED_BY_WEBHOOK = "refused-by-webhook"  # gpuquota's own ElasticQuota webhook would refuse the step
+# Phases after which ``migrate apply`` leaves a quota marked as migrating (cli/migrate.py writes the
+# marker; the webhook then admits both GPU families in it).
+MARKED_PHASES = frozenset({"add-canonical", "detach-convert"})
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why the plan cannot be applied, for one quota; ``reason`` is a stable id (see above)."""
+
+    quota: str
+    namespace: str
+    reason: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"quota": self.quota, "namespace": self.namespace, "reason": self.reason, "message": self.message}
+
+
 @dataclass(slots=True)
 class Plan:
     steps: list[Step]
-    blocked: list[str]  # why a tree must be changed at once
+    blocked: list[Blocked]  # any entry blocks the whole plan (apply writes nothing)
     revisit: list[dict[str, Any]] = field(default_factory=list)  # workloads / ResourceQuotas to update
     # --all-at-once only: which steps form the maintenance window and which limits do not hold during it.
     window: list[str] = field(default_factory=list)
 
+    def blocked_quotas(self) -> set[str]:
+        return {entry.quota for entry in self.blocked}
+
     def as_dict(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"steps": [s.as_dict() for s in self.steps], "blocked": self.blocked,
-                                  "revisit": self.revisit}
+        result: dict[str, Any] = {"steps": [s.as_dict() for s in self.steps],
+                                  "blocked": [b.as_dict() for b in self.blocked], "revisit": self.revisit}
         if self.window:
             result["window"] = self.window
         return result
@@ -97,7 +134,7 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
         new_min, _ = canonical_resource_list(quota.min, config, quota.name)
         new_max, _ = canonical_resource_list(quota.max, config, quota.name)
         converted[quota.name] = (new_min, new_max)
-    blocked: list[str] = []
+    blocked = _tree_blocks(quotas, {q.name for q in legacy})
     steps: list[Step] = []
     # A leaf under an already-canonical parent converts in one update (its keys then equal the
     # parent's); only legacy parents and their legacy children need coordinated steps.
@@ -105,10 +142,11 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
     parents = {q.parent for q in quotas}
     nested = [q for q in order if q.name in parents or (q.parent != ROOT_QUOTA and q.parent in legacy_names)]
     if nested and not update_resource_key_gate:
-        blocked.append("quotas " + ", ".join(q.name for q in nested) + " are in a multi-level tree: with "
-                       "ElasticQuotaEnableUpdateResourceKey off Koordinator requires identical max keys between "
-                       "parent and child on every update, so these quotas must be changed at once (re-plan with "
-                       "--all-at-once for the maintenance-window procedure, or enable the gate and re-plan)")
+        message = ("quotas " + ", ".join(q.name for q in nested) + " are in a multi-level tree: with "
+                   "ElasticQuotaEnableUpdateResourceKey off Koordinator requires identical max keys between "
+                   "parent and child on every update, so these quotas must be changed at once (re-plan with "
+                   "--all-at-once for the maintenance-window procedure, or enable the gate and re-plan)")
+        blocked.extend(Blocked(q.name, q.namespace, MULTI_LEVEL_TREE, message) for q in nested)
     for quota in order:
         before = {"min": _text(quota.min), "max": _text(quota.max)}
         new_min, new_max = converted[quota.name]
@@ -126,14 +164,61 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
             steps.append(Step(quota.name, quota.namespace, "drop-legacy",
                               {"min": _text(quota.min), "max": _text(union_max)},
                               {"min": _text(new_min), "max": _text(new_max)}))
+    blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, set(converted), config))
     return Plan(steps, blocked, _revisit(objects, config))
 
 
-def _over_limit(objects: list[Mapping[str, Any]], migrated: set[str], config: ConversionConfig) -> list[str]:
+def _tree_blocks(quotas: list[QuotaInfo], migrated: set[str]) -> list[Blocked]:
+    """A quota to be migrated that does not fit in the tree (a repeated name, a missing parent, a
+    parent cycle): where its step leaves it cannot be known, nor what Koordinator will say."""
+    return [Blocked(p.quota.name, p.quota.namespace, p.check, p.message)
+            for p in tree_problems(quotas) if p.quota.name in migrated]
+
+
+def _webhook_refusals(objects: list[Mapping[str, Any]], steps: list[Step], config: ConversionConfig) -> list[Blocked]:
+    """Every step gpuquota's own validating webhook would refuse, replaying the steps in order.
+
+    ``review_quota_object`` is what ``/validate-elasticquotas`` runs on each write ``apply`` sends
+    (its server-side dry run would stop the run there). Not judged when a name is used twice: which
+    object a step writes is then unknown (the plan is blocked for it already).
+    """
+    quota_objects = [o for o in objects if o.get("kind") == "ElasticQuota"]
+    by_name = {_key(o)[1]: o for o in quota_objects}
+    if len(by_name) != len(quota_objects):
+        return []
+    tree = QuotaTree.build((quota_from_object(o) for o in quota_objects), config)
+    refusals: list[Blocked] = []
+    for number, step in enumerate(steps, 1):
+        written = _as_written(by_name[step.quota], step)
+        review = review_quota_object(written, tree, {})
+        if review.problems:
+            refusals.append(Blocked(step.quota, step.namespace, REFUSED_BY_WEBHOOK,
+                                    f"step {number} ({step.phase} {step.namespace}/{step.quota}) would be refused by "
+                                    f"gpuquota's ElasticQuota webhook: {'; '.join(review.problems)}"))
+        tree.upsert(quota_from_object(written))
+        by_name[step.quota] = written
+    return refusals
+
+
+def _as_written(obj: Mapping[str, Any], step: Step) -> dict[str, Any]:
+    """The quota as ``apply`` writes it in ``step``: spec, parent label and the migration marker."""
+    metadata = dict(_meta_of(obj))
+    labels = dict(metadata.get("labels") or {})
+    if step.parent_after is not None:
+        labels[PARENT_LABEL] = step.parent_after
+    annotations = {k: v for k, v in _annotations(obj).items() if k != MIGRATION_IN_PROGRESS_ANNOTATION}
+    if step.phase in MARKED_PHASES:
+        annotations[MIGRATION_IN_PROGRESS_ANNOTATION] = IN_PROGRESS
+    return {**obj, "metadata": {**metadata, "labels": labels, "annotations": annotations},
+            "spec": {"min": dict(step.after["min"]), "max": dict(step.after["max"])}}
+
+
+def _over_limit(objects: list[Mapping[str, Any]], migrated: set[str], config: ConversionConfig) -> list[Blocked]:
     # Usage is computed in canonical units, i.e. against exactly the limits the plan writes.
     usage = audit_objects(objects, ("quotas",), config)
-    return [f"quota {finding.name}: {finding.message}; raise the limit before migrating"
+    return [Blocked(finding.name, finding.namespace, OVER_LIMIT,
+                    f"quota {finding.name}: {finding.message}; raise the limit before migrating")
             for finding in usage.findings if finding.check == "quota-over-limit" and finding.name in migrated]
 
 
@@ -531,16 +616,22 @@ def sequence_all_at_once(namespaces: Mapping[str, str], current: Mapping[str, Pl
 def simulate_koordinator(placements: Mapping[str, Placement], steps: Iterable[Step],
                          update_resource_key_gate: bool = False) -> list[str]:
     """Every step Koordinator's ElasticQuota webhook would refuse, replaying ``steps`` in order."""
+    return [message for _, message in koordinator_refusals(placements, steps, update_resource_key_gate)]
+
+
+def koordinator_refusals(placements: Mapping[str, Placement], steps: Iterable[Step],
+                         update_resource_key_gate: bool = False) -> list[tuple[Step, str]]:
+    """:func:`simulate_koordinator` with the step each refusal is about."""
     world = dict(placements)
-    refusals: list[str] = []
+    refusals: list[tuple[Step, str]] = []
     for number, step in enumerate(steps, 1):
         old = world[step.quota]
         world[step.quota] = Placement(step.parent_after if step.parent_after is not None else old.parent,
                                       old.is_parent, frozenset(step.after["max"]), old.tree_id)
         refusal = koordinator_topology_refusal(world, step.quota, update_resource_key_gate)
         if refusal:
-            refusals.append(f"step {number} ({step.phase} {step.namespace}/{step.quota}) would be refused by "
-                            f"Koordinator's ElasticQuota webhook: {refusal}")
+            refusals.append((step, f"step {number} ({step.phase} {step.namespace}/{step.quota}) would be refused by "
+                                   f"Koordinator's ElasticQuota webhook: {refusal}"))
     return refusals
 
 
@@ -581,14 +672,19 @@ def _plan_all_at_once(objects: list[Mapping[str, Any]], config: ConversionConfig
         current[info.name] = Placed(before, info.parent)
         target[info.name] = Placed(after, parent)
     steps = sequence_all_at_once({n: i.namespace for n, i in infos.items()}, current, target)
-    blocked = [f"quota {step.quota} has tree-id {infos[step.quota].tree_id!r}: Koordinator requires a quota's tree "
-               "id to equal its parent's and never lets it change, so it cannot be detached to the root quota; the "
-               "all-at-once procedure cannot migrate this tree (enable ElasticQuotaEnableUpdateResourceKey and use "
-               "the step-by-step plan)"
-               for step in steps if step.phase in DETACH_PHASES and infos[step.quota].tree_id]
-    if not blocked:
+    blocked = _tree_blocks([quota_from_object(o) for o in quota_objects], {step.quota for step in steps})
+    tree_ids = [Blocked(step.quota, step.namespace, TREE_ID,
+                        f"quota {step.quota} has tree-id {infos[step.quota].tree_id!r}: Koordinator requires a "
+                        "quota's tree id to equal its parent's and never lets it change, so it cannot be detached to "
+                        "the root quota; the all-at-once procedure cannot migrate this tree (enable "
+                        "ElasticQuotaEnableUpdateResourceKey and use the step-by-step plan)")
+                for step in steps if step.phase in DETACH_PHASES and infos[step.quota].tree_id]
+    blocked.extend(tree_ids)
+    if not tree_ids:
         placements = {n: placement_of(i) for n, i in infos.items()}
-        blocked.extend(simulate_koordinator(placements, steps))
+        blocked.extend(Blocked(step.quota, step.namespace, KOORDINATOR_REFUSES, message)
+                       for step, message in koordinator_refusals(placements, steps))
+    blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, migrated, config))
     return Plan(steps, blocked, _revisit(objects, config), _window(steps, infos, target))
 

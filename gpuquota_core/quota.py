@@ -375,7 +375,8 @@ class QuotaTree:
     def build(cls, quotas: Iterable[QuotaInfo], config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
         tree = cls(config=config)
         for quota in quotas:
-            tree.quotas[quota.name] = quota
+            if keeps(tree.quotas.get(quota.name), quota):
+                tree.quotas[quota.name] = quota
         tree._reindex()
         return tree
 
@@ -453,6 +454,17 @@ class QuotaTree:
 
     def __iter__(self) -> Iterator[QuotaInfo]:
         return iter(self.quotas.values())
+
+
+def keeps(kept: QuotaInfo | None, other: QuotaInfo) -> bool:
+    """Whether the tree holds ``other`` rather than ``kept``, a quota of the same name.
+
+    Koordinator's webhook refuses a second quota of a name, but two can predate it (and ``gpuquota
+    audit`` reports them as quota-duplicate-name). The one in the namespace that sorts first is
+    kept, whatever order they are read or watched in, so the limit enforced never depends on it;
+    a newer version in the same namespace replaces the old one.
+    """
+    return kept is None or other.namespace <= kept.namespace
 
 
 def _same_place_in_tree(a: QuotaInfo, b: QuotaInfo) -> bool:

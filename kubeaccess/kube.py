@@ -69,7 +69,9 @@ AUDIT_KINDS: tuple[ListedKind, ...] = (
     ListedKind("Node", _core("list_node", "")),
     ListedKind("Pod", _core("list_pod_for_all_namespaces", "list_namespaced_pod")),
     ListedKind("ResourceQuota", _core("list_resource_quota_for_all_namespaces", "list_namespaced_resource_quota")),
-    ListedKind("ElasticQuota", _elasticquotas, optional=True),
+    # Quotas always cluster-wide too: a quota's parents live in other namespaces, and quota names
+    # are cluster-wide, so a namespace's quotas cannot be judged without the whole tree.
+    ListedKind("ElasticQuota", lambda api, _namespace: _elasticquotas(api, None), optional=True),
     ListedKind("Deployment", _group("AppsV1Api", "deployment")),
     ListedKind("StatefulSet", _group("AppsV1Api", "stateful_set")),
     ListedKind("DaemonSet", _group("AppsV1Api", "daemon_set")),

@@ -10,19 +10,20 @@ from typing import Any
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation, ReservationLedger
-from gpuquota_core.migration import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from gpuquota_core.quota import (
     POD_QUOTA_LABEL,
     PodRecord,
     QuotaInfo,
     QuotaTree,
     UsageIndex,
+    keeps,
     pod_is_counted,
     pod_record,
     quota_from_object,
 )
+from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_decision import decide, needs_check
-from gpuquota_core.quota_review import review_quota
+from gpuquota_core.quota_integrity import check_tree
 from gpuquota_core.quota_view import quota_figures
 from gpuquota_core.resources import add_lists
 
@@ -57,6 +58,9 @@ class QuotaState:
         self._listed_kinds: set[str] = set()
         self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
         self._published: tuple[int, ...] = ()  # the gauges' last values (see _publish)
+        # Quotas another quota of their name keeps out of the tree (QuotaTree.keeps), by (name,
+        # namespace): when the kept one is deleted, the next takes its place.
+        self._shadowed: dict[tuple[str, str], QuotaInfo] = {}
         # Local accounting in a server: the totals shared with the webhook workers (webhook.shared_region).
         self.publisher: Publisher | None = None
         # Whether self.ledger holds every reservation of this instance: not under strict accounting,
@@ -88,8 +92,13 @@ class QuotaState:
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
         objects = list(objects)
-        for kind in ("ElasticQuota", "Pod"):
-            self.replace_kind(kind, (o for o in objects if o.get("kind") == kind))
+        # Two quotas of one name or a parent cycle raise QuotaTreeError (a ValueError naming the
+        # quotas) and nothing is replaced: in files they are mistakes to fix before serving (one
+        # copy would be ignored; a cycle has no root), not something a later event settles.
+        quotas = [compact("ElasticQuota", o) for o in objects if o.get("kind") == "ElasticQuota"]
+        check_tree(q for q in quotas if isinstance(q, QuotaInfo))
+        self.replace_compact("ElasticQuota", quotas)
+        self.replace_kind("Pod", (o for o in objects if o.get("kind") == "Pod"))
 
     def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
@@ -109,7 +118,9 @@ class QuotaState:
                         self._count(record)
             else:
                 records = list(self.usage.pods())
-                self.tree = QuotaTree.build(q for q in items if isinstance(q, QuotaInfo))
+                quotas = [q for q in items if isinstance(q, QuotaInfo)]
+                self.tree = QuotaTree.build(quotas)
+                self._shadowed = {(q.name, q.namespace): q for q in quotas if self.tree.get(q.name) is not q}
                 self.usage = UsageIndex(self.tree)
                 for record in records:
                     self.usage.upsert(record)
@@ -137,15 +148,46 @@ class QuotaState:
                 else:
                     self._upsert_pod(obj)
             else:
-                quota = quota_from_object(obj)
+                before, after = self._quota_event(quota_from_object(obj), event_type == "DELETED")
                 if self.publisher is not None:
-                    self.publisher.quota_changed(self.tree.get(quota.name), None if event_type == "DELETED" else quota)
-                moved = self.tree.remove(quota.name) if event_type == "DELETED" else self.tree.upsert(quota)
+                    self.publisher.quota_changed(before, after)
+                moved = False
+                if after is None:
+                    moved = before is not None and self.tree.remove(before.name)
+                elif after is not before:
+                    moved = self.tree.upsert(after)
                 if moved:
                     self.usage.rebuild()
                     if self.publisher is not None:
                         self.publisher.usage_rebuilt()
             self._publish()
+
+    def _quota_event(self, quota: QuotaInfo, deleted: bool) -> tuple[QuotaInfo | None, QuotaInfo | None]:
+        """The tree's quota of this name before and after a watch event of ``quota`` (lock held).
+
+        Two quotas of one name (they can predate Koordinator's webhook): the tree keeps the one
+        ``QuotaTree.keeps`` picks whatever order events come in, so a delete or change of the other
+        leaves it alone, and deleting the kept one brings the next in.
+        """
+        kept = self.tree.get(quota.name)
+        key = (quota.name, quota.namespace)
+        if kept is not None and kept.namespace != quota.namespace:
+            if deleted:
+                self._shadowed.pop(key, None)
+                return kept, kept
+            if not keeps(kept, quota):
+                self._shadowed[key] = quota
+                return kept, kept
+            self._shadowed[(kept.name, kept.namespace)] = kept
+            return kept, quota
+        if not deleted:
+            return kept, quota
+        others = sorted((q for (name, _), q in self._shadowed.items() if name == quota.name),
+                        key=lambda q: q.namespace)
+        if not others:
+            return kept, None
+        del self._shadowed[(others[0].name, others[0].namespace)]
+        return kept, others[0]
 
     def sync_failed(self, kind: str) -> None:
         """The list or watch of ``kind`` broke; decisions go on from the last state until it is stale."""
@@ -224,7 +266,7 @@ class QuotaState:
         info = quota_from_object(quota)
         with self._changing():  # reservations workers made count in the used it compares with
             used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
-            review = review_quota(info, self.tree, used, migrating=_migrating(quota))
+            review = review_quota_object(quota, self.tree, used)
         if review.problems:
             return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
         return Verdict(True, warnings=review.warnings)
@@ -321,8 +363,3 @@ def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
     except ValueError:
         return None  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
 
-
-def _migrating(quota: Mapping[str, Any]) -> bool:
-    metadata = quota.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    return isinstance(annotations, Mapping) and annotations.get(MIGRATION_IN_PROGRESS_ANNOTATION) == IN_PROGRESS

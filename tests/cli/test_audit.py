@@ -93,3 +93,27 @@ def test_stdin(tmp_path: Path) -> None:
                                 input=yaml.safe_dump_all(OBJECTS))
     assert result.exit_code == 0
     assert yaml.safe_load(result.stdout)["findings"][0]["check"] == "resourcequota-gpu-bypassed"
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "cluster"
+
+
+def test_a_quota_the_webhook_refuses_fails_the_audit(tmp_path: Path) -> None:
+    # Before: exit 0, while /validate-elasticquotas answered 422 for the same object.
+    bad = {"kind": "ElasticQuota", "metadata": {"name": "bad", "namespace": "t"},
+           "spec": {"min": {"koordinator.sh/gpu-core": "100"}, "max": {"koordinator.sh/gpu-core": "-100"}}}
+    code, out, _ = run(tmp_path, "-o", "json", objects=[bad])
+    assert code == 1
+    assert [(f["check"], f["name"]) for f in json.loads(out)["findings"]] == [("quota-refused-by-webhook", "bad")]
+
+
+def test_namespace_shows_its_findings_judged_with_the_whole_tree() -> None:
+    # Before: -n team-nlp dropped the parent (namespace koordinator-system) before judging, so
+    # team-nlp's own key mismatch with it vanished and the audit exited 0.
+    result = CliRunner().invoke(cli, ["audit", "-f", str(EXAMPLES), "-n", "team-nlp", "-o", "json"])
+    assert result.exit_code == 1
+    findings = json.loads(result.stdout)["findings"]
+    assert ("quota-tree-key-mismatch", "team-nlp") in {(f["check"], f["name"]) for f in findings}
+    assert {f["namespace"] for f in findings} == {"team-nlp", ""}
+    assert "quota-parent-missing" not in {f["check"] for f in findings}
+    assert set(json.loads(result.stdout)["summary"]["quotaUsage"]) == {"team-nlp"}

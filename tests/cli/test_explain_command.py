@@ -194,3 +194,16 @@ def test_odd_input_never_crashes(tmp_path: Path) -> None:
     code, _, err = run("-f", str(OVER_QUOTA), "--state", str(state))
     assert (code, err.strip()) == (2, "Error: cannot read an ElasticQuota: ElasticQuota q: spec.max: expected an "
                                       "object, got list")
+
+
+def test_a_state_whose_quotas_do_not_form_a_tree_is_one_error_line(tmp_path: Path) -> None:
+    # As `serve --state` refuses to load it: the limit enforced would depend on the file order.
+    copies = [{"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+               "metadata": {"name": "team", "namespace": namespace}, "spec": {"max": {"nvidia.com/gpu": "1"}}}
+              for namespace in ("a", "b")]
+    (tmp_path / "state.yaml").write_text(yaml.safe_dump_all(copies))
+    code, out, err = run("-f", str(OVER_QUOTA), "--state", str(tmp_path / "state.yaml"))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == ["Error: the ElasticQuotas do not form a tree: ElasticQuota name team is used by 2 "
+                                "quotas (a/team, b/team): quota names are cluster-wide in Koordinator, so only one of "
+                                "them can limit the pods bound to that name"]

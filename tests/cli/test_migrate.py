@@ -26,11 +26,11 @@ TREE = [quota("org", None, "4", is_parent=True), quota("team", "org", "2"),
          "spec": {"hard": {"limits.nvidia.com/gpu": "2"}}}]
 
 
-def plan(tmp_path: Path, *args: str) -> Any:
+def plan(tmp_path: Path, *args: str, exit_code: int = 0) -> Any:
     path = tmp_path / "q.yaml"
     path.write_text(yaml.safe_dump_all(TREE))
     result = CliRunner().invoke(cli, ["migrate", "plan", "-f", str(path), *args])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == exit_code, result.output
     return result.stdout
 
 
@@ -47,9 +47,13 @@ def test_gate_on_adds_top_down_then_drops_bottom_up(tmp_path: Path) -> None:
 
 
 def test_gate_off_reports_blocked_tree(tmp_path: Path) -> None:
-    out = plan(tmp_path)
+    out = plan(tmp_path, exit_code=1)
     assert "-  max.nvidia.com/gpu: 4" in out and "+  max.koordinator.sh/gpu-core: 400" in out
-    assert "BLOCKED: quotas org, team are in a multi-level tree" in out
+    lines = out.splitlines()
+    # What blocks the plan comes first, once per reason, and its steps are marked.
+    assert lines[0].startswith("BLOCKED: quotas org, team are in a multi-level tree")
+    assert lines[0].endswith(" [multi-level-tree]") and sum(line.startswith("BLOCKED") for line in lines) == 1
+    assert lines[1] == "# step 1: convert ElasticQuota org/org (BLOCKED)"
     assert "REVISIT: ResourceQuota team/rq: limits limits.nvidia.com/gpu" in out
 
 
@@ -60,9 +64,12 @@ def test_usage_over_new_limit_is_blocked(tmp_path: Path) -> None:
            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]}}
     path.write_text(yaml.safe_dump_all([*TREE, pod]))
     result = CliRunner().invoke(cli, ["migrate", "plan", "-o", "json", "-f", str(path)])
+    assert result.exit_code == 1
     blocked = json.loads(result.stdout)["blocked"]
-    assert any("quota team: canonical usage exceeds the limit: koordinator.sh/gpu-core 300 > 200" in b
-               for b in blocked)
+    over = [b for b in blocked if b["reason"] == "over-limit"]
+    assert [(b["quota"], b["namespace"]) for b in over] == [("team", "team")]
+    assert over[0]["message"].startswith("quota team: canonical usage exceeds the limit: koordinator.sh/gpu-core "
+                                         "300 > 200")
 
 
 # -- rollback, without a cluster -----------------------------------------------------------------
@@ -174,3 +181,19 @@ def test_rollback_request_bodies_mark_the_union_state_and_drop_the_annotations()
     assert body["spec"] == TREE[0]["spec"]
     assert body["metadata"]["annotations"] == {"team.example/owner": "ml"}
     assert live["metadata"]["annotations"][PRE]  # the listed object itself is not modified
+
+
+def test_a_missing_parent_blocks_the_plan_and_exits_1(tmp_path: Path) -> None:
+    path = tmp_path / "q.yaml"
+    path.write_text(yaml.safe_dump(quota("team", "gone", "2")))
+    result = CliRunner().invoke(cli, ["migrate", "plan", "-f", str(path)])
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("BLOCKED: ElasticQuota team/team names parent gone") and lines[0].endswith(
+        " [quota-parent-missing]")
+    assert lines[1] == "# step 1: convert ElasticQuota team/team (BLOCKED)"
+    result = CliRunner().invoke(cli, ["migrate", "plan", "-f", str(path), "-o", "json"])
+    assert result.exit_code == 1
+    [blocked] = json.loads(result.stdout)["blocked"]
+    assert {key: blocked[key] for key in ("quota", "namespace", "reason")} == {
+        "quota": "team", "namespace": "team", "reason": "quota-parent-missing"}

@@ -66,7 +66,7 @@ def only(report: AuditReport, check: str) -> Finding:
 def test_every_documented_check_id_has_tests_here() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "audit-checks.md").read_text()
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE))
-    assert len(documented) == 15
+    assert len(documented) == 20
     source = Path(__file__).read_text()
     for check in documented:
         assert f'"{check}"' in source, check
@@ -329,9 +329,10 @@ def test_pod_invalid_gpu_request_for_a_pod_an_unparseable_quantity_and_a_templat
     assert (bad.severity, bad.namespace) == (Severity.ERROR, "t")
     assert bad.message == (f"invalid resource device requests: [{CORE}]: add a memory request: {RATIO} (percent of a "
                            'card) or koordinator.sh/gpu-memory (bytes) (asked for by container "c")')
-    assert bad.details == {"rules": ["combination"]}
+    assert bad.details == {"rules": ["combination"], "problems": [bad.message]}
     assert found[("Pod", "unparse")].message.startswith("spec.containers[0].resources.limits[nvidia.com/gpu]: ")
-    assert "koordinator.sh/gpu: 101" in found[("Job", "j")].message
+    # Judged after the rewrite, as /validate-pods judges it: koordinator.sh/gpu 101 is gpu-core 101 by then.
+    assert f"{CORE}: 101" in found[("Job", "j")].message
 
 
 def test_valid_gpu_requests_are_not_invalid() -> None:
@@ -446,3 +447,114 @@ def test_gpu_request_unadvertised() -> None:
     assert finding.message == ("asks for nvidia.com/gpu, but none of the 1 node(s) this pod can be scheduled on "
                                "(shared) advertises nvidia.com/gpu: it cannot be scheduled")
     assert finding.details == {"resources": ["nvidia.com/gpu"]}
+
+
+# -- one truth with the webhook: its quota review, the tree, its pod quota decision --------------
+
+
+def review_message(quota: dict[str, Any], *others: dict[str, Any]) -> str:
+    """What /validate-elasticquotas answers for creating ``quota`` in a quota service holding ``others``."""
+    state = QuotaState()
+    state.replace_kind("ElasticQuota", list(others))
+    state.replace_kind("Pod", [])
+    verdict = state.review_elasticquota(quota)
+    assert (verdict.allowed, verdict.code) == (False, 422)
+    return verdict.message
+
+
+def test_a_quota_the_webhook_refuses_is_a_finding_with_the_webhooks_message() -> None:
+    # Before: max -100 and min above max passed the audit while the webhook refused it with 422.
+    bad = eq("bad", "t", {CORE: "-100", RATIO: "-100"}, {CORE: "100", RATIO: "100"})
+    finding = only(audit_objects([bad]), "quota-refused-by-webhook")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (Severity.ERROR, "ElasticQuota", "t",
+                                                                                 "bad")
+    assert finding.message == review_message(bad) == (
+        f"spec.max of t/bad has negative values: {CORE}, {RATIO}; spec.min of t/bad is above spec.max in canonical "
+        f"units for: {CORE} (100 > -100), {RATIO} (100 > -100)")
+    assert finding.details == {"problems": finding.message.split("; ")}
+
+
+def test_a_quota_marked_as_migrating_is_judged_as_the_webhook_judges_it() -> None:
+    both = {"nvidia.com/gpu": "1", CORE: "100", RATIO: "100"}
+    assert with_check(audit_objects([eq("m", "t", both)]), "quota-refused-by-webhook") != []
+    marked = eq("m", "t", both, annotations={"gpuquota.koord-gpuquota.io/migration": "in-progress"})
+    assert with_check(audit_objects([marked]), "quota-refused-by-webhook") == []
+
+
+def test_a_missing_parent_is_a_finding() -> None:
+    report = audit_objects([eq("team", "t", {CORE: "100"}, parent="org")])
+    finding = only(report, "quota-parent-missing")
+    assert (finding.severity, finding.namespace, finding.name, finding.details) == (Severity.ERROR, "t", "team",
+                                                                                    {"parent": "org"})
+
+
+def test_two_quotas_of_one_name_are_both_findings() -> None:
+    # Before: the tree kept one of them and the other vanished from the audit.
+    copies = [eq("team", "ns-a", {CORE: "100"}), eq("team", "ns-b", {CORE: "400"})]
+    found = with_check(audit_objects(copies), "quota-duplicate-name")
+    assert [(f.namespace, f.details) for f in found] == [("ns-a", {"quotas": ["ns-a/team", "ns-b/team"]}),
+                                                         ("ns-b", {"quotas": ["ns-a/team", "ns-b/team"]})]
+    assert found[0].message.startswith("ElasticQuota name team is used by 2 quotas (ns-a/team, ns-b/team)")
+    # The webhook refuses to store the second one.
+    assert review_message(copies[1], copies[0]).startswith("ElasticQuota name team is already used by ns-a/team")
+
+
+def test_a_parent_cycle_is_a_finding_for_each_member() -> None:
+    report = audit_objects([eq("a", "t", {CORE: "100"}, parent="b", is_parent=True),
+                            eq("b", "t", {CORE: "100"}, parent="a", is_parent=True)])
+    found = with_check(report, "quota-parent-cycle")
+    assert [(f.name, f.details) for f in found] == [("a", {"cycle": ["a", "b"]}), ("b", {"cycle": ["a", "b"]})]
+    assert found[0].message == ("the parent labels of ElasticQuotas a -> b -> a form a cycle: none of them reaches "
+                                "the root quota")
+
+
+def test_namespace_filters_what_is_shown_not_what_is_judged() -> None:
+    objects = [eq("org", "ops", {CORE: "400", RATIO: "400"}, is_parent=True),
+               eq("team", "t", {"nvidia.com/gpu": "2"}, parent="org"),
+               pod("p", "t", {CORE: "300", RATIO: "300"}, label="team")]
+    shown = audit_objects(objects, namespace="t")
+    # The parent in namespace ops is read: team's keys differ from it, and it is not "missing".
+    assert {f.check for f in shown.findings} == {"quota-legacy-gpu-key", "quota-tree-key-mismatch",
+                                                 "quota-over-limit", "pod-quota-refused"}
+    assert {f.namespace for f in shown.findings} == {"t"}
+    assert set(shown.quota_usage) == {"team"}
+    assert audit_objects(objects, namespace="elsewhere").findings == []
+
+
+def test_pods_and_templates_the_webhooks_quota_decision_refuses() -> None:
+    small = {"limits": {CORE: "10", RATIO: "10"}}
+    objects = [eq("org", "ops", {CORE: "400", RATIO: "400"}, is_parent=True),
+               eq("team", "t", {CORE: "200", RATIO: "200"}, parent="org"),
+               pod("ghost", "t", {CORE: "10", RATIO: "10"}, label="missing"),
+               pod("on-parent", "t", {CORE: "10", RATIO: "10"}, label="org"),
+               pod("too-big", "t", {CORE: "300", RATIO: "300"}, label="team"),
+               pod("bytes", "t", {CORE: "10", "koordinator.sh/gpu-memory": "1Gi"}, label="team"),
+               pod("fits", "t", {CORE: "200", RATIO: "200"}, label="team"),
+               pod("done", "t", {CORE: "10", RATIO: "10"}, label="missing", phase="Succeeded"),
+               {"kind": "Deployment", "metadata": {"name": "web", "namespace": "t"},
+                "spec": {"template": {"metadata": {"labels": {QUOTA_LABEL: "missing"}},
+                                      "spec": {"containers": [{"name": "c", "resources": small}]}}}}]
+    found = {f.name: f for f in with_check(audit_objects(objects), "pod-quota-refused")}
+    assert sorted(found) == ["bytes", "ghost", "on-parent", "too-big", "web"]
+    assert found["ghost"].message == ("pod t/ghost names ElasticQuota 'missing' in label "
+                                      "quota.scheduling.koordinator.sh/name, but no such quota exists")
+    assert found["ghost"].details == {"reason": "QuotaNotFound", "code": 403}
+    assert found["on-parent"].details["reason"] == "ParentQuota"
+    assert found["bytes"].details["reason"] == "UnknownGpuMemory"
+    assert found["too-big"].message.startswith(f"exceeded quota: t/team, requested: {CORE}=300,{RATIO}=300")
+    assert (found["web"].kind, found["web"].details["reason"]) == ("Deployment", "QuotaNotFound")
+    # A pod the GPU check refuses gets that finding only: the webhook answers 422 before its quota.
+    report = audit_objects([pod("odd", "t", {CORE: "150"}, label="missing")])
+    assert [f.check for f in report.findings] == ["pod-invalid-gpu-request"]
+
+
+def test_a_pod_is_judged_after_the_mutating_webhooks_rewrite_as_validate_pods_judges_it() -> None:
+    # One container asks a whole card the vendor way, another a share: /mutate-pods converts the
+    # card to 100 + 100, and /validate-pods then refuses gpu-core 101 (a percentage), not the mix
+    # of names the original carries. Found by tests/core/test_one_truth.py.
+    mixed = {"kind": "Pod", "metadata": {"name": "mixed", "namespace": "t"},
+             "spec": {"containers": [{"name": "a", "resources": {"limits": {CORE: "1"}}},
+                                     {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    finding = only(audit_objects([mixed]), "pod-invalid-gpu-request")
+    assert finding.details["rules"] == ["percentage"]
+    assert finding.message.startswith(f"invalid resource unit {CORE}: 101: ")

@@ -168,7 +168,8 @@ def test_quotas_that_need_no_window_convert_in_one_step() -> None:
 def test_a_tree_with_a_tree_id_cannot_be_detached() -> None:
     objects = [eq("org", cards("8"), is_parent=True, tree_id="t1"), eq("team", cards("4"), parent="org", tree_id="t1")]
     plan = plan_migration(objects, all_at_once=True)
-    assert plan.blocked == [
+    assert [(b.quota, b.namespace, b.reason) for b in plan.blocked] == [("team", "ns-team", "tree-id")]
+    assert [b.message for b in plan.blocked] == [
         "quota team has tree-id 't1': Koordinator requires a quota's tree id to equal its parent's and never lets it "
         "change, so it cannot be detached to the root quota; the all-at-once procedure cannot migrate this tree "
         "(enable ElasticQuotaEnableUpdateResourceKey and use the step-by-step plan)"]
@@ -178,7 +179,8 @@ def test_a_tree_koordinator_already_disagrees_with_is_blocked_with_its_message()
     # team names cpu, dept does not: Koordinator refuses the reattach (keys must be identical).
     objects = [eq("dept", cards("6"), is_parent=True), eq("team", {**cards("4"), "cpu": "8"}, parent="dept")]
     plan = plan_migration(objects, all_at_once=True)
-    assert plan.blocked == [
+    assert [(b.quota, b.reason) for b in plan.blocked] == [("team", "koordinator-refuses")]
+    assert [b.message for b in plan.blocked] == [
         "step 3 (reattach ns-team/team) would be refused by Koordinator's ElasticQuota webhook: failed to check sub "
         "and parent group quotaKey, err: checkSubAndParentGroupQuotaKey failed: team's max keys are not the same "
         "with dept's"]
@@ -189,8 +191,9 @@ def test_usage_over_the_canonical_limit_still_blocks() -> None:
                                        "labels": {"quota.scheduling.koordinator.sh/name": "team"}},
            "spec": {"containers": [{"name": "c", "resources": {"limits": cards("5")}}]}}
     plan = plan_migration([*CHAIN, pod], all_at_once=True)
-    assert plan.blocked == [f"quota team: canonical usage exceeds the limit: {CORE} 500 > 400, {RATIO} 500 > 400; "
-                            "raise the limit before migrating"]
+    assert [(b.quota, b.reason, b.message) for b in plan.blocked] == [
+        ("team", "over-limit", f"quota team: canonical usage exceeds the limit: {CORE} 500 > 400, {RATIO} 500 > 400; "
+                               "raise the limit before migrating")]
 
 
 def marked(obj: dict[str, Any], spec: dict[str, dict[str, str]] | None = None, parent: str | None = None,

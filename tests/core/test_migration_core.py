@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpuquota_core.migration import (
+    Blocked,
     Plan,
     RollbackSourceError,
     Step,
@@ -115,7 +116,10 @@ def test_gate_on_keeps_child_max_keys_within_the_parent_at_every_step() -> None:
 
 def test_gate_off_blocks_the_tree_and_lists_its_quotas_top_down() -> None:
     plan = plan_migration(TREE)
-    assert plan.blocked == [f"quotas org, dept, team-a, team-b {MULTI_LEVEL}"]
+    message = f"quotas org, dept, team-a, team-b {MULTI_LEVEL}"
+    assert [b.as_dict() for b in plan.blocked] == [
+        {"quota": name, "namespace": namespace, "reason": "multi-level-tree", "message": message}
+        for name, namespace in (("org", "ops"), ("dept", "ops"), ("team-a", "a"), ("team-b", "b"))]
     # The steps still say what would change, each as one convert, top-down.
     assert order(plan) == [("convert", "org"), ("convert", "solo"), ("convert", "dept"),
                            ("convert", "team-a"), ("convert", "team-b")]
@@ -133,7 +137,7 @@ def test_gate_off_a_legacy_leaf_under_a_canonical_parent_converts_in_one_step() 
 def test_gate_off_a_legacy_parent_of_canonical_children_is_blocked() -> None:
     plan = plan_migration([eq("org", "ops", {"nvidia.com/gpu": "8"}, is_parent=True),
                            eq("team", "team", canonical("200"), parent="org")])
-    assert plan.blocked == [f"quotas org {MULTI_LEVEL}"]
+    assert plan.blocked == [Blocked("org", "ops", "multi-level-tree", f"quotas org {MULTI_LEVEL}")]
     gated = plan_migration([eq("org", "ops", {"nvidia.com/gpu": "8"}, is_parent=True),
                             eq("team", "team", canonical("200"), parent="org")], update_resource_key_gate=True)
     assert order(gated) == [("add-canonical", "org"), ("drop-legacy", "org")]
@@ -149,8 +153,8 @@ def test_usage_over_the_canonical_limit_blocks_the_plan() -> None:
                 "spec": {"containers": [{"name": "c", "resources": {"limits": canonical("200")}}]}}]
     for gate in (False, True):
         plan = plan_migration(objects, update_resource_key_gate=gate)
-        assert plan.blocked == [f"quota team: canonical usage exceeds the limit: {CORE} 300 > 200, {RATIO} 300 > 200; "
-                                "raise the limit before migrating"]
+        assert plan.blocked == [Blocked("team", "team", "over-limit", f"quota team: canonical usage exceeds the limit: "
+                                        f"{CORE} 300 > 200, {RATIO} 300 > 200; raise the limit before migrating")]
         assert order(plan) == [("convert", "team")]
 
 
@@ -317,3 +321,46 @@ def test_rollback_sources_that_cannot_be_read_name_the_quota() -> None:
     with pytest.raises(RollbackSourceError, match=r"an ElasticQuota in the backup has no metadata\.name"):
         originals_from_backup([{"kind": "ElasticQuota", "metadata": {}, "spec": {}}])
     assert originals_from_backup([{"kind": "ConfigMap", "metadata": {"name": "x"}}]) == {}
+
+
+# -- quotas that do not fit in a tree block their step -------------------------------------------
+
+
+def test_a_missing_parent_blocks_the_quotas_step() -> None:
+    # Before: a one-step convert, planned as if the parent were the root.
+    for all_at_once in (False, True):
+        plan = plan_migration([eq("team", "t", {"nvidia.com/gpu": "2"}, parent="gone")], all_at_once=all_at_once)
+        assert order(plan) == [("convert", "team")]
+        assert plan.blocked[0] == Blocked(
+            "team", "t", "quota-parent-missing",
+            "ElasticQuota t/team names parent gone (label quota.scheduling.koordinator.sh/parent), which does not "
+            "exist: no ancestor limits its pods; create the parent first or fix the label")
+    # A canonical quota with a missing parent has no step, so it blocks nothing here (the audit reports it).
+    assert plan_migration([eq("team", "t", canonical("200"), parent="gone"),
+                           eq("solo", "s", {"nvidia.com/gpu": "1"})]).blocked == []
+
+
+def test_a_repeated_name_and_a_cycle_block_the_plan() -> None:
+    copies = plan_migration([eq("team", "a", {"nvidia.com/gpu": "2"}), eq("team", "b", {"nvidia.com/gpu": "4"})])
+    assert [(b.quota, b.namespace, b.reason) for b in copies.blocked] == [
+        ("team", "a", "quota-duplicate-name"), ("team", "b", "quota-duplicate-name")]
+    cycle = plan_migration([eq("a", "t", {"nvidia.com/gpu": "2"}, parent="b", is_parent=True),
+                            eq("b", "t", {"nvidia.com/gpu": "2"}, parent="a", is_parent=True)],
+                           update_resource_key_gate=True)
+    assert {(b.quota, b.reason) for b in cycle.blocked} == {("a", "quota-parent-cycle"), ("b", "quota-parent-cycle")}
+
+
+def test_a_step_gpuquotas_own_webhook_would_refuse_blocks_the_plan() -> None:
+    # min above max stays above max once converted: apply's dry run would stop at this step.
+    plan = plan_migration([eq("team", "t", {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "3"})])
+    assert plan.blocked == [Blocked(
+        "team", "t", "refused-by-webhook",
+        "step 1 (convert t/team) would be refused by gpuquota's ElasticQuota webhook: spec.min of t/team is above "
+        f"spec.max in canonical units for: {CORE} (300 > 200), {RATIO} (300 > 200)")]
+
+
+def test_the_webhook_replay_admits_every_state_a_gated_migration_passes_through() -> None:
+    # add-canonical names both families: admitted because apply marks the quota as migrating.
+    plan = plan_migration(TREE, update_resource_key_gate=True)
+    assert [b for b in plan.blocked if b.reason == "refused-by-webhook"] == []
+    assert any(step.phase == "add-canonical" for step in plan.steps)

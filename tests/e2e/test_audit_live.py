@@ -76,3 +76,30 @@ def test_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path, kubeconfig_p
 
     assert code == 2
     assert err.startswith("Error: cannot reach the API server: ") and err.count("\n") == 1
+
+
+def test_live_namespace_audit_reads_the_quota_tree_of_every_namespace(kubeconfig_path: Path, api: Api,
+                                                                       elasticquota_crd: Any) -> None:
+    # The parent lives in another namespace. Before: -n listed only the child, so its key
+    # mismatch with the parent went unseen and the audit exited 0.
+    suffix = uuid.uuid4().hex[:8]
+    org_ns, team_ns = f"org-{suffix}", f"team-{suffix}"
+    for name in (org_ns, team_ns):
+        api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels={IGNORE_LABEL: "true"})))
+    for namespace, name, labels, max_ in (
+            (org_ns, f"org-{suffix}", {"quota.scheduling.koordinator.sh/is-parent": "true"},
+             {"koordinator.sh/gpu-core": "800", "koordinator.sh/gpu-memory-ratio": "800"}),
+            (team_ns, f"team-{suffix}", {"quota.scheduling.koordinator.sh/parent": f"org-{suffix}"},
+             {"nvidia.com/gpu": "4"})):
+        api.custom.create_namespaced_custom_object(
+            ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, {
+                "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": {"max": max_}})
+
+    code, out, err = run_audit("quotas", "--kubeconfig", str(kubeconfig_path), "-n", team_ns, "-o", "json")
+
+    assert (code, err) == (1, "")
+    findings = {(f["check"], f["name"]) for f in json.loads(out)["findings"]}
+    assert ("quota-tree-key-mismatch", f"team-{suffix}") in findings
+    assert ("quota-parent-missing", f"team-{suffix}") not in findings
+    assert {f["namespace"] for f in json.loads(out)["findings"]} <= {team_ns, ""}

@@ -140,3 +140,20 @@ def test_legacy_whole_card_quota_limits_canonical_pods(webhook_server: WebhookPr
     assert status == 403
     assert message.startswith(DENIED_BY + f"exceeded quota: {namespace}/{legacy}, requested: ")
     assert f"limited: {RATIO}=100" in message or "limited: koordinator.sh/gpu-core=100" in message
+
+
+def test_a_taken_quota_name_is_refused_as_koordinator_refuses_it(
+        api: Api, tree: Tree) -> None:
+    # Quota names are cluster-wide (koordinator.md §4.2): a second one of a name, in another
+    # namespace, would make which limit applies depend on the order the webhook sees them.
+    other = f"other-{tree.namespace}"
+    api.core.create_namespace({"metadata": {"name": other}})
+    try:
+        with pytest.raises(ApiException) as refused:
+            create_quota(api, other, tree.team, {RATIO: "300"})
+        assert refused.value.status == 422
+        message = json.loads(refused.value.body)["message"]
+        assert (f"ElasticQuota name {tree.team} is already used by {tree.namespace}/{tree.team}: quota names are "
+                "cluster-wide in Koordinator; choose another name") in message
+    finally:
+        api.core.delete_namespace(other)
