@@ -15,9 +15,10 @@ from . import collector
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .memo import BoundedMemo
+from .mutation import admission_mutation
 from .placement import NodeView, constraints_of, decide_rewrite, gpu_names, nonzero_names, spec_resources, unadvertised
 from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
-from .quantity import ZERO, Quantity
+from .quantity import ZERO, Quantity, QuantityError
 from .quota import (
     POD_QUOTA_LABEL,
     UNCHECKED_QUOTAS,
@@ -372,32 +373,44 @@ def _shapes(pods: list[Mapping[str, Any]], config: ConversionConfig, shapes: lis
     return pod_shapes(pods, config) if shapes is None else shapes
 
 
-def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: object = None) -> _SpecVerdict:
+def _rewritten_by_webhook(spec: Mapping[str, Any], config: ConversionConfig, view: NodeView | None) -> bool:
+    """Whether /mutate-pods would rewrite a pod of this spec: the webhook's own decision, with the
+    nodes it would look at (``view`` None: none known, and the webhook then leaves it as written)."""
+    try:
+        return admission_mutation({"spec": spec}, config, view).changed
+    except (PodShapeError, QuantityError):
+        return False  # unreadable: _judge_spec reports why
+
+
+def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: object = None,
+                  view: NodeView | None = None) -> _SpecVerdict:
     if shape is None:
         shape = spec_shape_key(spec, config)
+    rewritten = _rewritten_by_webhook(spec, config, view)
     key = None
     if shape is not None:
-        key = spec_names_key(spec, shape)
+        key = (spec_names_key(spec, shape), rewritten)
         cached = _spec_verdicts.get(key)
         if cached is not None:
             return cached
-    verdict = _judge_spec(spec, config)
+    verdict = _judge_spec(spec, config, rewritten)
     if key is not None:
         _spec_verdicts.remember(key, verdict)
     return verdict
 
 
-def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig) -> _SpecVerdict:
+def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig, rewritten: bool) -> _SpecVerdict:
     try:
         read_containers(spec)
         canonical, rewrites, _, _ = canonicalize_pod_spec(spec, config)
-        # Judged as /validate-pods judges it: after /mutate-pods rewrote it (the API server calls
-        # the mutating webhook first). A pod mixing a vendor name and koordinator names can get a
-        # different reason once the vendor name is converted.
-        containers = read_containers(canonical)
+        # Judged as /validate-pods judges it: after /mutate-pods rewrote it, where the webhook
+        # would (the API server calls the mutating webhook first). A pod mixing a vendor name and
+        # koordinator names can get a different reason once the vendor name is converted.
+        judged = canonical if rewritten else spec
+        containers = read_containers(judged)
     except PodShapeError as error:
         return _SpecVerdict(str(error), (), ())
-    problems = validate_pod_gpu(containers, pod_requests(canonical, containers))
+    problems = validate_pod_gpu(containers, pod_requests(judged, containers))
     return _SpecVerdict(None, tuple(r.describe() for r in rewrites), tuple((p.message, p.rule) for p in problems))
 
 
@@ -411,8 +424,8 @@ class QuotaPlace:
 
 def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
                 report: AuditReport, config: ConversionConfig, shape: object = None,
-                place: QuotaPlace | None = None) -> None:
-    verdict = _spec_verdict(spec, config, shape)
+                place: QuotaPlace | None = None, view: NodeView | None = None) -> None:
+    verdict = _spec_verdict(spec, config, shape, view)
     if verdict.error is not None:
         report.findings.append(Finding("pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
                                        verdict.error))
@@ -494,9 +507,10 @@ def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
                config: ConversionConfig = DEFAULT_CONFIG, shapes: list[object] | None = None,
-               tree: QuotaTree | None = None) -> None:
+               tree: QuotaTree | None = None, view: NodeView | None = None) -> None:
     """``shapes``: :func:`pod_shapes` of ``pods``, when the caller has them (audit_objects does).
-    ``tree``: the cluster's quotas (:func:`quota_tree`), to run the webhook's quota decision too."""
+    ``tree``: the cluster's quotas (:func:`quota_tree`), to run the webhook's quota decision too.
+    ``view``: the nodes, for the webhook's decision whether to rewrite (None: no Node known)."""
     pods = list(pods)
     judge = PodQuotaJudge(tree) if tree is not None else None
     for pod, shape in zip(pods, _shapes(pods, config, shapes), strict=True):
@@ -506,7 +520,7 @@ def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
             place = None
             if judge is not None and pod_is_counted(pod):  # a finished pod is never admitted again
                 place = QuotaPlace(judge, _labels_of(metadata))
-            _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config, shape, place)
+            _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config, shape, place, view)
 
 
 def _labels_of(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -515,8 +529,10 @@ def _labels_of(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
-                    config: ConversionConfig = DEFAULT_CONFIG, tree: QuotaTree | None = None) -> None:
-    """``tree``: as for :func:`check_pods`; a template's pods are judged in the workload's namespace."""
+                    config: ConversionConfig = DEFAULT_CONFIG, tree: QuotaTree | None = None,
+                    view: NodeView | None = None) -> None:
+    """``tree``, ``view``: as for :func:`check_pods`; a template's pods are judged in the workload's
+    namespace."""
     judge = PodQuotaJudge(tree) if tree is not None else None
     for obj in objects:
         template = template_of(obj)
@@ -529,7 +545,7 @@ def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
                 place = QuotaPlace(judge, _labels_of(template_metadata if isinstance(template_metadata, Mapping)
                                                     else {}))
             _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config,
-                        place=place)
+                        place=place, view=view)
 
 
 def check_resourcequotas(objects: Iterable[Mapping[str, Any]], report: AuditReport) -> None:
@@ -652,14 +668,14 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
         check_quotas(by_kind.get("ElasticQuota", []), pods, report, advertised if nodes else None, config, shapes)
     # The webhook's quota decision on pods and templates needs the tree, whatever scopes are shown.
     tree = quota_tree(by_kind.get("ElasticQuota", []), config) if wanted & {"pods", "workloads"} else None
+    view = NodeView.from_objects(nodes)
     if "pods" in wanted:
-        check_pods(pods, report, config, shapes, tree)
+        check_pods(pods, report, config, shapes, tree, view)
     if "workloads" in wanted:
         check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config,
-                        tree)
+                        tree, view)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
-    view = NodeView.from_objects(nodes)
     if view is not None:  # without any Node object nothing can be said about placement
         check_gpu_placement(pods if "pods" in wanted else [],
                             [o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs]

@@ -320,6 +320,7 @@ def test_canonical_templates_and_unknown_kinds_are_not_workload_findings() -> No
 
 def test_pod_invalid_gpu_request_for_a_pod_an_unparseable_quantity_and_a_template() -> None:
     report = audit_objects([
+        node("shared", {CORE: "400", RATIO: "400"}),
         pod("bad", "t", {CORE: "150"}), pod("unparse", "t", {"nvidia.com/gpu": "abc"}),
         {"kind": "Job", "metadata": {"name": "j", "namespace": "t"}, "spec": {"template": {"spec": {
             "containers": [{"name": "w", "resources": {"limits": {"koordinator.sh/gpu": "101"}}}]}}}}])
@@ -331,7 +332,8 @@ def test_pod_invalid_gpu_request_for_a_pod_an_unparseable_quantity_and_a_templat
                            'card) or koordinator.sh/gpu-memory (bytes) (asked for by container "c")')
     assert bad.details == {"rules": ["combination"], "problems": [bad.message]}
     assert found[("Pod", "unparse")].message.startswith("spec.containers[0].resources.limits[nvidia.com/gpu]: ")
-    # Judged after the rewrite, as /validate-pods judges it: koordinator.sh/gpu 101 is gpu-core 101 by then.
+    # Judged after the rewrite (a node advertises the canonical names, so the webhook rewrites it),
+    # as /validate-pods judges it: koordinator.sh/gpu 101 is gpu-core 101 by then.
     assert f"{CORE}: 101" in found[("Job", "j")].message
 
 
@@ -428,7 +430,8 @@ def test_remembered_spec_verdicts_name_each_pods_own_containers() -> None:
     for container, cards in (("a", "2"), ("b", "2"), ("a", 2), ("a", "0.5"), ("a", 2.0)):
         remembered = _spec_verdict(spec(container, cards), DEFAULT_CONFIG)
         again = _spec_verdict(spec(container, cards), DEFAULT_CONFIG)
-        assert remembered == again == _judge_spec(spec(container, cards), DEFAULT_CONFIG)
+        # No Node known: the webhook leaves the request as written, and so it is judged.
+        assert remembered == again == _judge_spec(spec(container, cards), DEFAULT_CONFIG, rewritten=False)
     # Same shape, other container name: the message quotes the right container, not the cached one.
     assert _spec_verdict(spec("b", "2"), DEFAULT_CONFIG).rewrites[0].startswith('container "b" requests:')
     assert _spec_verdict(spec("a", "0.5"), DEFAULT_CONFIG).problems[0][1] == "not-integer"
@@ -536,8 +539,8 @@ def test_pods_and_templates_the_webhooks_quota_decision_refuses() -> None:
                                       "spec": {"containers": [{"name": "c", "resources": small}]}}}}]
     found = {f.name: f for f in with_check(audit_objects(objects), "pod-quota-refused")}
     assert sorted(found) == ["bytes", "ghost", "on-parent", "too-big", "web"]
-    assert found["ghost"].message == ("pod t/ghost names ElasticQuota 'missing' in label "
-                                      "quota.scheduling.koordinator.sh/name, but no such quota exists")
+    assert found["ghost"].message == ("elastic quota missing not found: pod t/ghost names ElasticQuota 'missing' in "
+                                      "label quota.scheduling.koordinator.sh/name, but no such quota exists")
     assert found["ghost"].details == {"reason": "QuotaNotFound", "code": 403}
     assert found["on-parent"].details["reason"] == "ParentQuota"
     assert found["bytes"].details["reason"] == "UnknownGpuMemory"
@@ -555,6 +558,10 @@ def test_a_pod_is_judged_after_the_mutating_webhooks_rewrite_as_validate_pods_ju
     mixed = {"kind": "Pod", "metadata": {"name": "mixed", "namespace": "t"},
              "spec": {"containers": [{"name": "a", "resources": {"limits": {CORE: "1"}}},
                                      {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
-    finding = only(audit_objects([mixed]), "pod-invalid-gpu-request")
+    canonical_node = node("shared", {CORE: "400", RATIO: "400"})
+    finding = only(audit_objects([canonical_node, mixed]), "pod-invalid-gpu-request")
     assert finding.details["rules"] == ["percentage"]
     assert finding.message.startswith(f"invalid resource unit {CORE}: 101: ")
+    # With no node that advertises the canonical names the webhook leaves it as written, and
+    # /validate-pods then refuses the mix of names.
+    assert only(audit_objects([mixed]), "pod-invalid-gpu-request").details["rules"] == ["combination"]
