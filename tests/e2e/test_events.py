@@ -8,6 +8,9 @@ on its namespace. Repeated refusals update one Event's count instead of adding E
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,8 +102,16 @@ def one_card_quota(webhook_server: WebhookProcess, api: Api, namespace: str) -> 
     return quota
 
 
+def kubectl_describe(kubeconfig_path: Path, namespace: str, kind: str, name: str) -> str:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None, "kubectl is needed on PATH for the e2e suite"
+    result = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig_path), "-n", namespace, "describe", kind, name],
+                            capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout
+
+
 def test_refusals_of_a_controllers_pods_are_one_event_on_the_controller_with_a_count(
-        api: Api, namespace: str, one_card_quota: str) -> None:
+        api: Api, namespace: str, one_card_quota: str, kubeconfig_path: Path) -> None:
     owner = create_replicaset(api, namespace, "trainer-7d9f")
     refusals = [refusal(api, namespace, owned_pod(owner, one_card_quota, 2)) for _ in range(4)]
     assert all(r is not None and r[0] == 403 for r in refusals), refusals
@@ -122,6 +133,14 @@ def test_refusals_of_a_controllers_pods_are_one_event_on_the_controller_with_a_c
     # The dry-run probes of the fixture wrote nothing: sideEffects NoneOnDryRun.
     quota_events = events_on(api, namespace, "ElasticQuota", one_card_quota)
     assert quota_events == []
+
+    # Where the docs say to look.
+    described = kubectl_describe(kubeconfig_path, namespace, "replicaset", "trainer-7d9f")
+    assert re.search(r"Warning\s+GPUQuotaExceeded\s+.*\(x4 over .*\)\s+koord-gpuquota\s+pod refused: ", described), \
+        described
+    for selector in ("reason=GPUQuotaExceeded", "reportingComponent=koord-gpuquota", "type=Warning"):
+        selected = api.core.list_namespaced_event(namespace, field_selector=selector).items
+        assert [e.involved_object.name for e in selected] == ["trainer-7d9f"], selector
 
     # Later refusals keep adding to the same Event; a different message is an Event of its own.
     assert refusal(api, namespace, owned_pod(owner, one_card_quota, 2)) is not None

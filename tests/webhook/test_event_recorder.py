@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
+from prometheus_client import REGISTRY
+
 from gpuquota_core.events import ObjectRef, PodEvent, quota_target
 from webhook.event_recorder import COMBINED_PREFIX, EventKey, EventRecorder, EventWrite, TokenBucket
-from webhook.events import EventService, event_name
+from webhook.events import EventForwarder, EventService, event_name
 
 RS = ObjectRef("apps/v1", "ReplicaSet", "train", "team-a", "u-1")
 JOB = ObjectRef("batch/v1", "Job", "etl", "team-a", "u-2")
@@ -138,3 +144,43 @@ def test_the_service_drops_what_does_not_fit_its_queue_and_ignores_garbage() -> 
     assert events.submit("not a list") == 0
     events.step()
     assert [w.count for w in sink.writes] == [2]
+
+
+# -- the worker's forwarder: never blocks, drops and counts what does not fit ---------------------
+
+class BlockingSender:
+    """Takes the first batch, then holds the forwarder's thread until released."""
+
+    def __init__(self) -> None:
+        self.sending = threading.Event()
+        self.release = threading.Event()
+        self.batches: list[list[dict[str, Any]]] = []
+
+    def record_events(self, events: list[dict[str, Any]]) -> int:
+        self.batches.append(events)
+        self.sending.set()
+        assert self.release.wait(10)
+        return len(events)
+
+
+def dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("gpuquota_events_total", {"reason": reason, "result": "dropped"}) or 0.0
+
+
+def test_the_forwarder_never_blocks_admission_and_counts_what_it_drops() -> None:
+    sender = BlockingSender()
+    forwarder = EventForwarder(sender, capacity=2)
+    event = PodEvent("ForwarderTest", "pod refused: over", "team-a", "", RS)
+    total_before = REGISTRY.get_sample_value("gpuquota_events_dropped_total") or 0.0
+    forwarder.report(event)
+    assert sender.sending.wait(10)  # the thread holds the first event, in the (stuck) send
+    for _ in range(5):
+        forwarder.report(event)  # returns at once: 2 queued, 3 dropped
+    assert dropped("ForwarderTest") == 3
+    assert REGISTRY.get_sample_value("gpuquota_events_dropped_total") == total_before + 3
+    sender.release.set()
+    deadline = time.monotonic() + 10
+    while sum(len(batch) for batch in sender.batches) < 3:
+        assert time.monotonic() < deadline, sender.batches
+        time.sleep(0.01)  # polling a condition with a deadline
+    assert sender.batches[0] == [event.to_wire()]
