@@ -72,3 +72,23 @@ def test_an_ownerless_refusal_is_logged_on_its_elasticquota(offline_webhook: Web
 
     assert found[-1]["involvedObject"]["kind"] == "ElasticQuota"
     assert found[-1]["involvedObject"]["namespace"] == "team-nlp"
+
+
+def test_a_dry_run_refusal_writes_no_event(offline_webhook: WebhookProcess) -> None:
+    """sideEffects NoneOnDryRun. One kept-alive connection reaches one worker, whose events reach
+    the service in order: once the real refusal's event is logged, the dry run's would be too."""
+    dry, real = (f"rs-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    with requests.Session() as http:
+        http.trust_env = False
+        http.verify = str(offline_webhook.ca_file)
+        for owner, dry_run in ((dry, True), (real, False)):
+            obj = pod(f"{owner}-0", "team-nlp", resources=OVER_QUOTA)
+            obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
+                                                   "uid": owner, "controller": True}]
+            answer = http.post(offline_webhook.url + "/validate-pods", data=body(review(obj, dry_run=dry_run)),
+                               headers={"Content-Type": "application/json"}, timeout=10)
+            assert answer.json()["response"]["allowed"] is False
+
+    wait_for_logged(offline_webhook, real, 1)
+
+    assert logged_events(offline_webhook, dry) == []
