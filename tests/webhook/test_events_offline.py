@@ -92,3 +92,17 @@ def test_a_dry_run_refusal_writes_no_event(offline_webhook: WebhookProcess) -> N
     wait_for_logged(offline_webhook, real, 1)
 
     assert logged_events(offline_webhook, dry) == []
+
+
+def test_an_invalid_request_outside_any_quota_is_reported_on_the_namespace(offline_webhook: WebhookProcess) -> None:
+    namespace = f"scratch-{uuid.uuid4().hex[:6]}"  # no ElasticQuota applies to it (nor a default one)
+    invalid = {"koordinator.sh/gpu-core": "150", "koordinator.sh/gpu-memory-ratio": "150"}
+    response = validate(offline_webhook, pod("half-more", namespace, resources=invalid))
+    assert response["status"]["reason"] == "Invalid"
+
+    (record,) = wait_for_logged(offline_webhook, namespace, 1)
+
+    assert record["reason"] == "GPURequestInvalid"
+    assert record["involvedObject"] == {"apiVersion": "v1", "kind": "Namespace", "name": namespace,
+                                        "namespace": namespace}
+    assert record["message"] == "pod refused: " + response["status"]["message"]
