@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import orjson
 from prometheus_client import Counter
 
-from gpuquota_core.events import EVENT_TYPE, REPORTING_COMPONENT, ObjectRef, PodEvent
+from gpuquota_core.events import EVENT_TYPE, REPORTING_COMPONENT, ObjectRef, PodEvent, namespace_target
 
 from .event_recorder import EventKey, EventRecorder, EventWrite
 
@@ -289,8 +289,6 @@ class EventService:
         return taken
 
     def target_of(self, event: PodEvent) -> ObjectRef:
-        from gpuquota_core.events import namespace_target
-
         if event.owner is not None:
             return event.owner
         return self.quota_of(event.namespace, event.quota_label) or namespace_target(event.namespace)
