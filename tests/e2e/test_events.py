@@ -254,8 +254,8 @@ def webhook_role_user(api: Api, kubeconfig_path: Path) -> Iterator[k8s.ApiClient
 
 def test_the_writer_needs_only_what_the_manifests_grant_and_survives_a_restart(
         api: Api, namespace: str, webhook_role_user: k8s.ApiClient) -> None:
-    """ApiEventSink as the webhook's service account would run it: create, update, and after a
-    restart (a fresh sink knowing nothing) the same Event again, its count carried on."""
+    """ApiEventSink as the webhook's service account would run it: create, update, after a restart
+    (a fresh sink knowing nothing) the same Event again, and a writer whose copy went stale."""
     target = ObjectRef("apps/v1", "ReplicaSet", "restarted", namespace, "uid-1")
     key = EventKey(target, "GPUQuotaExceeded", "pod refused: over")
 
@@ -268,11 +268,14 @@ def test_the_writer_needs_only_what_the_manifests_grant_and_survives_a_restart(
     after_restart = ApiEventSink(webhook_role_user, "replica-b")
     assert write(after_restart, 4, 1_700_000_120.0) == "updated"
 
+    # The first writer's resourceVersion is stale now (as for two replicas): it re-reads, never overwrites.
+    assert write(first, 1, 1_700_000_120.0) == "updated"
+
     (event,) = events_on(api, namespace, "ReplicaSet", "restarted")
-    assert event["count"] == 7
+    assert event["count"] == 8
     assert event["metadata"]["name"] == event_name(key)
     assert (event["firstTimestamp"], event["lastTimestamp"]) == ("2023-11-14T22:13:20Z", "2023-11-14T22:15:20Z")
-    assert event["reportingInstance"] == "replica-b"
+    assert event["reportingInstance"] == "replica-a"
     # And nothing beyond events: the role cannot, say, delete them.
     with pytest.raises(ApiException) as refused:
         k8s.CoreV1Api(webhook_role_user).delete_namespaced_event(event_name(key), namespace)
