@@ -80,6 +80,7 @@ class QuotaInfo:
     bound_namespaces: tuple[str, ...] = ()
     tree_id: str = ""
     resource_version: str = ""
+    uid: str = ""  # for Events about the quota (kubectl describe matches them by uid)
 
     @property
     def ref(self) -> str:
@@ -117,6 +118,7 @@ def quota_from_object(obj: Mapping[str, Any]) -> QuotaInfo:
         bound_namespaces=_bound_namespaces(annotations.get(NAMESPACES_ANNOTATION)),
         tree_id=str(labels.get(TREE_ID_LABEL) or ""),
         resource_version=str(metadata.get("resourceVersion") or ""),
+        uid=str(metadata.get("uid") or ""),
     )
 
 

@@ -24,10 +24,17 @@ from flask import Flask, Response
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
+from gpuquota_core.events import pod_event
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
 from gpuquota_core.podspec import PodShapeError, as_mapping
-from gpuquota_core.quota import QuotaShapeError, remembered_gpu_problems, remembered_request_texts, spec_shape_key
+from gpuquota_core.quota import (
+    POD_QUOTA_LABEL,
+    QuotaShapeError,
+    remembered_gpu_problems,
+    remembered_request_texts,
+    spec_shape_key,
+)
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
 from gpuquota_core.validation import GpuRequestProblem
 
@@ -44,6 +51,7 @@ from .admission import (
     status_body,
 )
 from .config_source import ConfigSource
+from .events import EventReporter
 from .quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
 from .settings import MAX_BODY_BYTES
 
@@ -84,11 +92,13 @@ class AdmissionHandlers:
     """The decisions, one method per endpoint, free of HTTP so tests can call them directly."""
 
     def __init__(self, config: ConversionConfig | ConfigSource, quota: QuotaDecider,
-                 nodes: Callable[[], NodeView | None] = lambda: None) -> None:
+                 nodes: Callable[[], NodeView | None] = lambda: None,
+                 events: EventReporter | None = None) -> None:
         self.source = config if isinstance(config, ConfigSource) else ConfigSource(config)
         self.quota = quota
         # The nodes the rewrite decision looks at (webhook.node_view); None: not listed (yet).
         self.nodes = nodes
+        self.events = events  # where refusals and would-denies go as Kubernetes Events (webhook.events)
 
     @property
     def config(self) -> ConversionConfig:
@@ -140,6 +150,7 @@ class AdmissionHandlers:
                     message = "; ".join(_problem_text(p) for p in problems)
                     mode = enforcement.mode_for(INVALID)
                     if mode is Mode.ENFORCE:
+                        self._report_event(req, pod, INVALID, mode, message)
                         return Outcome(denied(req, message, code=422, reason=INVALID),
                                        ",".join(sorted({p.rule for p in problems})))
                     # Relaxed: the quota check below still runs, and may still deny.
@@ -166,12 +177,31 @@ class AdmissionHandlers:
                 relaxed.append(Relaxed(verdict.reason, mode, verdict.message))
                 verdict = Verdict(True, warnings=verdict.warnings)
         warnings += [r.warning for r in relaxed if r.mode is Mode.WARN]
+        if not verdict.allowed:
+            self._report_event(req, pod, verdict.reason, Mode.ENFORCE, verdict.message)
+        for r in relaxed:
+            self._report_event(req, pod, r.check, r.mode, r.message)
         outcome = self._from_verdict(req, verdict, warnings)
         if not relaxed:
             return outcome
         would = ", ".join(f"{r.check} ({r.mode.value})" for r in relaxed)
         note = f"would-deny {would}" if outcome.response.allowed else f"{outcome.note}; would-deny {would}"
         return Outcome(outcome.response, note, tuple(relaxed))
+
+    def _report_event(self, req: AdmissionRequest, pod: Mapping[str, Any], check: str, mode: Mode,
+                      message: str) -> None:
+        """A refusal or would-deny as an Event on the pod's controller or quota; never blocks.
+
+        Not for dry-run requests: the webhook declares sideEffects NoneOnDryRun.
+        """
+        if self.events is None or req.dry_run:
+            return
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        namespace = req.namespace or _text(metadata.get("namespace"))
+        event = pod_event(check, mode, message, metadata, namespace, _labels(metadata).get(POD_QUOTA_LABEL, ""))
+        if event is not None:
+            self.events.report(event)
 
     def _grandfathered(self, req: AdmissionRequest, problems: list[GpuRequestProblem],
                        config: ConversionConfig) -> bool:
@@ -382,7 +412,8 @@ def admission_endpoints(app: object) -> Mapping[str, AdmissionEndpoint]:
 
 def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
                logger: logging.Logger | None = None, config_path: Path | None = None,
-               nodes: Callable[[], NodeView | None] = lambda: None) -> Flask:
+               nodes: Callable[[], NodeView | None] = lambda: None,
+               events: EventReporter | None = None) -> Flask:
     """A WSGI app serving the admission endpoints, health, readiness and metrics.
 
     ``config`` is in force from the start; with ``config_path`` the file is re-read when it
@@ -391,7 +422,7 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
     """
     app = Flask("gpuquota-webhook")
     log = logger or logging.getLogger(LOGGER_NAME)
-    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota, nodes)
+    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota, nodes, events)
     app.extensions["gpuquota.handlers"] = handlers
 
     endpoints = {

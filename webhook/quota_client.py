@@ -109,6 +109,11 @@ class QuotaClient:
                            "QuotaServiceDown")
         return self._verdict(reply)
 
+    def record_events(self, events: list[dict[str, Any]]) -> int:
+        """Hand events to the service's writer (webhook.events); how many it took. Raises OSError."""
+        reply = self._call({"op": "record_events", "events": events})
+        return int(reply.get("accepted", 0)) if isinstance(reply, dict) else 0
+
     @staticmethod
     def _verdict(reply: dict[str, Any]) -> Verdict:
         reply["warnings"] = tuple(reply.get("warnings", ()))

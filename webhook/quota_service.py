@@ -23,11 +23,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuquota_core.events import ObjectRef, quota_target
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
 
 from . import quota_metrics
+from .events import ApiEventSink, EventService, EventSink, LogSink, reporting_instance
 from .node_view import NodeState, nodes_path
 from .node_view import files_of as node_view_files
 from .quota_loop import ServiceLoop
@@ -82,11 +84,14 @@ class PodAdmitter(Protocol):
     def admit_pod(self, admission: PodAdmission) -> Verdict: ...
 
 
-def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None) -> dict[str, Any] | Verdict:
+def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
+           events: EventService | None = None) -> dict[str, Any] | Verdict:
     """The reply to one message; a Verdict goes on the wire as its fields (orjson writes dataclasses)."""
     op = message.get("op") if isinstance(message, dict) else None
     if op == "alive":  # liveness: no lock, so a long rebuild of the state does not fail it
         return {"alive": True}
+    if op == "record_events":  # webhook.events: queued here, written by the event thread
+        return {"accepted": events.submit(message.get("events")) if events is not None else 0}
     if op == "ready":
         ready, reason = state.ready()
         return {"ready": ready, "reason": reason}
@@ -103,15 +108,16 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None)
     return {"error": f"unknown operation {op!r}"}
 
 
-def serve(state: QuotaState, path: Path, admitter: PodAdmitter | None = None) -> socket.socket:
+def serve(state: QuotaState, path: Path, admitter: PodAdmitter | None = None,
+          events: EventService | None = None) -> socket.socket:
     """Listen on ``path`` and answer in one thread (webhook.quota_loop); closing the returned
     listening socket stops it. With ``admitter`` (strict accounting) admissions go to it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     path.chmod(0o600)
     listener.listen(128)
-    loop = ServiceLoop(listener, partial(handle, state),
-                       partial(handle, state, admitter=admitter) if admitter is not None else None,
+    loop = ServiceLoop(listener, partial(handle, state, events=events),
+                       partial(handle, state, admitter=admitter, events=events) if admitter is not None else None,
                        slow=_is_admission)
     threading.Thread(target=loop.run, daemon=True, name="quota-loop").start()
     return listener
@@ -128,6 +134,17 @@ def load_state_file(state: QuotaState, state_path: Path, nodes: NodeState | None
     if nodes is not None:  # first: the state's readiness must find the node view published
         nodes.load(objects)
     state.load(objects)
+
+
+def start_event_service(state: QuotaState, sink: EventSink) -> EventService:
+    """The writer of this instance's Events (webhook.events), on a thread of its own."""
+    def quota_of(namespace: str, quota_label: str) -> ObjectRef | None:
+        quota = state.quota_of(namespace, quota_label)
+        return None if quota is None else quota_target(quota.name, quota.namespace, quota.uid)
+
+    service = EventService(sink, quota_of)
+    service.start()
+    return service
 
 
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
@@ -147,7 +164,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         quota_metrics.LEDGER_WRITES.labels(result)
     nodes = NodeState(nodes_path(path))
     if state_path is not None:
-        serve(state, path)
+        serve(state, path, events=start_event_service(state, LogSink()))
         load_state_file(state, state_path, nodes)
     else:
         from kubeaccess.kube import connect
@@ -164,7 +181,8 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
                                                                 threading.Event()),
                              daemon=True, name="ledger-reconciler").start()
             admitter = strict
-        serve(state, path, admitter=admitter)
+        serve(state, path, admitter=admitter,
+              events=start_event_service(state, ApiEventSink(api, reporting_instance())))
         start_live_sync(state, api, nodes=nodes)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     # SIGTERM exits through the same cleanup as the parent's end.

@@ -301,6 +301,12 @@ class QuotaState:
                 return None
             return shared_ledger.tree_of(self.tree, resolution.quota)
 
+    def quota_of(self, namespace: str, quota_label: str) -> QuotaInfo | None:
+        """The ElasticQuota a pod of ``namespace`` with ``quota_label`` resolves to (events' target)."""
+        with self._lock:
+            resolution = self.tree.resolve(namespace, quota_label)
+            return self.tree.quotas.get(resolution.quota) if resolution.quota is not None else None
+
     def judge_batch(self, admissions: list[PodAdmission], stored: Mapping[str, shared_ledger.StoredReservation],
                     now: float) -> list[tuple[Verdict, Reservation | None]]:
         """Strict accounting: decide a batch against the shared ledger as stored (``now`` is wall time).

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
     from gpuquota_core.placement import NodeView
 
+    from .events import EventReporter
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -133,6 +135,17 @@ def build_node_view() -> Callable[[], NodeView | None]:
     return NodeViewReader(nodes_path(Path(socket_path))).current
 
 
+def build_event_reporter() -> EventReporter | None:
+    """A worker's events go to the quota service, which writes them (webhook.events); none without it."""
+    socket_path = os.environ.get(QUOTA_SOCKET_ENV)
+    if not socket_path:
+        return None
+    from .events import EventForwarder
+    from .quota_client import QuotaClient
+
+    return EventForwarder(QuotaClient(Path(socket_path)))
+
+
 def load_conversion_config(path: Path | None) -> ConversionConfig:
     """The conversion table and enforcement modes from a YAML file, or the built-in defaults without one.
 
@@ -186,7 +199,8 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
         from .app import create_app
 
         return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
-                          config_path=self.settings.config_path, nodes=build_node_view())
+                          config_path=self.settings.config_path, nodes=build_node_view(),
+                          events=build_event_reporter())
 
 
 def _check_tls_files(settings: Settings) -> None:

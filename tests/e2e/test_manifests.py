@@ -212,13 +212,16 @@ def test_pdb_keeps_two_replicas(rendered: list[dict[str, Any]]) -> None:
     assert find(rendered, "PodDisruptionBudget", "gpuquota-webhook")["spec"]["minAvailable"] == 2
 
 
-def test_webhook_role_reads_and_writes_only_its_ledger(rendered: list[dict[str, Any]]) -> None:
+def test_webhook_role_reads_and_writes_only_its_ledger_and_events(rendered: list[dict[str, Any]]) -> None:
     role = find(rendered, "ClusterRole", "gpuquota-webhook")
-    verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
-    assert verbs == {"get", "list", "watch"}
-    resources = {(group, resource) for rule in role["rules"]
-                 for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert resources == {("", "pods"), ("", "nodes"), ("scheduling.sigs.k8s.io", "elasticquotas")}
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    reads = {(group, resource, verb) for group, resource in (("", "pods"), ("", "nodes"),
+                                                                   ("scheduling.sigs.k8s.io", "elasticquotas"))
+             for verb in ("get", "list", "watch")}
+    # Events about refused pods (webhook/events.py): created, then read and patched to raise their count.
+    events = {("", "events", verb) for verb in ("create", "get", "patch")}
+    assert granted == reads | events
     # The CLI role exists but is bound to nobody by the base: operators bind it themselves.
     find(rendered, "ClusterRole", "gpuquota-cli")
     bindings = [o for o in rendered if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}]
