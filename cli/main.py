@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("cli.migrate", "migrate"),
     ("cli.quota", "quota"),
     ("cli.explain", "explain"),
+    ("cli.policyreport", "policyreport"),
 )
 
 # ``-o=json``: kubectl's flag parser reads ``=`` after a one-letter flag as the start of its value;
