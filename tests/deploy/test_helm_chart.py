@@ -27,6 +27,7 @@ BASE = MANIFESTS / "base"
 CERT_MANAGER = MANIFESTS / "overlays" / "cert-manager"
 SELF_MANAGED = MANIFESTS / "overlays" / "self-managed"
 MONITORING = MANIFESTS / "monitoring"
+AUDIT_CRONJOB = MANIFESTS / "audit-cronjob"
 
 Key = tuple[str, str, str]
 CLUSTER_SCOPED = frozenset({"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
@@ -94,6 +95,22 @@ def test_monitoring_switches_add_the_monitoring_kustomization(base: list[dict[st
                          ("dashboard", "ConfigMap")):
         extra = [o for o in monitoring if o["kind"] == kind]
         assert_same_objects(helm_template(f"monitoring.{switch}.enabled=true"), base + extra)
+
+
+def test_audit_cronjob_switch_adds_the_audit_cronjob_kustomization(base: list[dict[str, Any]]) -> None:
+    assert_same_objects(helm_template("auditCronJob.enabled=true"), base + kustomize(AUDIT_CRONJOB))
+
+
+def test_audit_cronjob_follows_the_image_and_schedule_values() -> None:
+    chart = helm_template("auditCronJob.enabled=true", "auditCronJob.schedule=*/5 * * * *",
+                          "image.repository=registry.example/gpuquota", "image.tag=1.2.3")
+
+    [cronjob] = [o for o in chart if o["kind"] == "CronJob"]
+    [deployment] = [o for o in chart if o["kind"] == "Deployment"]
+    [container] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert cronjob["spec"]["schedule"] == "*/5 * * * *"
+    assert container["image"] == deployment["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        "registry.example/gpuquota:1.2.3"
 
 
 def deployment_args(objects: list[dict[str, Any]]) -> list[str]:

@@ -46,7 +46,7 @@ def dry_run(objects: list[dict[str, Any]], kubeconfig_path: Path) -> str:
 @pytest.mark.parametrize(("namespace", "sets"), [
     ("gpuquota-system", ()),
     ("gpuquota-system", ("certManager.enabled=true", "monitoring.dashboard.enabled=true")),
-    ("gpu-ops", ("replicas=1", "accounting=local")),
+    ("gpu-ops", ("replicas=1", "accounting=local", "auditCronJob.enabled=true")),
 ])
 def test_chart_output_passes_a_server_side_dry_run(
     api: Api, kubeconfig_path: Path, elasticquota_crd: Any, namespace: str, sets: tuple[str, ...],
