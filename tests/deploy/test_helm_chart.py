@@ -178,3 +178,21 @@ def test_the_values_schema_refuses_bad_values(bad: str) -> None:
 
     assert result.returncode != 0
     assert bad.split("=")[0] in result.stderr
+
+
+def install_notes(*sets: str) -> str:
+    """NOTES.txt as `helm install --dry-run=client` prints it (no cluster contacted)."""
+    args = [helm(), "install", "gq", str(CHART), "--namespace", "gpu-ops", "--dry-run=client"]
+    for value in sets:
+        args += ["--set", value]
+    out = run(args)
+    return out[out.index("NOTES:"):]
+
+
+def test_install_notes_say_how_the_certificate_arrives() -> None:
+    self_managed = install_notes()
+    cert_manager = install_notes("certManager.enabled=true")
+
+    assert "hack/install-self-managed-certs.sh --namespace gpu-ops" in self_managed
+    assert "install-self-managed-certs" not in cert_manager and "cert-manager issues" in cert_manager
+    assert "kubectl -n gpu-ops rollout status deployment/gpuquota-webhook" in self_managed
