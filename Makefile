@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit e2e control-plane test-tools certs bench fuzz-atheris clean
+.PHONY: run test lint unit e2e control-plane helm test-tools certs bench fuzz-atheris clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,19 +35,23 @@ lint: $(STAMP)
 control-plane:
 	hack/build-control-plane.sh
 
+## helm: build helm from the Go module proxy (tools/helm pins helm.sh/helm/v4), cached by the pins' hash
+helm:
+	hack/build-helm.sh
+
 ## test-tools: processes the tests run besides the control plane (HAProxy, wrk, promtool), installed if missing
 test-tools:
 	hack/install-test-tools.sh
 
 ## test: lint, type-check, build the control plane, then every test (unit, TLS, e2e, fuzz budget, bench/loadgen)
-test: lint control-plane test-tools
+test: lint control-plane helm test-tools
 	cd bench/loadgen && go vet . && go test .
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-unit: $(STAMP)
+unit: $(STAMP) helm
 	$(BIN)/pytest tests --ignore=tests/e2e $(PYTEST_ARGS)
 
-e2e: $(STAMP) control-plane test-tools
+e2e: $(STAMP) control-plane helm test-tools
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 ## fuzz-atheris: coverage-guided fuzzing of the decoder, pod walker and quantity parser (not part of make test)

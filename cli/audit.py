@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import click
 
 from gpuquota_core import collector
-from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, Severity, audit_objects
+from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, AuditReport, Severity, audit_objects
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError, input_names
@@ -25,7 +26,8 @@ DEFAULT_CHUNK_SIZE = 500
 @click.option("-f", "--filename", "paths", multiple=True, help="File, directory or - (stdin) to audit.")
 @click.option("-n", "--namespace", default=None, help="Only namespaced objects in this namespace.")
 @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace (the default offline).")
-@click.option("-o", "--output", "fmt", default="table", type=click.Choice(FORMATS))
+@click.option("-o", "--output", "fmt", default="table", type=click.Choice([*FORMATS, "policyreport"]),
+              help="policyreport: wgpolicyk8s.io/v1alpha2 (Cluster)PolicyReports, YAML documents for kubectl apply.")
 @click.option("--fail-on", default="error", type=click.Choice([*SEVERITIES, "none"]),
               help="Exit 1 when a finding at or above this severity exists.")
 @click.option("--gpu-shared-label", default=DEFAULT_SHARED_LABEL, show_default=True)
@@ -64,7 +66,9 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
     scopes = SCOPES if scope == "all" else (scope,)
     # -n shows one namespace; everything read is judged (a quota's parents live elsewhere).
     report = audit_objects(objects, scopes, shared_label=gpu_shared_label, namespace=namespace or None)
-    if fmt in ("json", "yaml"):
+    if fmt == "policyreport":
+        _echo_policy_reports(report)
+    elif fmt in ("json", "yaml"):
         click.echo(document(report.as_dict(), fmt, plain=True))  # findings hold only str, int, lists, dicts
     else:
         headers = ["SEVERITY", "CHECK", "KIND", "NAMESPACE", "NAME"] + (["MESSAGE"] if fmt == "wide" else [])
@@ -74,6 +78,12 @@ def audit(scope: str, paths: tuple[str, ...], namespace: str | None, all_namespa
     worst = report.worst()
     if fail_on != "none" and worst is not None and worst >= Severity[fail_on.upper()]:
         raise SystemExit(1)
+
+
+def _echo_policy_reports(report: AuditReport) -> None:
+    from gpuquota_core.policy_report import policy_reports
+
+    click.echo("\n---\n".join(document(r, "yaml") for r in policy_reports(report, int(time.time()))))
 
 
 def _live_objects(kubeconfig: str | None, context: str | None, namespace: str | None,

@@ -23,6 +23,8 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("cli.migrate", "migrate"),
     ("cli.quota", "quota"),
     ("cli.explain", "explain"),
+    ("cli.policyreport", "policyreport"),
+    ("cli.completion", "completion"),
 )
 
 # ``-o=json``: kubectl's flag parser reads ``=`` after a one-letter flag as the start of its value;
