@@ -51,12 +51,13 @@ def wait_until_enforced(api: Api, namespace: str, quota: str, cards: int) -> Non
 
 
 def events_on(api: Api, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-    """The Events whose involvedObject is ``kind``/``name``, as kubectl's field selector finds them."""
+    """Our Events whose involvedObject is ``kind``/``name``, as kubectl's field selector finds them
+    (the controller manager runs in the e2e control plane and reports on the same objects)."""
     response = api.core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
         _preload_content=False)
     items: list[dict[str, Any]] = json.loads(response.data)["items"]
-    return items
+    return [item for item in items if item.get("reportingComponent") == "koord-gpuquota"]
 
 
 def wait_for_count(api: Api, namespace: str, kind: str, name: str, count: int) -> list[dict[str, Any]]:
@@ -71,10 +72,13 @@ def wait_for_count(api: Api, namespace: str, kind: str, name: str, count: int) -
 
 
 def create_replicaset(api: Api, namespace: str, name: str) -> dict[str, Any]:
-    """A ReplicaSet object whose pods (made by the test, as its controller would) name it as owner."""
+    """A ReplicaSet object whose pods (made by the test, as its controller would) name it as owner.
+
+    No replicas: the e2e control plane runs the real ReplicaSet controller, which must not make
+    pods of its own here."""
     labels = {"app": name}
     body = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+            "spec": {"replicas": 0, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"containers": [{"name": "main", "image": "registry.example/train:1"}]}}}}
     response = k8s.AppsV1Api(api.client).create_namespaced_replica_set(namespace, body, _preload_content=False)
