@@ -80,11 +80,11 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
     labelled = None if selector is None else {
         str((obj.get("metadata") or {}).get("name")) for obj in state.of_kind("ElasticQuota")
         if selector.matches_object(obj)}
-    view = view.select(name, namespace, labelled)
-    if fmt == "name":
-        for quota_view in view.quotas:
+    if fmt == "name":  # what was asked for, without the ancestors the table shows around it
+        for quota_view in view.select(name, namespace, labelled, with_ancestors=False).quotas:
             click.echo(output.object_name("ElasticQuota", quota_view.quota.name))
         return
+    view = view.select(name, namespace, labelled)
     if fmt in ("json", "yaml"):
         data = view.as_dict(with_pods)
         data["source"] = "live" if state.live else "files"
