@@ -39,7 +39,7 @@ SCOPE_ALIASES = {
 _SCOPE_OF = {name: scope for scope, aliases in SCOPE_ALIASES.items() for name in (scope, *aliases)}
 
 
-SCOPE_METAVAR = "[all|" + "|".join(SCOPES) + "][,...]"
+SCOPE_METAVAR = "[KIND[,KIND...]]"
 
 
 def parse_scopes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
@@ -65,7 +65,7 @@ def parse_scopes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace (the default offline).")
 @click.option("-o", "--output", "fmt", default="table", type=click.Choice(FORMATS))
 @selector_option("shows findings on the objects it selects; every object is still judged")
-@no_headers_option()
+@no_headers_option("Table output without the header line and the summary line.")
 @colour_option("Severity in colour")
 @click.option("--fail-on", default="error", type=click.Choice([*SEVERITIES, "none"]),
               help="Exit 1 when a finding at or above this severity exists.")
@@ -81,8 +81,9 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
           kubeconfig: str | None, context: str | None, chunk_size: int) -> None:
     """Find mixed GPU resources in nodes, quotas, pods, workloads and ResourceQuotas.
 
-    KIND is all (the default) or kinds joined by commas, by kubectl's names too: node|no,
-    pod|po, eq|elasticquota|quota (an ElasticQuota), workload, resourcequota; singular or plural.
+    KIND is all (the default) or kinds joined by commas: nodes, quotas, pods, workloads,
+    resourcequotas, or kubectl's names for them: node|no, pod|po, eq|elasticquota|quota (an
+    ElasticQuota), workload, resourcequota; singular or plural.
 
     Without -f it audits the live cluster: like kubectl, the context's namespace unless -n or -A.
     The table lists errors first and ends with the counts and the exit status they give.

@@ -29,8 +29,8 @@ def selector_option(what: str) -> Callable[[F], F]:
                              "joined by commas.")
 
 
-def no_headers_option() -> Callable[[F], F]:
-    return click.option("--no-headers", is_flag=True, help="Table output without the header line (and summary).")
+def no_headers_option(help_text: str) -> Callable[[F], F]:
+    return click.option("--no-headers", is_flag=True, help=help_text)
 
 
 def colour_option(what: str) -> Callable[[F], F]:

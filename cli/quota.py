@@ -50,7 +50,7 @@ def short(resource: str) -> str:
 @click.option("-A", "--all-namespaces", is_flag=True, help="Every quota (the default offline).")
 @click.option("-o", "--output", "fmt", default="table", type=click.Choice(FORMATS))
 @selector_option("quotas whose labels it selects, with their ancestors")
-@no_headers_option()
+@no_headers_option("Table output without the header lines.")
 @click.option("--pods", "with_pods", is_flag=True, help="Also list the pods charged to each quota, largest first.")
 @colour_option("Usage bars and colour")
 def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
