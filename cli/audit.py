@@ -168,8 +168,8 @@ def render_findings(findings: Sequence[Finding], *, wide: bool, coloured: bool, 
                     headers: bool = True) -> str:
     """The findings as a table with the message last. ``width``: a terminal's, to wrap the message in
     (at spaces, never inside a word that fits); None when piped: one line per finding, nothing cut."""
-    rows = [{"SEVERITY": str(f.severity), "KIND": f.kind, "NAMESPACE": f.namespace or "-", "NAME": f.name,
-             "CHECK": f.check, "MESSAGE": f.message} for f in findings]
+    rows = [{"SEVERITY": str(f.severity), "KIND": f.kind, "NAMESPACE": f.namespace or "-", "NAME": _one_line(f.name),
+             "CHECK": f.check, "MESSAGE": _one_line(f.message)} for f in findings]
     layouts = [COLUMNS] if wide else [COLUMNS, tuple(c for c in COLUMNS if c != "CHECK")]
     columns, room = layouts[0], None
     for columns in layouts:
@@ -204,6 +204,12 @@ def render_findings(findings: Sequence[Finding], *, wide: bool, coloured: bool, 
             blank = [""] * len(cells)
             lines.extend(line([*blank, part], None) for part in parts[1:])
     return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    """A line break in what a manifest wrote (a container's name quoted in a message) would split a
+    finding over two lines of the table: it is shown as a space."""
+    return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
 
 
 def _wrap(message: str, width: int) -> list[str]:

@@ -227,3 +227,14 @@ def test_an_unknown_kind_lists_the_known_ones(cluster: Path) -> None:
         "Error: Invalid value for 'KIND': 'deploy' is not a kind the audit checks: all; nodes (node, no); "
         "quotas (quota, elasticquota, elasticquotas, eq); pods (pod, po); workloads (workload); "
         "resourcequotas (resourcequota)")
+
+
+def test_a_line_break_in_a_manifest_never_splits_a_finding(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    odd = pod("odd", "team", {"nvidia.com/gpu": "1"})
+    odd["spec"]["containers"][0]["name"] = "two\nlines"
+    path.write_text(yaml.safe_dump_all([odd]))
+    code, out, _ = run(path, "--no-headers")
+    assert code == 0
+    assert len(out.splitlines()) == 1
+    assert 'container "two lines"' in out
