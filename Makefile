@@ -3,7 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps: `make run` installs what serving needs (the package and its runtime dependencies);
+# test, lint and the rest install the dev tools too. The dev install includes the runtime one, so
+# it refreshes both stamps; a runtime install alone leaves the dev stamp missing for `make test`.
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 CERT_DIR ?= certs
 STATE ?= examples/cluster
 HOST ?= 127.0.0.1
@@ -12,19 +16,25 @@ PYTEST_ARGS ?=
 
 .PHONY: run test lint unit e2e control-plane helm test-tools certs bench fuzz-atheris clean
 
+$(RUNTIME_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUNTIME_STAMP)
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME_STAMP)
 
-$(CERT_DIR)/tls.crt: | $(STAMP)
+$(CERT_DIR)/tls.crt: | $(RUNTIME_STAMP)
 	$(BIN)/gpuquota certs generate --out $(CERT_DIR) --dns localhost --ip 127.0.0.1 > /dev/null
 
 certs: $(CERT_DIR)/tls.crt
 
 ## run: serve the webhook over TLS on https://127.0.0.1:8443 from the example cluster in examples/
-run: $(STAMP) $(CERT_DIR)/tls.crt
+run: $(RUNTIME_STAMP) $(CERT_DIR)/tls.crt
 	$(BIN)/gpuquota serve --state $(STATE) --cert-dir $(CERT_DIR) --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)

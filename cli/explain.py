@@ -125,7 +125,7 @@ class _SnapshotDecider:
 @click.option("-f", "--filename", "paths", multiple=True, required=True,
               help="Pod, workload (Deployment, Job, CronJob, ...) or AdmissionReview: file, directory or -.")
 @click.option("--state", "state_paths", multiple=True,
-              help="Manifests that stand in for the cluster (as for 'gpuquota serve --state').")
+              help="Manifests that stand in for the cluster (as for 'serve --state').")
 @click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster (default: $KUBECONFIG, "
               "~/.kube/config, in-cluster).")
 @click.option("--context", default=None, help="Kubeconfig context to use.")

@@ -83,7 +83,8 @@ class KubectlStyleGroup(click.Group):
 
 
 @click.group(cls=KubectlStyleGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="koord-gpuquota", prog_name="gpuquota")
+# No prog_name: the version line names the command as typed (`kubectl gpuquota` as a plugin).
+@click.version_option(package_name="koord-gpuquota")
 def cli() -> None:
     """Canonical GPU requests and ElasticQuota enforcement for Koordinator clusters."""
 

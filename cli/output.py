@@ -1,15 +1,47 @@
-"""Render rows as a kubectl-style aligned table, or documents as JSON/YAML."""
+"""Render rows as a kubectl-style aligned table, or documents as JSON/YAML; whether output goes to a
+terminal (colour, fitted widths) or a pipe (plain text)."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import yaml
 
-FORMATS = ("table", "wide", "json", "yaml")
+FORMATS = ("table", "wide", "name", "json", "yaml")
+COLOUR_CHOICES = ("auto", "always", "never")
+
+# kubectl's `-o name` prefix per kind: the resource (plural-less, lower case) and its API group
+# (none for the core group), so the lines can be handed back to kubectl.
+RESOURCE_NAMES = {
+    "Pod": "pod", "Node": "node", "ResourceQuota": "resourcequota", "PodTemplate": "podtemplate",
+    "ReplicationController": "replicationcontroller",
+    "ElasticQuota": "elasticquota.scheduling.sigs.k8s.io",
+    "Deployment": "deployment.apps", "StatefulSet": "statefulset.apps", "DaemonSet": "daemonset.apps",
+    "ReplicaSet": "replicaset.apps", "Job": "job.batch", "CronJob": "cronjob.batch",
+}
+
+
+def object_name(kind: str, name: str) -> str:
+    """``kind.group/name`` as ``kubectl get -o name`` prints it (no namespace: kubectl leaves it out)."""
+    return f"{RESOURCE_NAMES.get(kind, kind.lower())}/{name}"
+
+
+def on_terminal() -> bool:
+    """Whether standard output is a terminal (a function so that tests can say it is)."""
+    return sys.stdout.isatty()
+
+
+def use_colour(choice: str) -> bool:
+    """``--color auto|always|never``: auto is a terminal without ``NO_COLOR`` set (no-color.org).
+    Every command decides colour here."""
+    if choice == "auto":
+        return on_terminal() and not os.environ.get("NO_COLOR")
+    return choice == "always"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -6,9 +6,7 @@ this module loads and renders them (bars and colour on a terminal, plain text wh
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from fractions import Fraction
@@ -25,9 +23,11 @@ from gpuquota_core.quota_view import (
     build_view,
     with_cards,
 )
+from gpuquota_core.selector import Selector
 
-from . import snapshot
+from . import output, snapshot
 from .errors import CommandError
+from .options import colour_option, no_headers_option, selector_option
 from .output import FORMATS, document, table
 
 STATE_COLOURS = {"ok": "green", "near-full": "yellow", "full": "red", "over": "red"}
@@ -37,17 +37,6 @@ INDENT = "  "
 
 def short(resource: str) -> str:
     return resource.removeprefix("koordinator.sh/")
-
-
-def on_terminal() -> bool:
-    """Whether standard output is a terminal (a function so that tests can say it is)."""
-    return sys.stdout.isatty()
-
-
-def use_colour(choice: str) -> bool:
-    if choice == "auto":
-        return on_terminal() and not os.environ.get("NO_COLOR")
-    return choice == "always"
 
 
 @click.command()
@@ -60,11 +49,13 @@ def use_colour(choice: str) -> bool:
               help="Only quotas in this namespace or bound to it (with their ancestors).")
 @click.option("-A", "--all-namespaces", is_flag=True, help="Every quota (the default offline).")
 @click.option("-o", "--output", "fmt", default="table", type=click.Choice(FORMATS))
+@selector_option("quotas whose labels it selects, with their ancestors")
+@no_headers_option("Table output without the header lines.")
 @click.option("--pods", "with_pods", is_flag=True, help="Also list the pods charged to each quota, largest first.")
-@click.option("--color", "colour", default="auto", type=click.Choice(["auto", "always", "never"]),
-              show_default=True, help="Usage bars and colour: on a terminal (auto), always or never.")
+@colour_option("Usage bars and colour")
 def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
-          namespace: str | None, all_namespaces: bool, fmt: str, with_pods: bool, colour: str) -> None:
+          namespace: str | None, all_namespaces: bool, fmt: str, selector: Selector | None, no_headers: bool,
+          with_pods: bool, colour: str) -> None:
     """Show the ElasticQuota tree with each quota's GPU usage, in canonical units.
 
     Per quota and limited GPU resource: min, max (or the admission annotation), used (split by the
@@ -86,7 +77,14 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         raise CommandError(f"no ElasticQuota named {name!r}")
     view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,
                       ledger_trees=state.ledger_trees, now=time.time())
-    view = view.select(name, namespace)
+    labelled = None if selector is None else {
+        str((obj.get("metadata") or {}).get("name")) for obj in state.of_kind("ElasticQuota")
+        if selector.matches_object(obj)}
+    if fmt == "name":  # what was asked for, without the ancestors the table shows around it
+        for quota_view in view.select(name, namespace, labelled, with_ancestors=False).quotas:
+            click.echo(output.object_name("ElasticQuota", quota_view.quota.name))
+        return
+    view = view.select(name, namespace, labelled)
     if fmt in ("json", "yaml"):
         data = view.as_dict(with_pods)
         data["source"] = "live" if state.live else "files"
@@ -94,16 +92,24 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         click.echo(document(data, fmt, plain=True))
         return
     if not view.quotas:
-        click.echo(f"No ElasticQuotas{f' in namespace {namespace}' if namespace else ''}.")
+        if not no_headers:
+            click.echo(f"No ElasticQuotas{f' in namespace {namespace}' if namespace else ''}"
+                       f"{f' matching {selector}' if selector is not None else ''}.")
         return
-    coloured = use_colour(colour)
-    click.echo(render_table(view, wide=fmt == "wide", coloured=coloured,
-                            width=shutil.get_terminal_size().columns), color=coloured)
-    if with_pods:
+    coloured = output.use_colour(colour)
+    text = render_table(view, wide=fmt == "wide", coloured=coloured, width=shutil.get_terminal_size().columns)
+    click.echo(_without_header(text) if no_headers else text, color=coloured)
+    if with_pods and not no_headers:
         click.echo("")
         click.echo(render_pods(view))
+    elif with_pods and any(quota_view.pods for quota_view in view.quotas):
+        click.echo(_without_header(render_pods(view)))
     for note in [*view.notes, *state.notes, *(f"unreadable pod not counted: {p}" for p in view.unreadable_pods)]:
         click.echo(f"note: {note}", err=True)
+
+
+def _without_header(text: str) -> str:
+    return text.split("\n", 1)[1] if "\n" in text else ""
 
 
 def _amount(resource: str, quantity: Quantity | None, cards: bool) -> str:

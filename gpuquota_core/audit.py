@@ -54,9 +54,11 @@ from .resources import (
     ResourceList,
     families_of,
     format_list,
+    format_names,
     gpu_family,
     is_gpu_name,
 )
+from .selector import Selector
 from .validation import validate_pod_gpu
 
 DEFAULT_SHARED_LABEL = "node.koordinator.sh/gpu-shared"
@@ -228,7 +230,7 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
         if parent is not None and set(quota.max) != set(parent.max):
             report.findings.append(Finding(
                 "quota-tree-key-mismatch", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
-                f"max keys {sorted(quota.max)} differ from parent {parent.name}'s {sorted(parent.max)}",
+                f"max keys {format_names(quota.max)} differ from parent {parent.name}'s {format_names(parent.max)}",
                 {"parent": parent.name, "keys": sorted(quota.max), "parentKeys": sorted(parent.max)}))
         if advertised is not None:
             for resource in sorted(n for n in names if is_gpu_name(n) and n not in advertised):
@@ -623,13 +625,14 @@ SCOPES = ("nodes", "quotas", "pods", "workloads", "resourcequotas")
 
 def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = SCOPES,
                   config: ConversionConfig = DEFAULT_CONFIG, shared_label: str = DEFAULT_SHARED_LABEL,
-                  namespace: str | None = None) -> AuditReport:
+                  namespace: str | None = None, selector: Selector | None = None) -> AuditReport:
     """Every check over ``objects``.
 
     ``namespace`` filters what is reported, never what is judged: every object is checked with
     all the others (a quota's parents in other namespaces, the pods charged to it), then only
     findings on objects of that namespace and on cluster-scoped ones (nodes) are kept, and the
-    usage summary of that namespace's quotas.
+    usage summary of that namespace's quotas. ``selector`` (a label selector) likewise keeps the
+    findings on objects whose labels it selects, of every kind, and the usage of those quotas.
     """
     # The audit allocates a few objects per pod (shape keys, records, findings) that stay alive until
     # it ends, and builds no reference cycles. With the collector on, its full collections walked
@@ -637,9 +640,20 @@ def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = 
     objects = objects if isinstance(objects, list) else list(objects)  # read twice with a namespace
     with collector.paused():
         report = _audit(objects, scopes, config, shared_label)
-    if namespace is None:
-        return report
-    return _shown_in(report, namespace, objects)
+    if namespace is not None:
+        report = _shown_in(report, namespace, objects)
+    if selector is not None:
+        report = _selected(report, selector, objects)
+    return report
+
+
+def _selected(report: AuditReport, selector: Selector, objects: Iterable[Mapping[str, Any]]) -> AuditReport:
+    chosen = {(str(obj.get("kind")), namespace, name) for obj in objects if selector.matches_object(obj)
+              for namespace, name, _ in [_meta(obj)]}
+    quotas = {name for kind, _, name in chosen if kind == "ElasticQuota"}
+    return AuditReport(findings=[f for f in report.findings if (f.kind, f.namespace, f.name) in chosen],
+                       capacity=report.capacity,
+                       quota_usage={name: usage for name, usage in report.quota_usage.items() if name in quotas})
 
 
 def _shown_in(report: AuditReport, namespace: str, objects: Iterable[Mapping[str, Any]]) -> AuditReport:

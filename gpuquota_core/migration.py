@@ -31,7 +31,7 @@ from .quota import (
 )
 from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
 from .quota_integrity import tree_problems
-from .resources import ResourceList
+from .resources import ResourceList, format_names
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
 # and (MIGRATION_IN_PROGRESS_ANNOTATION, defined beside the webhook's quota review that reads it) a
@@ -456,15 +456,16 @@ def _key_relation_refusals(live: Mapping[tuple[str, str], Mapping[str, Any]],
         if parent is not None and not final[key] <= final[parent]:
             kept = "is restored too" if parent in restored else "is not rolled back"
             refusals.append(Refusal(info.name, info.namespace, (
-                f"its original max keys {sorted(final[key])} are not within those of its parent "
-                f"{infos[parent].name} {sorted(final[parent])}, which {kept}: Koordinator refuses that update; "
+                f"its original max keys {format_names(final[key])} are not within those of its parent "
+                f"{infos[parent].name} {format_names(final[parent])}, which {kept}: Koordinator refuses that update; "
                 "roll back the whole tree together, or restore this quota by hand")))
             continue
         for child in sorted(k for k, i in infos.items() if i.parent == info.name and k not in restored):
             if not final[child] <= final[key]:
                 refusals.append(Refusal(info.name, info.namespace, (
-                    f"its child {infos[child].name} is not rolled back and keeps max keys {sorted(final[child])}, "
-                    f"which are not within its original {sorted(final[key])}: Koordinator refuses that update; "
+                    f"its child {infos[child].name} is not rolled back and keeps max keys "
+                    f"{format_names(final[child])}, which are not within its original {format_names(final[key])}: "
+                    "Koordinator refuses that update; "
                     "roll back the whole tree together, or restore this quota by hand")))
                 break
     return refusals

@@ -8,7 +8,7 @@ number shown is the number the validating webhook compares. Pure: callers load t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -198,14 +198,18 @@ class TreeView:
     unreadable_pods: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
-    def select(self, name: str | None = None, namespace: str | None = None) -> TreeView:
-        """The quotas matching ``name`` / ``namespace`` with their ancestors (the tree stays readable),
-        and with ``name`` its descendants too."""
+    def select(self, name: str | None = None, namespace: str | None = None,
+               among: Collection[str] | None = None, with_ancestors: bool = True) -> TreeView:
+        """The quotas matching ``name`` / ``namespace`` / named in ``among`` (those a label selector
+        chose) with their ancestors (the tree stays readable; not ``with_ancestors``, as ``-o name``
+        lists only what was asked for), and with ``name`` its descendants too."""
         by_name = {view.quota.name: view for view in self.quotas}
         wanted: set[str] = set()
         for view in self.quotas:
             quota = view.quota
             if name is not None and quota.name != name:
+                continue
+            if among is not None and quota.name not in among:
                 continue
             if namespace is not None and quota.namespace != namespace and namespace not in quota.bound_namespaces:
                 continue
@@ -215,7 +219,7 @@ class TreeView:
             for view in self.quotas:
                 if _ancestors(view.quota, by_name) & wanted:
                     wanted.add(view.quota.name)
-        for quota_name in list(wanted):
+        for quota_name in list(wanted) if with_ancestors else []:
             wanted |= _ancestors(by_name[quota_name].quota, by_name)
         return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes)
 

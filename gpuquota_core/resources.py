@@ -120,3 +120,9 @@ def gpu_subset(resources: Mapping[str, Quantity]) -> ResourceList:
 def format_list(resources: Mapping[str, Quantity], separator: str = "=") -> str:
     """``a=1,b=2`` sorted by name: the native quota message format."""
     return ",".join(f"{name}{separator}{resources[name]}" for name in sorted(resources))
+
+
+def format_names(names: Iterable[str]) -> str:
+    """``[a, b]`` sorted, as YAML writes a flow list: resource names in a message, never a Python
+    list's ``['a', 'b']``."""
+    return "[" + ", ".join(sorted(names)) + "]"

@@ -76,8 +76,9 @@ def test_fail_on_and_clean_input(tmp_path: Path) -> None:
 def test_table_is_aligned(tmp_path: Path) -> None:
     _, out, _ = run(tmp_path, "resourcequotas")
     lines = out.splitlines()
-    assert lines[0].split() == ["SEVERITY", "CHECK", "KIND", "NAMESPACE", "NAME"]
+    assert lines[0].split() == ["SEVERITY", "KIND", "NAMESPACE", "NAME", "CHECK", "MESSAGE"]
     assert lines[1].index("resourcequota-gpu-bypassed") == lines[0].index("CHECK")
+    assert lines[1].index("limits requests.nvidia.com/gpu") == lines[0].index("MESSAGE")
 
 
 def test_errors_are_one_line_exit_2(tmp_path: Path) -> None:

@@ -121,8 +121,8 @@ def test_rollback_client_dry_run_prints_the_reverse_steps(monkeypatch: pytest.Mo
     code, out, err = rollback(monkeypatch, live, "--dry-run", "client", "-n", "team")
     assert (code, out) == (1, "")
     assert err.splitlines()[0].startswith(
-        "REFUSED: ElasticQuota team/team: its original max keys ['nvidia.com/gpu'] are not within those of its "
-        "parent org ['koordinator.sh/gpu-core', 'koordinator.sh/gpu-memory-ratio'], which is not rolled back")
+        "REFUSED: ElasticQuota team/team: its original max keys [nvidia.com/gpu] are not within those of its "
+        "parent org [koordinator.sh/gpu-core, koordinator.sh/gpu-memory-ratio], which is not rolled back")
 
 
 def test_rollback_refuses_everything_when_one_quota_changed(monkeypatch: pytest.MonkeyPatch,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from cli import quota as quota_command
+from cli import output
 from cli.main import cli
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "cluster")
@@ -39,7 +39,7 @@ def test_piped_table_is_plain_with_cards_beside() -> None:
 
 
 def terminal(columns: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    monkeypatch.setattr(quota_command, "on_terminal", lambda: True)
+    monkeypatch.setattr(output, "on_terminal", lambda: True)
     code, out, _ = run("-f", EXAMPLE, columns=columns)
     assert code == 0
     assert "\x1b[32m" in out  # green: nothing is near full in the example

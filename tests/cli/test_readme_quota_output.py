@@ -1,4 +1,5 @@
-"""The README's `gpuquota quota` and `gpuquota explain` screens are what the commands print today."""
+"""The README's `gpuquota quota`, `gpuquota explain` and `gpuquota audit` screens are what the commands
+print today."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ SCREENS = [(m["args"], m["shown"]) for m in MARKER.finditer((REPO_ROOT / "README
 
 
 def test_the_readme_has_the_screens() -> None:
-    assert [args.split()[0] for args, _ in SCREENS] == ["quota", "explain", "explain"]
+    assert [args.split()[0] for args, _ in SCREENS] == ["quota", "explain", "explain", "audit"]
 
 
 @pytest.mark.parametrize(("args", "shown"), SCREENS, ids=[args for args, _ in SCREENS])
@@ -25,4 +26,4 @@ def test_readme_screen_is_current(args: str, shown: str, monkeypatch: pytest.Mon
     monkeypatch.chdir(REPO_ROOT)
     result = CliRunner(env={"COLUMNS": "200"}).invoke(cli, shlex.split(args))
     assert result.stdout.rstrip("\n") == shown
-    assert result.exit_code == (1 if "over-quota" in args else 0)
+    assert result.exit_code == (1 if "over-quota" in args or args.startswith("audit") else 0)

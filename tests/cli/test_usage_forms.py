@@ -64,7 +64,8 @@ def test_arguments_after_double_dash_are_not_split() -> None:
     (["migrate", "plan", "--outpt", "json"],
      "Error: No such option '--outpt'. (Did you mean one of: '--context', '--output'?)", "gpuquota migrate plan"),
     (["audit", "-o=xml", "-f", "x"],
-     "Error: Invalid value for '-o' / '--output': 'xml' is not one of 'table', 'wide', 'json', 'yaml', 'policyreport'.",
+     "Error: Invalid value for '-o' / '--output': 'xml' is not one of 'table', 'wide', 'name', 'json', 'yaml', "
+     "'policyreport'.",
      "gpuquota audit"),
 ])
 def test_a_usage_error_is_two_lines_and_exit_2(args: list[str], first_line: str, command: str) -> None:

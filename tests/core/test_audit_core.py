@@ -171,7 +171,7 @@ def test_quota_tree_key_mismatch() -> None:
                             eq("team", "team", {"nvidia.com/gpu": "2"}, parent="org")])
     finding = only(report, "quota-tree-key-mismatch")
     assert (finding.severity, finding.namespace, finding.name) == (Severity.ERROR, "team", "team")
-    assert finding.message == f"max keys ['nvidia.com/gpu'] differ from parent org's ['{CORE}', '{RATIO}']"
+    assert finding.message == f"max keys [nvidia.com/gpu] differ from parent org's [{CORE}, {RATIO}]"
     assert finding.details == {"parent": "org", "keys": ["nvidia.com/gpu"], "parentKeys": [CORE, RATIO]}
 
 

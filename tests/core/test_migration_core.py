@@ -276,8 +276,8 @@ def test_rollback_refuses_a_quota_changed_since_the_migration_and_one_that_is_go
         {"quota": "gone", "namespace": "gone", "reason": "not found in the cluster; nothing to restore it onto"},
         # org alone cannot go back to nvidia.com/gpu while its child keeps canonical keys.
         {"quota": "org", "namespace": "ops", "reason": (
-            f"its child team is not rolled back and keeps max keys ['{CORE}', '{RATIO}'], which are not within its "
-            "original ['nvidia.com/gpu']: Koordinator refuses that update; roll back the whole tree together, or "
+            f"its child team is not rolled back and keeps max keys [{CORE}, {RATIO}], which are not within its "
+            "original [nvidia.com/gpu]: Koordinator refuses that update; roll back the whole tree together, or "
             "restore this quota by hand")},
         {"quota": "team", "namespace": "team", "reason": (
             f"changed since the migration: its spec is min {{{CORE}: 200, {RATIO}: 200}}; max {{{CORE}: 500, "
@@ -291,7 +291,7 @@ def test_rollback_of_part_of_a_tree_is_refused_both_ways() -> None:
     live = [at(ORG, ORG_DONE), at(TEAM, TEAM_DONE)]
     only_team = plan_rollback(live, originals(TEAM))
     assert [r.as_dict() for r in only_team.refused] == [{"quota": "team", "namespace": "team", "reason": (
-        f"its original max keys ['nvidia.com/gpu'] are not within those of its parent org ['{CORE}', '{RATIO}'], "
+        f"its original max keys [nvidia.com/gpu] are not within those of its parent org [{CORE}, {RATIO}], "
         "which is not rolled back: Koordinator refuses that update; roll back the whole tree together, or restore "
         "this quota by hand")}]
     only_org = plan_rollback(live, originals(ORG))

@@ -20,7 +20,7 @@ LEGACY_PODS = 3
 
 def legacy_pod(name: str) -> dict[str, Any]:
     gpu = {"nvidia.com/gpu": "1"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
             "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": gpu, "limits": gpu}}]}}
 
 
@@ -64,8 +64,18 @@ def test_live_audit_fails_on_warnings_when_asked(kubeconfig_path: Path, legacy_n
                              "--fail-on", "warning")
 
     assert code == 1
-    assert out.splitlines()[0].split() == ["SEVERITY", "CHECK", "KIND", "NAMESPACE", "NAME"]
+    assert out.splitlines()[0].split() == ["SEVERITY", "KIND", "NAMESPACE", "NAME", "CHECK", "MESSAGE"]
     assert sum("pod-legacy-gpu-request" in line for line in out.splitlines()) == LEGACY_PODS
+    assert out.splitlines()[-1] == (f"{LEGACY_PODS} findings: 0 errors, {LEGACY_PODS} warnings, 0 info; "
+                                    "exit status 1 (--fail-on warning)")
+
+
+def test_live_audit_takes_kubectl_kinds_selectors_and_names(kubeconfig_path: Path, legacy_namespace: str) -> None:
+    code, out, err = run_audit("po,eq", "--kubeconfig", str(kubeconfig_path), "-n", legacy_namespace,
+                               "-l", "app in (train-0, train-2)", "-o", "name")
+
+    assert (code, err) == (0, "")  # warnings only
+    assert out.splitlines() == ["pod/train-0", "pod/train-2"]
 
 
 def test_unreachable_cluster_is_one_line_and_exit_2(tmp_path: Path, kubeconfig_path: Path) -> None:

@@ -177,8 +177,8 @@ def test_rollback_refuses_a_quota_changed_since_the_migration_and_writes_nothing
     assert (code, out) == (1, "")
     assert err.splitlines() == [
         f"REFUSED: ElasticQuota {namespace}/{parent}: its child {child} is not rolled back and keeps max keys "
-        "['koordinator.sh/gpu-core', 'koordinator.sh/gpu-memory-ratio'], which are not within its original "
-        "['nvidia.com/gpu']: Koordinator refuses that update; roll back the whole tree together, or restore this "
+        "[koordinator.sh/gpu-core, koordinator.sh/gpu-memory-ratio], which are not within its original "
+        "[nvidia.com/gpu]: Koordinator refuses that update; roll back the whole tree together, or restore this "
         "quota by hand",
         f"REFUSED: ElasticQuota {namespace}/{child}: changed since the migration: its spec is "
         "min {koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200}; "

@@ -129,3 +129,18 @@ def test_live_explain_gives_the_apiservers_refusal(api: Api, kubeconfig_path: Pa
     assert code == 0
     created = api.core.create_namespaced_pod(namespace, fits)
     assert created.metadata.name == "small"
+
+
+def test_live_quota_takes_kubectl_names_selectors_and_no_headers(kubeconfig_path: Path, live_tree: tuple[str, str],
+                                                                  namespace: str) -> None:
+    parent, leaf = live_tree
+    live = ("quota", "--kubeconfig", str(kubeconfig_path), "-n", namespace)
+
+    assert gpuquota(*live, "-o", "name", "-l", PARENT_LABEL) == (
+        0, f"elasticquota.scheduling.sigs.k8s.io/{leaf}\n", "")
+    code, out, _ = gpuquota(*live, "--no-headers", "-l", f"{IS_PARENT_LABEL}=true")
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines() if not line.startswith(" ")] == [parent]
+    # The leaf's row, with its parent above it: the table keeps a selection's ancestors.
+    code, out, _ = gpuquota(*live, "--no-headers", "-l", f"{PARENT_LABEL}={parent}")
+    assert [line.split()[0] for line in out.splitlines() if not line.startswith("    ")] == [parent, leaf]
