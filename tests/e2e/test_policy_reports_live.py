@@ -10,13 +10,14 @@ import shlex
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from clusterhelpers import eventually
-from controlplane import REPO_ROOT, Api, wait_for_crd_established
+from controlplane import REPO_ROOT, Api, create_gpu_node, wait_for_crd_established
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -53,19 +54,26 @@ def report_crds(api: Api, kubeconfig_path: Path) -> list[str]:
     return names
 
 
-def legacy_pod(name: str) -> dict[str, Any]:
+def legacy_pod(name: str, pool: str) -> dict[str, Any]:
     gpu = {"nvidia.com/gpu": "1"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"requests": gpu, "limits": gpu}}]}}
+            "spec": {"nodeSelector": {"pool": pool},
+                     "containers": [{"name": "main", "image": "x", "resources": {"requests": gpu, "limits": gpu}}]}}
 
 
 @pytest.fixture
-def legacy_namespace(api: Api) -> str:
-    """A namespace the webhook leaves alone (if a test registered it), with one pod to rewrite."""
+def legacy_namespace(api: Api) -> Iterator[str]:
+    """A namespace the webhook leaves alone (if a test registered it), with one pod to rewrite.
+
+    The pod is pinned to a Node of its own that advertises nvidia.com/gpu: the shared control
+    plane's other Nodes (the session's canonical one among them) would otherwise make it a pod no
+    reachable node can take, an error finding this test is not about."""
     name = f"polr-{uuid.uuid4().hex[:8]}"
+    create_gpu_node(api.core, name, {"nvidia.com/gpu": "8"}, labels={"pool": name})
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels={IGNORE_LABEL: "true"})))
-    api.core.create_namespaced_pod(name, legacy_pod("train"))
-    return name
+    api.core.create_namespaced_pod(name, legacy_pod("train", name))
+    yield name
+    api.core.delete_node(name)
 
 
 def audit_reports(kubeconfig_path: Path, namespace: str) -> list[dict[str, Any]]:
