@@ -281,6 +281,36 @@ class ControlPlane:
         for process, port in ((scheduler, scheduler_port), (manager, manager_port)):
             self._wait_until(process, CONTROLLER_START_TIMEOUT, functools.partial(self._component_healthy, port))
 
+    # -- faults (tests/e2e/test_faults.py) ---------------------------------------------------
+
+    def _process(self, name: str) -> _Process:
+        for process in self._processes:
+            if process.name == name:
+                return process
+        raise ControlPlaneError(f"{name} is not running in this control plane")
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port over the same etcd, until ready.
+
+        What a rolling restart of a control-plane node looks like to a client: connections drop,
+        then the same address serves the same data again.
+        """
+        old = self._process("kube-apiserver")
+        old.stop()
+        port = int(self.server.rsplit(":", 1)[1])
+        new = self._spawn("kube-apiserver", self._apiserver_args(port), self.apiserver_log)
+        # Keep the start order (etcd first): stop() stops the last started first.
+        self._processes.remove(new)
+        self._processes[self._processes.index(old)] = new
+        self._wait_until(new, APISERVER_START_TIMEOUT, self._apiserver_ready)
+
+    def pause_etcd(self) -> None:
+        """SIGSTOP etcd: every read and write of the apiserver hangs until resume_etcd()."""
+        _signal_group(self._process("etcd").popen.pid, signal.SIGSTOP)
+
+    def resume_etcd(self) -> None:
+        _signal_group(self._process("etcd").popen.pid, signal.SIGCONT)
+
     def _etcd_args(self, client_port: int, peer_port: int) -> list[str]:
         client_url = f"http://{LOOPBACK}:{client_port}"
         peer_url = f"http://{LOOPBACK}:{peer_port}"

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -82,6 +83,13 @@ class LedgerStore:
     object is missing, a replace when another replica recreated it first, recognised by its new
     ``metadata.uid``). Expired or confirmed ones are pruned on that write as usual, so nothing
     this replica knew to hold room is forgotten and nothing stale is kept.
+
+    What only other replicas knew (reservations they wrote after this replica's last read) is
+    gone with the object. Each of those was admitted before the deletion, so it expires at the
+    latest one TTL after the deletion was noticed: until then the tree is held (``recovering_until``,
+    recorded in the recreated object so that every replica, one that never saw the old object
+    included, holds it too) and its admissions are refused as LedgerUnavailable, never admitted
+    into room that may be taken.
     """
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
@@ -94,7 +102,11 @@ class LedgerStore:
         self._known: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
         # Per tree: reservations of a deleted object not yet written back (see the class docstring).
         self._carried: dict[str, dict[str, shared_ledger.StoredReservation]] = {}
+        # Per tree: wall-clock end of the hold after a deletion (see the class docstring).
+        self._recovering: dict[str, float] = {}
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
+        self.clock: Callable[[], float] = time.time
+        self.hold_seconds = 30.0  # the reservation TTL; StrictAccounting sets both
 
     def read(self, tree_root: str, fresh: bool) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
         """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``."""
@@ -114,6 +126,7 @@ class LedgerStore:
         body = orjson.loads(response.data)
         try:
             stored = shared_ledger.decode(body.get("data"))
+            held = shared_ledger.recovering_until(body.get("data"))
         except shared_ledger.LedgerFormatError as error:
             raise LedgerUnavailable(f"ConfigMap {self.namespace}/{name}: {error}") from None
         metadata = body["metadata"]
@@ -121,22 +134,34 @@ class LedgerStore:
         with self._lock:
             known = self._known.get(tree_root)
             if known is not None and known[0] != uid:
-                self._lost(tree_root)  # deleted and recreated by someone else since this replica's last look
+                # Deleted and recreated by someone else since this replica's last look. The
+                # deletion came before the new object's creation, and before the hold a replica
+                # that noticed it recorded: either bounds when what was lost expires.
+                self._lost(tree_root, min(held or float("inf"), _created(metadata) + self.hold_seconds))
             self._known[tree_root] = (uid, stored)
+            self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), held)
             result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
             self._cache[tree_root] = result
             return result
 
-    def _lost(self, tree_root: str) -> None:
-        """The object this replica knew is gone: carry what it held (lock held)."""
+    def _lost(self, tree_root: str, hold_until: float | None = None) -> None:
+        """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
         self._cache.pop(tree_root, None)
         known = self._known.pop(tree_root, None)
+        if known is not None or tree_root in self._carried:
+            until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
+            self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
         if known is not None and known[1]:
             carried = self._carried.setdefault(tree_root, {})
             carried.update({key: item for key, item in known[1].items() if key not in carried})
             log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s was deleted; carrying the %d "
                         "reservations this replica knew into its next write", self.namespace,
                         shared_ledger.ledger_object_name(tree_root), tree_root, len(carried))
+
+    def recovering_until(self, tree_root: str) -> float:
+        """Until when (wall clock) the tree is held after its object was found deleted; 0: not held."""
+        with self._lock:
+            return self._recovering.get(tree_root, 0.0)
 
     def carrying(self, tree_root: str) -> bool:
         """Whether reservations of a deleted object still wait to be written back."""
@@ -158,6 +183,11 @@ class LedgerStore:
             raise LedgerUnavailable(f"cannot read pod {namespace}/{name}: {error.status} {error.reason}") from None
         return str(orjson.loads(response.data)["metadata"].get("uid", ""))
 
+    def _hold_to_record(self, tree_root: str) -> float:
+        with self._lock:
+            until = self._recovering.get(tree_root, 0.0)
+            return until if until > self.clock() else 0.0
+
     def list_trees(self) -> list[str]:
         """The quota trees that have a ledger object, from their label (any replica may have made them)."""
         listed = orjson.loads(self.core.list_namespaced_config_map(
@@ -178,7 +208,7 @@ class LedgerStore:
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
-            "data": shared_ledger.encode(stored.values()),
+            "data": shared_ledger.encode(stored.values(), self._hold_to_record(tree_root)),
         }
         try:
             if version:
@@ -207,12 +237,22 @@ class LedgerStore:
         return True
 
 
+def _created(metadata: dict[str, Any]) -> float:
+    """An object's creationTimestamp in wall-clock seconds, rounded up (it is kept to the second)."""
+    try:
+        stamp = datetime.strptime(str(metadata["creationTimestamp"]), "%Y-%m-%dT%H:%M:%SZ")
+    except (KeyError, ValueError):
+        return time.time()  # unknown: no later than now
+    return stamp.replace(tzinfo=UTC).timestamp() + 1.0
+
+
 class StrictAccounting:
     def __init__(self, state: QuotaState, store: LedgerStore, replica: str | None = None,
                  clock: Callable[[], float] = time.time,
                  create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS) -> None:
         self.state = state
         self.create_deadline_seconds = create_deadline_seconds
+        store.clock, store.hold_seconds = clock, state.ledger.ttl_seconds
         self.store = store
         self.replica = replica or f"{socket.gethostname()}/{os.getpid()}"
         self.clock = clock
@@ -253,12 +293,19 @@ class StrictAccounting:
         # Counted from the oldest job's arrival: time spent queued behind the previous commit is
         # part of the budget, so no admission outlives the API server's webhook timeout.
         give_up_at = min(job.submitted for job in batch) + RETRY_BUDGET_SECONDS
+        held = ""
         try:
             for attempt in range(MAX_ATTEMPTS):
                 if attempt and time.monotonic() > give_up_at:
                     break
                 version, stored = self.store.read(tree_root, fresh)
                 now = self.clock()
+                held_until = self.store.recovering_until(tree_root)
+                if now < held_until:
+                    self._record_hold(tree_root, version, stored, now)
+                    held = (f"the shared quota ledger of tree {tree_root} was deleted; reservations only it held "
+                            f"may still take room for {held_until - now:.1f}s, until they expire")
+                    break
                 results = self.state.judge_batch(admissions, stored, now)
                 new = [r for _, r in results if r is not None]
                 if not new:
@@ -276,8 +323,8 @@ class StrictAccounting:
                 fresh = True
                 # Jitter, so the replicas that just collided do not collide again in lockstep.
                 time.sleep(random.uniform(0, min(MAX_BACKOFF_SECONDS, 0.002 * 2 ** attempt)))
-            reason = (f"the shared quota ledger of tree {tree_root} kept changing ({attempt + 1} conflicts "
-                      f"in {RETRY_BUDGET_SECONDS:g}s)")
+            reason = held or (f"the shared quota ledger of tree {tree_root} kept changing ({attempt + 1} conflicts "
+                              f"in {RETRY_BUDGET_SECONDS:g}s)")
         except LedgerUnavailable as error:
             metrics.LEDGER_WRITES.labels("error").inc()
             reason = str(error)
@@ -287,6 +334,12 @@ class StrictAccounting:
         log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
         for job in batch:
             job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+
+    def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
+                     now: float) -> None:
+        """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
+        if self.store.carrying(tree_root) or not version:
+            self.store.write(tree_root, version, self.state.pruned(stored, now))
 
     def reconcile_once(self) -> int:
         """Drop expired, long-confirmed and provably lost reservations from every ledger object.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -38,7 +39,8 @@ class _Raw:
 class FakeCore:
     """The few CoreV1Api calls LedgerStore makes, with the API server's preconditions."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
         self.config_maps: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, str] = {}  # namespace/name -> uid
         self._versions = itertools.count(1)
@@ -60,6 +62,8 @@ class FakeCore:
         self.calls.append("create")
         if body["metadata"]["name"] in self.config_maps:
             raise ApiException(status=409, reason="AlreadyExists")
+        body = {**body, "metadata": {**body["metadata"], "creationTimestamp": datetime.fromtimestamp(
+            self.clock[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
         return self._stamp(body, uid=f"uid-{next(self._versions)}")
 
     def replace_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> _Raw:
@@ -69,6 +73,8 @@ class FakeCore:
             raise ApiException(status=404, reason="Not Found")
         if current["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
             raise ApiException(status=409, reason="Conflict")
+        body = {**body, "metadata": {**body["metadata"],
+                                     "creationTimestamp": current["metadata"]["creationTimestamp"]}}
         return self._stamp(body, uid=current["metadata"]["uid"])
 
     def list_namespaced_config_map(self, namespace: str, **_: Any) -> _Raw:
@@ -107,30 +113,35 @@ class Replica:
 
 
 @pytest.fixture
-def core() -> FakeCore:
-    return FakeCore()
-
-
-@pytest.fixture
 def clock() -> list[float]:
     return [1_000_000.0]
 
 
-def test_a_deleted_ledger_is_created_again_with_the_reservations_this_replica_knew(core: FakeCore,
-                                                                                   clock: list[float]) -> None:
+@pytest.fixture
+def core(clock: list[float]) -> FakeCore:
+    return FakeCore(clock)
+
+
+def test_a_deleted_ledger_is_created_again_and_the_tree_held_until_what_it_held_expired(
+        core: FakeCore, clock: list[float]) -> None:
     replica = Replica(core, "r1", clock)
     assert replica.admit("p1").allowed and replica.admit("p2").allowed
     del core.config_maps[LEDGER]
     core.calls.clear()
     # The cached version is stale now: the replace finds nothing, the fresh read finds nothing,
-    # and a create (not a replace, which would 404 for ever) puts back p1 and p2 with p3.
-    assert replica.admit("p3").allowed
+    # and a create (not a replace, which would 404 for ever) puts back p1 and p2. Other replicas
+    # may have written reservations this one never read: until they have expired the tree is
+    # held, and the admission is refused for the ledger, not admitted into room that may be taken.
+    refused = replica.admit("p3")
+    assert not refused.allowed and refused.code == 503 and refused.reason == "LedgerUnavailable"
+    assert "the shared quota ledger of tree org was deleted" in refused.message
     assert core.calls == ["replace", "read", "create"]
-    assert core.stored() == {"team/p1", "team/p2", "team/p3"}
-    # The room p1 and p2 hold was not forgotten: the parent (300) is full.
-    refused = replica.admit("p4")
-    assert not refused.allowed and refused.code == 403
-    assert "(300 of it reserved by admissions not yet seen)" in refused.message
+    assert core.stored() == {"team/p1", "team/p2"}
+    assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + TTL
+    clock[0] += TTL
+    assert replica.admit("p3").allowed and replica.admit("p4", "200").allowed
+    assert core.stored() == {"team/p3", "team/p4"}
+    assert shared_ledger.RECOVERING_UNTIL_KEY not in core.config_maps[LEDGER]["data"]
 
 
 def test_a_ledger_recreated_by_another_replica_gets_back_what_this_one_knew(core: FakeCore,
@@ -138,13 +149,18 @@ def test_a_ledger_recreated_by_another_replica_gets_back_what_this_one_knew(core
     first, second = Replica(core, "r1", clock), Replica(core, "r2", clock)
     assert first.admit("p1").allowed
     del core.config_maps[LEDGER]
-    # The second replica never saw p1: it creates a new object (new uid) without it.
+    # The second replica never saw the old object: it creates a new one (new uid) without p1.
     assert second.admit("p2").allowed and core.stored() == {"team/p2"}
-    # The first replica's replace conflicts; its fresh read shows another object (another uid),
-    # so it carries p1 into its write.
-    assert first.admit("p3").allowed
-    assert core.stored() == {"team/p1", "team/p2", "team/p3"}
-    assert not second.admit("p4").allowed  # 300 of 300, as every replica now sees
+    # The first replica's replace conflicts; its fresh read shows another object (another uid):
+    # it carries p1 into it and holds the tree, and so does the second replica from then on.
+    clock[0] += 1.0
+    assert first.admit("p3").code == 503
+    assert core.stored() == {"team/p1", "team/p2"}
+    assert second.admit("p4").code == 503
+    # Held until one TTL after the new object was created (to the second, rounded up): whatever
+    # only the deleted object held was admitted before that and has expired by then.
+    clock[0] += TTL
+    assert second.admit("p4").allowed
 
 
 def test_the_reconciler_recreates_a_deleted_ledger_that_no_admission_writes(core: FakeCore,
@@ -155,10 +171,10 @@ def test_the_reconciler_recreates_a_deleted_ledger_that_no_admission_writes(core
     # No object lists any more: only what the replica wrote to tells it the tree exists.
     assert first.accounting.reconcile_once() == 0
     assert core.stored() == {"team/p1", "team/p2"}
-    assert second.admit("p3").allowed and not second.admit("p4").allowed
+    assert second.admit("p3").code == 503  # the hold is in the object, for replicas that never saw it
     # Once the reservations expire, the reconciler empties the object and the room is back.
     clock[0] += TTL + 1
-    assert first.accounting.reconcile_once() == 3 and core.stored() == set()
+    assert first.accounting.reconcile_once() == 2 and core.stored() == set()
     assert second.admit("p5", "300").allowed
 
 
