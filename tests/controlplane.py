@@ -22,10 +22,12 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -156,6 +158,10 @@ class _Process:
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
+
+
+# Its one worker thread lives as long as the test process.
+_LONG_LIVED_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="control-plane-spawner")
 
 
 def _die_with_parent() -> None:
@@ -427,7 +433,8 @@ class ControlPlane:
         log_file = log_path.open("ab")
         log_file.write(f"### {' '.join(args)}\n".encode())
         log_file.flush()
-        popen = subprocess.Popen(
+        spawn = functools.partial(
+            subprocess.Popen,
             args,
             cwd=self.work_dir,
             stdin=subprocess.DEVNULL,
@@ -437,6 +444,10 @@ class ControlPlane:
             # Only calls prctl, which is safe between fork and exec.
             preexec_fn=_die_with_parent,
         )
+        # PR_SET_PDEATHSIG follows the spawning thread: a server started from a short-lived thread
+        # (a fault test restarting the apiserver mid-burst) would be killed when that thread ends.
+        popen = spawn() if threading.current_thread() is threading.main_thread() else \
+            _LONG_LIVED_SPAWNER.submit(spawn).result()
         process = _Process(name=name, popen=popen, log_path=log_path, log_file=log_file)
         self._processes.append(process)
         return process
