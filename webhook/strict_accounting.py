@@ -12,6 +12,20 @@ a failed attempt is admitted again without being re-judged, so a request denied 
 never pass on a retry because an earlier verdict was reused (kubernetes#141904 in the native
 ResourceQuota plugin). When the write cannot be made (the API is down, conflicts persist) the
 admissions of the batch are refused: the webhook's failure mode, never an unrecorded admission.
+
+When is a reservation's room provably free before its TTL? Only when its pod can never be stored.
+The webhook timeout (5 s) does not prove it: it bounds how long the apiserver waits for our answer,
+not the create. After the validating webhooks the apiserver still writes the pod to etcd, and that
+write is bounded only by the create request's own deadline (kube-apiserver ``--request-timeout``,
+60 s by default; a client may ask for less). With etcd paused, a create admitted just before the
+pause lands when etcd resumes, however late our answer was. And "our answer left after the webhook
+timeout" is no proof either: a paused apiserver that resumes finds both our answer and its expired
+timer ready and may take either. So the rule (``StrictAccounting._lost``, run by the reconciler) is:
+past the create deadline (``create_deadline_seconds``, the apiserver's default), a consistent GET
+of the pod that finds no pod with the reservation's uid proves the create failed, and its room is
+released. Under the default TTL (30 s) the TTL releases first; the rule earns its place with a TTL
+at or above the create deadline, which is also the only setting under which a reservation never
+expires while its create can still land (see docs/reliability.md, "Known limits").
 """
 
 from __future__ import annotations

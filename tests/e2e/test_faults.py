@@ -270,11 +270,11 @@ def refill(cluster: Cluster, tree: Tree, figures: Figures, fault_over: float, pa
         assert create(api, tree, f"one-too-many-{leaf}", leaf) == "403 exceeded"
 
 
-def report(figures: Figures, tree: Tree, cluster: Cluster, run: int) -> None:
+def report(figures: Figures, tree: Tree, cluster: Cluster, run: int, room: int = ROOM) -> None:
     if not REPORT:
         return
     stored = stored_by_leaf(cluster.api, tree)
-    line = {"fault": figures.fault, "run": run, "room": ROOM, "burst": BURST,
+    line = {"fault": figures.fault, "run": run, "room": room, "burst": BURST,
             "stored_after_burst": figures.outcomes["stored"], "stored_at_end": sum(stored.values()),
             "outcomes": dict(figures.outcomes), "recovery_seconds": round(figures.recovery_seconds, 2),
             "seconds": round(time.monotonic() - figures.started, 1)}
@@ -445,7 +445,7 @@ def test_quota_max_lowered_mid_burst(cluster_ok: Cluster, run: int) -> None:
              f"replica {server.port} sees the lowered max")
     refill(cluster, tree, figures, lowered[0], parent_room=max(stored, lowered_room))
     assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    report(figures, tree, cluster, run, room=lowered_room)
 
 
 def admits_quota_of(server: WebhookProcess, tree: Tree, ratio: int) -> bool:
