@@ -162,7 +162,7 @@ class LedgerStore:
         """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
         self._cache.pop(tree_root, None)
         known = self._known.pop(tree_root, None)
-        if known is not None or tree_root in self._carried:
+        if known is not None:  # noticed now; a tree already found missing keeps its first hold
             until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
         if known is not None and known[1]:
@@ -176,6 +176,10 @@ class LedgerStore:
         """Until when (wall clock) the tree is held after its object was found deleted; 0: not held."""
         with self._lock:
             return self._recovering.get(tree_root, 0.0)
+
+    def drop_carried(self, tree_root: str) -> None:
+        with self._lock:
+            self._carried.pop(tree_root, None)
 
     def carrying(self, tree_root: str) -> bool:
         """Whether reservations of a deleted object still wait to be written back."""
@@ -373,7 +377,9 @@ class StrictAccounting:
             for pod_key in lost:
                 del keep[pod_key]
             changed = len(keep) < len(stored) or self.store.carrying(tree_root)
-            if (changed and (version or keep)) and self.store.write(tree_root, version, keep):
+            if not version and not keep:
+                self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
+            elif changed and self.store.write(tree_root, version, keep):
                 dropped += len(stored) - len(keep)
                 if lost:
                     log.info("strict accounting: released %d reservations of creates that can no longer land "

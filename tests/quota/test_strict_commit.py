@@ -178,6 +178,20 @@ def test_the_reconciler_recreates_a_deleted_ledger_that_no_admission_writes(core
     assert second.admit("p5", "300").allowed
 
 
+def test_the_hold_after_a_deletion_is_not_extended_while_the_object_stays_missing(core: FakeCore,
+                                                                                   clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed
+    clock[0] += TTL + 1  # p1 expired: nothing is worth recreating the object for
+    del core.config_maps[LEDGER]
+    start = clock[0]
+    for _ in range(4):
+        assert replica.accounting.reconcile_once() == 0 and LEDGER not in core.config_maps
+        clock[0] += TTL / 4
+    assert replica.store.recovering_until(TREE) == start + TTL
+    assert clock[0] >= start + TTL and replica.admit("p2", "300").allowed
+
+
 def test_a_replica_that_never_wrote_a_tree_does_not_create_an_empty_ledger(core: FakeCore,
                                                                            clock: list[float]) -> None:
     replica = Replica(core, "r1", clock)
