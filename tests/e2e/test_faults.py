@@ -493,3 +493,21 @@ def test_pods_moved_between_quotas_during_a_burst(cluster_ok: Cluster, run: int)
     refill(cluster, tree, figures, started)
     assert_nothing_lost(cluster, tree)
     report(figures, tree, cluster, run)
+
+
+def test_a_refusal_says_how_much_of_used_is_held_by_admissions_not_yet_seen(cluster_ok: Cluster) -> None:
+    cluster = cluster_ok
+    tree = make_tree(cluster)
+    leaf = tree.leaves[0]
+    for index in range(LEAF_ROOM - 1):
+        assert create(cluster.api, tree, f"p{index}", leaf) == "stored"
+    # Admission runs before storage: the webhook admits and records a second "p0", whose create
+    # then fails as AlreadyExists. Its reservation holds the leaf's last card until the TTL.
+    assert create(cluster.api, tree, "p0", leaf).startswith("409")
+    with pytest.raises(ApiException) as refused:
+        cluster.api.core.create_namespaced_pod(tree.namespace, whole_card_pod("one-more", leaf))
+    assert json.loads(refused.value.body)["message"].endswith(
+        f"exceeded quota: {tree.namespace}/{leaf}, requested: {RATIO}=100, used: {RATIO}={100 * LEAF_ROOM} "
+        f"(100 of it reserved by admissions not yet seen), limited: {RATIO}={100 * LEAF_ROOM}")
+    # The reservation expires: the card is free again.
+    poll(lambda: create(cluster.api, tree, "one-more", leaf) == "stored", "the lost reservation expired")
