@@ -483,6 +483,9 @@ class Exceeded:
     requested: ResourceList
     used: ResourceList
     limited: ResourceList
+    # The part of ``used`` held by reservations of admissions whose pods no watch has shown yet:
+    # said in the message, so a refusal during an outage does not read as a quota full of pods.
+    reserved: ResourceList = field(default_factory=dict)
 
     @property
     def message(self) -> str:
@@ -491,8 +494,14 @@ class Exceeded:
         # it is compared with, as Kubernetes prints quantities (memory=4Gi, not 4294967296).
         used = {name: Quantity(self.used[name].amount, self.limited[name].format)
                 for name in names if not self.used.get(name, ZERO).is_zero()}
-        text = (f"exceeded quota: {self.quota.ref}, requested: {format_list(_pick(self.requested, names))}, "
-                f"used: {format_list(used)}, limited: {format_list(_pick(self.limited, names))}")
+        reserved = {name: Quantity(self.reserved[name].amount, self.limited[name].format)
+                    for name in names if not self.reserved.get(name, ZERO).is_zero()}
+        text = f"exceeded quota: {self.quota.ref}, requested: {format_list(_pick(self.requested, names))}, " \
+               f"used: {format_list(used)}"
+        if reserved:
+            held = str(next(iter(reserved.values()))) if len(names) == 1 else format_list(reserved)
+            text += f" ({held} of it reserved by admissions not yet seen)"
+        text += f", limited: {format_list(_pick(self.limited, names))}"
         if self.quota.name != self.leaf:
             text += f" (ancestor of quota {self.leaf})"
         return text
@@ -522,7 +531,8 @@ def charges_for_chain(chain: Iterable[str], request: Mapping[str, Quantity],
 
 
 def check_chain(tree: QuotaTree, leaf: str, charges: Mapping[str, ResourceList],
-                used_of: Mapping[str, ResourceList]) -> list[Exceeded]:
+                used_of: Mapping[str, ResourceList],
+                reserved_of: Mapping[str, ResourceList] | None = None) -> list[Exceeded]:
     """Every quota from ``leaf`` up to the root whose limit ``used + charge`` would exceed.
 
     ``charges``: what admitting adds in each quota of the chain (:func:`charges_for_chain`). Only
@@ -541,7 +551,8 @@ def check_chain(tree: QuotaTree, leaf: str, charges: Mapping[str, ResourceList],
             if name in limit and not asked.is_zero() and used.get(name, ZERO) + asked > limit[name]:
                 over[name] = limit[name]
         if over:
-            exceeded.append(Exceeded(quota, leaf, dict(adds), dict(used), over))
+            exceeded.append(Exceeded(quota, leaf, dict(adds), dict(used), over,
+                                     dict((reserved_of or {}).get(quota.name, {}))))
     return exceeded
 
 

@@ -102,12 +102,13 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
                     f"{tree.quotas[name].ref} limits gpu-memory-ratio: request koordinator.sh/gpu-memory-ratio "
                     f"instead, or add a model mapping to the conversion config"), reason=UNKNOWN_GPU_MEMORY, code=403)
     counted = _counted_by_old_version(tree, old)
-    used: dict[str, ResourceList] = {name: add_lists(usage.used(name), ledger.used(name)) for name in chain}
+    reserved: dict[str, ResourceList] = {name: ledger.used(name) for name in chain}
     if replay_of is not None:
         for name in set(chain) & set(replay_of.quotas):
-            used[name] = subtract_lists(used[name], replay_of.charge_of(name))
+            reserved[name] = subtract_lists(reserved[name], replay_of.charge_of(name))
+    used = {name: add_lists(usage.used(name), reserved[name]) for name in chain}
     charges = charges_for_chain(chain, pod.requests, counted)
-    exceeded = check_chain(tree, leaf.name, charges, used)
+    exceeded = check_chain(tree, leaf.name, charges, used, reserved)
     if exceeded:
         first = exceeded[0]
         # A quota naming both GPU families is judged by the stricter spelling; say so, or the

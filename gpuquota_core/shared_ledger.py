@@ -27,6 +27,9 @@ from .quota import QuotaTree, UsageIndex
 from .resources import ResourceList
 
 LEDGER_DATA_KEY = "reservations.json"
+# Set when a replica found the object deleted: until then (wall-clock seconds) reservations that
+# only the deleted object held may still be unexpired, and no replica admits into this tree.
+RECOVERING_UNTIL_KEY = "recoveringUntil"
 LEDGER_NAME_PREFIX = "gpuquota-ledger-"
 DEFAULT_SETTLE_SECONDS = 5.0
 
@@ -53,7 +56,7 @@ def ledger_object_name(tree_root: str) -> str:
     return f"{LEDGER_NAME_PREFIX}{tree_root}"[:253]
 
 
-def encode(reservations: Iterable[StoredReservation]) -> dict[str, str]:
+def encode(reservations: Iterable[StoredReservation], recovering_until: float = 0.0) -> dict[str, str]:
     entries = {}
     for stored in sorted(reservations, key=lambda s: s.reservation.pod_key):
         r = stored.reservation
@@ -68,7 +71,19 @@ def encode(reservations: Iterable[StoredReservation]) -> dict[str, str]:
             "replica": stored.replica,
             "caller": r.caller,
         }
-    return {LEDGER_DATA_KEY: json.dumps(entries, separators=(",", ":"), sort_keys=True)}
+    data = {LEDGER_DATA_KEY: json.dumps(entries, separators=(",", ":"), sort_keys=True)}
+    if recovering_until:
+        data[RECOVERING_UNTIL_KEY] = f"{recovering_until:.3f}"
+    return data
+
+
+def recovering_until(data: Mapping[str, str] | None) -> float:
+    """The end of the hold a replica set after finding the object deleted (0: none)."""
+    raw = (data or {}).get(RECOVERING_UNTIL_KEY)
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise LedgerFormatError(f"{RECOVERING_UNTIL_KEY} is not a time: {raw!r}") from None
 
 
 def _charges_text(r: Reservation) -> dict[str, dict[str, str]]:

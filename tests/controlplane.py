@@ -22,10 +22,12 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -158,6 +160,10 @@ def _signal_group(pgid: int, signum: signal.Signals) -> None:
         os.killpg(pgid, signum)
 
 
+# Its one worker thread lives as long as the test process.
+_LONG_LIVED_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="control-plane-spawner")
+
+
 def _die_with_parent() -> None:
     # If pytest itself is killed (no finalizers run), the kernel still takes the servers down.
     # PR_SET_PDEATHSIG fires when the spawning *thread* exits, so start servers from a long-lived thread.
@@ -281,6 +287,36 @@ class ControlPlane:
         for process, port in ((scheduler, scheduler_port), (manager, manager_port)):
             self._wait_until(process, CONTROLLER_START_TIMEOUT, functools.partial(self._component_healthy, port))
 
+    # -- faults (tests/e2e/test_faults.py) ---------------------------------------------------
+
+    def _process(self, name: str) -> _Process:
+        for process in self._processes:
+            if process.name == name:
+                return process
+        raise ControlPlaneError(f"{name} is not running in this control plane")
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port over the same etcd, until ready.
+
+        What a rolling restart of a control-plane node looks like to a client: connections drop,
+        then the same address serves the same data again.
+        """
+        old = self._process("kube-apiserver")
+        old.stop()
+        port = int(self.server.rsplit(":", 1)[1])
+        new = self._spawn("kube-apiserver", self._apiserver_args(port), self.apiserver_log)
+        # Keep the start order (etcd first): stop() stops the last started first.
+        self._processes.remove(new)
+        self._processes[self._processes.index(old)] = new
+        self._wait_until(new, APISERVER_START_TIMEOUT, self._apiserver_ready)
+
+    def pause_etcd(self) -> None:
+        """SIGSTOP etcd: every read and write of the apiserver hangs until resume_etcd()."""
+        _signal_group(self._process("etcd").popen.pid, signal.SIGSTOP)
+
+    def resume_etcd(self) -> None:
+        _signal_group(self._process("etcd").popen.pid, signal.SIGCONT)
+
     def _etcd_args(self, client_port: int, peer_port: int) -> list[str]:
         client_url = f"http://{LOOPBACK}:{client_port}"
         peer_url = f"http://{LOOPBACK}:{peer_port}"
@@ -397,7 +433,8 @@ class ControlPlane:
         log_file = log_path.open("ab")
         log_file.write(f"### {' '.join(args)}\n".encode())
         log_file.flush()
-        popen = subprocess.Popen(
+        spawn = functools.partial(
+            subprocess.Popen,
             args,
             cwd=self.work_dir,
             stdin=subprocess.DEVNULL,
@@ -407,6 +444,10 @@ class ControlPlane:
             # Only calls prctl, which is safe between fork and exec.
             preexec_fn=_die_with_parent,
         )
+        # PR_SET_PDEATHSIG follows the spawning thread: a server started from a short-lived thread
+        # (a fault test restarting the apiserver mid-burst) would be killed when that thread ends.
+        popen = spawn() if threading.current_thread() is threading.main_thread() else \
+            _LONG_LIVED_SPAWNER.submit(spawn).result()
         process = _Process(name=name, popen=popen, log_path=log_path, log_file=log_file)
         self._processes.append(process)
         return process

@@ -8,8 +8,6 @@ own cache and quota service. Only the shared ledger keeps them from each admitti
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import urllib.request
 import uuid
@@ -23,9 +21,10 @@ from typing import Any
 import pytest
 from admissionchain import delete_webhook_configurations, local_webhook_configurations, register_webhook_configurations
 from clusterhelpers import RATIO, admits_quota, create_quota, eventually, whole_card_pod
-from controlplane import LOOPBACK, Api, free_ports
+from controlplane import Api
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from loadbalancer import HAProxy
 from prometheus_client.parser import text_string_to_metric_families
 from webhookproc import WebhookProcess, generate_certs
 
@@ -38,46 +37,6 @@ IGNORE_LABEL = "gpuquota.koord-gpuquota.io/ignore"
 RESERVATION_TTL = 5
 ROOM_PODS, BURST = 50, 200
 DEADLINE = 60.0
-
-
-class HAProxy:
-    def __init__(self, work_dir: Path, backends: list[int]) -> None:
-        self.port = free_ports(1)[0]
-        self.config = work_dir / "haproxy.cfg"
-        servers = "\n".join(f"  server r{i} {LOOPBACK}:{port} check inter 300ms fall 1 rise 2"
-                            for i, port in enumerate(backends))
-        # TCP mode: TLS goes through untouched, so the apiserver verifies the webhook's own
-        # certificate. Round robin per connection; a refused connect is retried on another server.
-        self.config.write_text(f"""global
-  maxconn 2000
-defaults
-  mode tcp
-  timeout connect 1s
-  timeout client 130s
-  timeout server 130s
-  retries 3
-  option redispatch
-frontend webhook
-  bind {LOOPBACK}:{self.port}
-  default_backend replicas
-backend replicas
-  balance roundrobin
-{servers}
-""", encoding="utf-8")
-        haproxy = shutil.which("haproxy")
-        assert haproxy, "haproxy is not installed: run hack/install-test-tools.sh (make test does)"
-        check = subprocess.run([haproxy, "-c", "-f", str(self.config)], capture_output=True, text=True, check=False)
-        assert check.returncode == 0, check.stdout + check.stderr
-        self.process = subprocess.Popen([haproxy, "-db", "-f", str(self.config)], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    @property
-    def url(self) -> str:
-        return f"https://{LOOPBACK}:{self.port}"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
 
 
 @dataclass

@@ -45,15 +45,16 @@ def test_leaf_quota_refuses_with_native_message() -> None:
     assert admit(tree, usage, ledger, pod("p1", "150")).allowed
     denied = admit(tree, usage, ledger, pod("p2", "100"))
     assert not denied.allowed and denied.code == 403 and denied.reason == "QuotaExceeded"
-    assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=100, used: {RATIO}=150, "
-                              f"limited: {RATIO}=200")
+    assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=100, used: {RATIO}=150 "
+                              f"(150 of it reserved by admissions not yet seen), limited: {RATIO}=200")
 
 
 def test_ancestor_legacy_limit_in_canonical_units_refuses() -> None:
     tree, usage, ledger = world()
     assert admit(tree, usage, ledger, pod("a1", "200")).allowed
     denied = admit(tree, usage, ledger, pod("b1", "200", label="team-b"))
-    assert denied.message == (f"exceeded quota: team/org, requested: {RATIO}=200, used: {RATIO}=200, "
+    assert denied.message == (f"exceeded quota: team/org, requested: {RATIO}=200, used: {RATIO}=200 "
+                              f"(200 of it reserved by admissions not yet seen), "
                               f"limited: {RATIO}=300 (ancestor of quota team-b)")
     assert admit(tree, usage, ledger, pod("b2", "100", label="team-b")).allowed
 
@@ -139,7 +140,8 @@ def test_quota_naming_both_families_is_judged_by_the_stricter_and_says_so() -> N
     assert admit(tree, usage, ledger, pod("p1", "200", label="mixed")).allowed
     denied = decide(tree, usage, ledger, pod("p2", "1", label="mixed"))
     assert denied.message == (
-        f"exceeded quota: team/mixed, requested: {RATIO}=1, used: {RATIO}=200, limited: {RATIO}=200; "
+        f"exceeded quota: team/mixed, requested: {RATIO}=1, used: {RATIO}=200 "
+        f"(200 of it reserved by admissions not yet seen), limited: {RATIO}=200; "
         f"{RATIO} is limited by {RATIO} and nvidia.com/gpu ({RATIO}=300, nvidia.com/gpu=200); "
         f"the stricter value 200 applies")
 
@@ -192,4 +194,22 @@ def test_quota_messages_print_quantities_as_kubernetes_does() -> None:
     assert admit(tree, usage, ledger, memory_pod("p1", "4Gi")).allowed
     denied = decide(tree, usage, ledger, memory_pod("p2", "6Gi"))
 
-    assert denied.message == "exceeded quota: team/mem, requested: memory=6Gi, used: memory=4Gi, limited: memory=8Gi"
+    assert denied.message == ("exceeded quota: team/mem, requested: memory=6Gi, used: memory=4Gi "
+                              "(4Gi of it reserved by admissions not yet seen), limited: memory=8Gi")
+
+
+def test_a_refusal_says_how_much_of_used_is_held_by_admissions_not_yet_seen() -> None:
+    tree, usage, ledger = world()
+    usage.upsert(PodRecord("team", "running", "u1", "team-a", requests_of({RATIO: "100"})))
+    denied = admit(tree, usage, ledger, pod("p2", "150"))
+    # Only watched pods: nothing reserved, nothing said about it.
+    assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=150, used: {RATIO}=100, "
+                              f"limited: {RATIO}=200")
+    assert admit(tree, usage, ledger, pod("p3", "50")).allowed
+    denied = admit(tree, usage, ledger, pod("p4", "100"))
+    assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=100, used: {RATIO}=150 "
+                              f"(50 of it reserved by admissions not yet seen), limited: {RATIO}=200")
+    # A second delivery of an admission does not count its own reservation as someone else's.
+    replay = decide(tree, usage, ledger, pod("p3", "150"), replay_of=ledger.get("team/p3"))
+    assert replay.message == (f"exceeded quota: team/team-a, requested: {RATIO}=150, used: {RATIO}=100, "
+                              f"limited: {RATIO}=200")

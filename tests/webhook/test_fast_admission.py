@@ -105,7 +105,8 @@ def test_a_pod_that_does_not_fit_gets_the_services_own_message(setup: Setup) -> 
     assert setup.service.asked == ["q"]
     # The service took in the worker's reservation before deciding: used is 300 running + 400.
     assert not refused.allowed and refused.message == (
-        f"exceeded quota: team/team-a, requested: {RATIO}=400, used: {RATIO}=700, limited: {RATIO}=1k")
+        f"exceeded quota: team/team-a, requested: {RATIO}=400, used: {RATIO}=700 "
+        f"(400 of it reserved by admissions not yet seen), limited: {RATIO}=1k")
 
 
 def test_the_room_is_taken_exactly_whoever_decides(setup: Setup) -> None:
@@ -249,7 +250,8 @@ def test_limits_beyond_64_bits_are_published_and_decided_exactly(tmp_path: Path)
     assert setup.service.asked == ["q", "r"] and not refused.allowed
     # Quoted in the format the quota was written in (1e30), as Kubernetes prints quantities.
     assert refused.message == (f"exceeded quota: team/team-a, requested: {RATIO}=1, "
-                               f"used: {RATIO}=1e30, limited: {RATIO}=1e30")
+                               f"used: {RATIO}=1e30 ({10**30 - 300} of it reserved by admissions not yet seen), "
+                               f"limited: {RATIO}=1e30")
 
 
 def test_a_killed_service_stays_dead_for_every_look_of_every_process(tmp_path: Path) -> None:

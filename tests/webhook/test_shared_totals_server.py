@@ -56,7 +56,8 @@ def test_workers_admit_what_fits_while_the_quota_service_is_stopped(server: Webh
     refused = ask(server, "big", "200", "team-a")
     assert refused["allowed"] is False
     assert refused["status"]["message"] == (f"exceeded quota: team/team-a, requested: {RATIO}=200, "
-                                            f"used: {RATIO}=900, limited: {RATIO}=1k")
+                                            f"used: {RATIO}=900 (900 of it reserved by admissions not yet seen), "
+                                            f"limited: {RATIO}=1k")
     assert ask(server, "last", "100", "team-a")["allowed"] is True
 
 

@@ -1,0 +1,227 @@
+"""Strict accounting's commit, retry and reconcile logic against a fake ConfigMap API, without Go.
+
+The fake keeps what the API server guarantees and nothing more: a resourceVersion precondition on
+replace (409 on a stale one, 404 when the object is gone), 409 on creating an existing name, a new
+``metadata.uid`` for every created object. The e2e tests (tests/e2e/test_strict_accounting.py,
+tests/e2e/test_faults.py) run the same code against a real apiserver.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuquota_core import shared_ledger
+from webhook.quota_port import PodAdmission
+from webhook.quota_state import QuotaState
+from webhook.strict_accounting import LedgerStore, StrictAccounting
+
+RATIO = "koordinator.sh/gpu-memory-ratio"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
+NAMESPACE = "gpuquota-system"
+TREE = "org"
+LEDGER = shared_ledger.ledger_object_name(TREE)
+TTL = 30.0
+
+
+@dataclass
+class _Raw:
+    data: bytes
+
+
+class FakeCore:
+    """The few CoreV1Api calls LedgerStore makes, with the API server's preconditions."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.config_maps: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, str] = {}  # namespace/name -> uid
+        self._versions = itertools.count(1)
+        self.calls: list[str] = []
+
+    def _stamp(self, body: dict[str, Any], uid: str) -> _Raw:
+        stored = json.loads(json.dumps(body))
+        stored["metadata"].update(resourceVersion=str(next(self._versions)), uid=uid)
+        self.config_maps[stored["metadata"]["name"]] = stored
+        return _Raw(json.dumps(stored).encode())
+
+    def read_namespaced_config_map(self, name: str, namespace: str, **_: Any) -> _Raw:
+        self.calls.append("read")
+        if name not in self.config_maps:
+            raise ApiException(status=404, reason="Not Found")
+        return _Raw(json.dumps(self.config_maps[name]).encode())
+
+    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any], **_: Any) -> _Raw:
+        self.calls.append("create")
+        if body["metadata"]["name"] in self.config_maps:
+            raise ApiException(status=409, reason="AlreadyExists")
+        body = {**body, "metadata": {**body["metadata"], "creationTimestamp": datetime.fromtimestamp(
+            self.clock[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
+        return self._stamp(body, uid=f"uid-{next(self._versions)}")
+
+    def replace_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> _Raw:
+        self.calls.append("replace")
+        current = self.config_maps.get(name)
+        if current is None:
+            raise ApiException(status=404, reason="Not Found")
+        if current["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        body = {**body, "metadata": {**body["metadata"],
+                                     "creationTimestamp": current["metadata"]["creationTimestamp"]}}
+        return self._stamp(body, uid=current["metadata"]["uid"])
+
+    def list_namespaced_config_map(self, namespace: str, **_: Any) -> _Raw:
+        return _Raw(json.dumps({"items": list(self.config_maps.values())}).encode())
+
+    def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> _Raw:
+        uid = self.pods.get(f"{namespace}/{name}")
+        if uid is None:
+            raise ApiException(status=404, reason="Not Found")
+        return _Raw(json.dumps({"metadata": {"name": name, "namespace": namespace, "uid": uid}}).encode())
+
+    def stored(self) -> set[str]:
+        return set(shared_ledger.decode(self.config_maps[LEDGER]["data"]))
+
+
+class Replica:
+    def __init__(self, core: FakeCore, name: str, clock: list[float], room: int = 300,
+                 create_deadline: float = 60.0) -> None:
+        self.state = QuotaState(ttl_seconds=TTL)
+        self.state.load([
+            {"kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team"},
+             "spec": {"max": {RATIO: str(room)}}},
+            {"kind": "ElasticQuota", "metadata": {"name": "team-a", "namespace": "team",
+                                                  "labels": {"quota.scheduling.koordinator.sh/parent": TREE}},
+             "spec": {"max": {RATIO: "1000"}}},
+        ])
+        self.store = LedgerStore(client.ApiClient(), NAMESPACE)
+        self.store.core = core
+        self.accounting = StrictAccounting(self.state, self.store, replica=name, clock=lambda: clock[0],
+                                           create_deadline_seconds=create_deadline)
+
+    def admit(self, pod: str, ratio: str = "100") -> Any:
+        return self.accounting.admit_pod(PodAdmission(
+            uid="adm-" + pod, operation="CREATE", namespace="team", name=pod, pod_uid="uid-" + pod,
+            labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: ratio}))
+
+
+@pytest.fixture
+def clock() -> list[float]:
+    return [1_000_000.0]
+
+
+@pytest.fixture
+def core(clock: list[float]) -> FakeCore:
+    return FakeCore(clock)
+
+
+def test_a_deleted_ledger_is_created_again_and_the_tree_held_until_what_it_held_expired(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed and replica.admit("p2").allowed
+    del core.config_maps[LEDGER]
+    core.calls.clear()
+    # The cached version is stale now: the replace finds nothing, the fresh read finds nothing,
+    # and a create (not a replace, which would 404 for ever) puts back p1 and p2. Other replicas
+    # may have written reservations this one never read: until they have expired the tree is
+    # held, and the admission is refused for the ledger, not admitted into room that may be taken.
+    refused = replica.admit("p3")
+    assert not refused.allowed and refused.code == 503 and refused.reason == "LedgerUnavailable"
+    assert "the shared quota ledger of tree org was deleted" in refused.message
+    assert core.calls == ["replace", "read", "create"]
+    assert core.stored() == {"team/p1", "team/p2"}
+    assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + TTL
+    clock[0] += TTL
+    assert replica.admit("p3").allowed and replica.admit("p4", "200").allowed
+    assert core.stored() == {"team/p3", "team/p4"}
+    assert shared_ledger.RECOVERING_UNTIL_KEY not in core.config_maps[LEDGER]["data"]
+
+
+def test_a_ledger_recreated_by_another_replica_gets_back_what_this_one_knew(core: FakeCore,
+                                                                            clock: list[float]) -> None:
+    first, second = Replica(core, "r1", clock), Replica(core, "r2", clock)
+    assert first.admit("p1").allowed
+    del core.config_maps[LEDGER]
+    # The second replica never saw the old object: it creates a new one (new uid) without p1.
+    assert second.admit("p2").allowed and core.stored() == {"team/p2"}
+    # The first replica's replace conflicts; its fresh read shows another object (another uid):
+    # it carries p1 into it and holds the tree, and so does the second replica from then on.
+    clock[0] += 1.0
+    assert first.admit("p3").code == 503
+    assert core.stored() == {"team/p1", "team/p2"}
+    assert second.admit("p4").code == 503
+    # Held until one TTL after the new object was created (to the second, rounded up): whatever
+    # only the deleted object held was admitted before that and has expired by then.
+    clock[0] += TTL
+    assert second.admit("p4").allowed
+
+
+def test_the_reconciler_recreates_a_deleted_ledger_that_no_admission_writes(core: FakeCore,
+                                                                             clock: list[float]) -> None:
+    first, second = Replica(core, "r1", clock), Replica(core, "r2", clock)
+    assert first.admit("p1").allowed and first.admit("p2").allowed
+    del core.config_maps[LEDGER]
+    # No object lists any more: only what the replica wrote to tells it the tree exists.
+    assert first.accounting.reconcile_once() == 0
+    assert core.stored() == {"team/p1", "team/p2"}
+    assert second.admit("p3").code == 503  # the hold is in the object, for replicas that never saw it
+    # Once the reservations expire, the reconciler empties the object and the room is back.
+    clock[0] += TTL + 1
+    assert first.accounting.reconcile_once() == 2 and core.stored() == set()
+    assert second.admit("p5", "300").allowed
+
+
+def test_the_hold_after_a_deletion_is_not_extended_while_the_object_stays_missing(core: FakeCore,
+                                                                                   clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed
+    clock[0] += TTL + 1  # p1 expired: nothing is worth recreating the object for
+    del core.config_maps[LEDGER]
+    start = clock[0]
+    for _ in range(4):
+        assert replica.accounting.reconcile_once() == 0 and LEDGER not in core.config_maps
+        clock[0] += TTL / 4
+    assert replica.store.recovering_until(TREE) == start + TTL
+    assert clock[0] >= start + TTL and replica.admit("p2", "300").allowed
+
+
+def test_a_replica_that_never_wrote_a_tree_does_not_create_an_empty_ledger(core: FakeCore,
+                                                                           clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.accounting.reconcile_once() == 0 and core.config_maps == {}
+
+
+def test_a_create_that_missed_its_deadline_and_left_no_pod_releases_its_room(core: FakeCore,
+                                                                           clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, create_deadline=10.0)
+    for pod in ("landed", "lost", "replaced"):
+        assert replica.admit(pod).allowed
+    core.pods["team/landed"] = "uid-landed"  # stored, but this replica's watch has not shown it yet
+    core.pods["team/replaced"] = "uid-other"  # another pod of that name: not the admitted one
+    # Before the deadline a create may still land: nothing is released, whatever the API shows.
+    clock[0] += 9.0
+    assert replica.accounting.reconcile_once() == 0
+    assert core.stored() == {"team/landed", "team/lost", "team/replaced"}
+    clock[0] += 2.0
+    assert replica.accounting.reconcile_once() == 2
+    assert core.stored() == {"team/landed"}
+    assert replica.admit("again", "200").allowed  # 100 landed + 200 = 300, well before the TTL
+
+
+def test_a_missing_ledger_namespace_refuses_instead_of_admitting(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+
+    def no_namespace(*_args: Any, **_kwargs: Any) -> None:
+        raise ApiException(status=404, reason="Not Found")
+
+    core.create_namespaced_config_map = no_namespace  # type: ignore[method-assign]
+    verdict = replica.admit("p1")
+    assert not verdict.allowed and verdict.code == 503 and verdict.reason == "LedgerUnavailable"
+    assert f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404" in verdict.message
