@@ -332,8 +332,25 @@ def paged_sync(state: Any, api: Any, nodes: Any = None) -> None:
         nodes.publish()
 
 
+def start_sync_paging_nodes(state: Any, api: Any, nodes: Any, page_size: int) -> threading.Event:
+    """The what-if of variant ``live-nodepageN``: start_live_sync as shipped for pods and quotas,
+    and the same Node loop and publishing thread, but listing the Nodes ``page_size`` a page.
+
+    A Node object is several times the size of a pod (labels, conditions, images, managedFields),
+    so a page of the pods' size holds far more bytes; measured to size a per-kind page size.
+    """
+    from webhook.cluster_state import WATCH_SECONDS, lister_for, start_live_sync, sync_kind
+    from webhook.node_view import NODE_KIND
+
+    stop = start_live_sync(state, api)
+    threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()
+    threading.Thread(target=sync_kind, args=(nodes, lister_for(api, NODE_KIND), NODE_KIND, stop, WATCH_SECONDS),
+                     kwargs={"page_size": page_size}, daemon=True, name=f"sync-{NODE_KIND}").start()
+    return stop
+
+
 def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = True,
-            with_nodes: bool = True) -> dict[str, Any]:
+            with_nodes: bool = True, node_page_size: int = 0) -> dict[str, Any]:
     """Initial sync of a QuotaState (and the node view) from the live cluster, its RSS, and
     apply_event's cost per event.
 
@@ -342,6 +359,7 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     ``with_nodes``: as the service runs, Nodes synced by the same loop into a NodeState that
     publishes nodes.json beside the socket (webhook.quota_service.run_service); the sync counts
     as done when the quota state is ready and the first nodes.json is written.
+    ``node_page_size``: when set, the what-if of ``start_sync_paging_nodes``.
     """
 
     from kubeaccess import kube
@@ -359,7 +377,10 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
         share_with_workers(state, socket_path)
     start = time.monotonic()
     if variant == "live":
-        stop = start_live_sync(state, kube.connect(kubeconfig, None), nodes=nodes)
+        if node_page_size and nodes is not None:
+            stop = start_sync_paging_nodes(state, kube.connect(kubeconfig, None), nodes, node_page_size)
+        else:
+            stop = start_live_sync(state, kube.connect(kubeconfig, None), nodes=nodes)
         while not (state.ready()[0] and (nodes is None or nodes.path.exists())):
             time.sleep(0.01)
     else:
@@ -423,10 +444,10 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
 
 
 def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, shared: bool = True,
-                          with_nodes: bool = True) -> dict[str, Any]:
+                          with_nodes: bool = True, node_page_size: int = 0) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events),
                           "--variant", variant, *([] if shared else ["--no-shared-region"]),
-                          *([] if with_nodes else ["--no-nodes"])],
+                          *([] if with_nodes else ["--no-nodes"]), "--node-page-size", str(node_page_size)],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -527,6 +548,7 @@ def main() -> None:
     one.add_argument("--variant", choices=("live", "paged"), default="live")
     one.add_argument("--no-shared-region", dest="shared", action="store_false")
     one.add_argument("--no-nodes", dest="with_nodes", action="store_false")
+    one.add_argument("--node-page-size", type=int, default=0)
     parser.add_argument("--pods", default="10000,100000", help="pod counts to measure at, comma-separated")
     parser.add_argument("--nodes", type=int, default=5000, help="Node objects to create before the pods")
     parser.add_argument("--repeat", type=int, default=3)
@@ -534,16 +556,17 @@ def main() -> None:
     parser.add_argument("--variants", default="live,paged",
                         help="live: webhook.cluster_state as shipped (local accounting: publishing to the "
                              "workers' shared region; the node view); live-unshared: the same without the "
-                             "region; live-nodeless: without the node view; paged: the what-if of paged_sync "
-                             "(any of them with -unshared and/or -nodeless); served: the whole gpuquota serve "
-                             "process tree")
+                             "region; live-nodeless: without the node view; live-nodepageN: the what-if of "
+                             "listing the Nodes N a page; paged: the what-if of paged_sync (any of them with "
+                             "-unshared and/or -nodeless); served: the whole gpuquota serve process tree")
     parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
     parser.add_argument("--workers", default="",
                         help="served: gunicorn worker counts to measure, comma-separated (default: what "
                              "gpuquota serve starts by default)")
     args = parser.parse_args()
     if args.command == "measure":
-        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared, args.with_nodes)))
+        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared, args.with_nodes,
+                                 args.node_page_size)))
         return
 
     import yaml
@@ -589,8 +612,10 @@ def main() -> None:
                 runs = []
                 sync, *options = variant.split("-")
                 shared, with_nodes = "unshared" not in options, "nodeless" not in options
+                node_page_size = next((int(o.removeprefix("nodepage")) for o in options if o.startswith("nodepage")), 0)
                 for attempt in range(args.repeat):
-                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, shared, with_nodes)
+                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, shared, with_nodes,
+                                                node_page_size)
                     run["variant"] = variant
                     print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
                     runs.append(run)
