@@ -15,7 +15,8 @@ runs them). After each step it measures, ``--repeat`` times and each time in a *
 (``webhook.node_view.NodeState``) until ``QuotaState.ready()`` and the first nodes.json is
 published, the RSS at that point, the size of nodes.json, and the cost of ``apply_event`` for
 MODIFIED pod, quota and node (status heartbeat) events. Variant ``live-nodeless`` syncs without the
-node view, to size what it costs. Prints a JSON line per measurement and a Markdown summary
+node view, to size what it costs; ``live-nodepageN`` lists the Nodes N a page (a what-if,
+``start_sync_paging_nodes``). Prints a JSON line per measurement and a Markdown summary
 (medians); docs/benchmarks.md holds a recorded run.
 
 Variant ``served`` measures the whole product instead: ``gpuquota serve --kubeconfig`` as an
