@@ -46,7 +46,14 @@ from admissionchain import (  # noqa: E402
     register_webhook_configurations,
     wait_until_webhook_is_called,
 )
-from controlplane import ControlPlane, free_ports, locate_binaries, make_api, wait_for_crd_established  # noqa: E402
+from controlplane import (  # noqa: E402
+    ControlPlane,
+    create_gpu_node,
+    free_ports,
+    locate_binaries,
+    make_api,
+    wait_for_crd_established,
+)
 from kubernetes import client as k8s  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
@@ -151,6 +158,11 @@ def main() -> None:
                 "metadata": {"name": namespace, "namespace": namespace},
                 "spec": {"max": {RATIO: str(100 * 10 * (cycles + WARMUP)),
                                  "koordinator.sh/gpu-core": str(100 * 10 * (cycles + WARMUP))}}})
+        # With ``rewrite: auto`` the webhook rewrites a pod only when a node it can reach advertises
+        # the canonical names, as the Go reference always does: one such node makes them comparable.
+        create_gpu_node(api.core, "bench-canonical", {
+            "cpu": "1000", "memory": "4Ti", "pods": "1000", "koordinator.sh/gpu-core": "100000",
+            RATIO: "100000", "koordinator.sh/gpu-memory": "80Ti"})
         for accounting in ("local", "strict"):
             servers[accounting] = WebhookProcess(work / accounting, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path), "--accounting", accounting,

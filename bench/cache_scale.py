@@ -1,15 +1,23 @@
 """The webhook's cluster-state cache at scale: initial sync time, RSS and cost per watch event.
 
-    .venv/bin/python bench/cache_scale.py [--pods 10000,100000] [--repeat 3] [--create-budget 600]
+    .venv/bin/python bench/cache_scale.py [--pods 10000,100000] [--nodes 5000] [--repeat 3]
+                                          [--create-budget 600]
 
 Starts a throwaway etcd + kube-apiserver (tests/controlplane.py), creates 2,000 ElasticQuotas
-(20 parents x 99 leaves + the 20 parents = 1,980 + 20) and then pods in steps up to each count
-given (raw JSON POSTs over keep-alive TLS from several processes x threads; pods have no nodeName,
-so nothing schedules or runs them). After each step it measures, ``--repeat`` times and each time in
-a *fresh* process (``measure`` below), exactly what the quota service does in live mode:
-``webhook.cluster_state.start_live_sync`` until ``QuotaState.ready()``, the RSS at that point, and
-the cost of ``QuotaState.apply_event`` for MODIFIED pod and quota events. Prints a JSON line per
-measurement and a Markdown summary (medians); docs/benchmarks.md holds a recorded run.
+(20 parents x 99 leaves + the 20 parents = 1,980 + 20), ``--nodes`` Node objects as kubelets and
+Koordinator report them (``node_object``: ~15 labels, a status with conditions, addresses, node
+info and the image list a kubelet reports, a few taints on a fraction, GPUs in either family or
+both), and then pods in steps up to each count given (raw JSON POSTs over keep-alive TLS from
+several processes x threads; pods have no nodeName and no scheduler runs, so nothing schedules or
+runs them). After each step it measures, ``--repeat`` times and each time in a *fresh* process
+(``measure`` below), exactly what the quota service does in live mode:
+``webhook.cluster_state.start_live_sync`` with the quota state and the node view
+(``webhook.node_view.NodeState``) until ``QuotaState.ready()`` and the first nodes.json is
+published, the RSS at that point, the size of nodes.json, and the cost of ``apply_event`` for
+MODIFIED pod, quota and node (status heartbeat) events. Variant ``live-nodeless`` syncs without the
+node view, to size what it costs; ``live-nodepageN`` lists the Nodes N a page (a what-if,
+``start_sync_paging_nodes``). Prints a JSON line per measurement and a Markdown summary
+(medians); docs/benchmarks.md holds a recorded run.
 
 Variant ``served`` measures the whole product instead: ``gpuquota serve --kubeconfig`` as an
 operator starts it (tests/webhookproc.py; gunicorn master, quota service, ``--workers`` workers),
@@ -50,6 +58,14 @@ NAMESPACES = PARENTS  # one namespace per parent; its leaves live there
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 CREATE_PROCESSES = 4
 CREATE_THREADS = 8
+ZONES = ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d")
+# (instance type, GPU product, cards, GPU memory MiB per card)
+GPU_SHAPES = (("p4d.24xlarge", "NVIDIA-A100-SXM4-40GB", 8, 40960),
+              ("p4de.24xlarge", "NVIDIA-A100-SXM4-80GB", 8, 81920),
+              ("p5.48xlarge", "NVIDIA-H100-80GB-HBM3", 8, 81920),
+              ("g5.12xlarge", "NVIDIA-A10G", 4, 23028))
+# What kubelet reports by default (--node-status-max-images=50): on GPU nodes the list is full.
+NODE_IMAGES = 50
 
 
 def _kib(field: str, pid: int | str = "self", path: str = "status") -> int:
@@ -94,6 +110,83 @@ def quota_objects() -> list[tuple[str, dict[str, Any]]]:
                                  "cpu": "1000", "memory": "10Ti"},
                          "min": {"koordinator.sh/gpu-core": "10", "koordinator.sh/gpu-memory-ratio": "10"}}}))
     return objects
+
+
+def node_object(index: int) -> dict[str, Any]:
+    """A GPU node as kubelet, the NVIDIA GPU feature discovery and Koordinator leave it.
+
+    Every fourth node advertises only ``nvidia.com/gpu`` (the device plugin alone), two in four
+    only ``koordinator.sh/gpu-*`` (Koordinator's GPU sharing), one in four both; a fifth carry
+    the GPU taint, one in twenty a team's dedicated taint, one in a hundred is cordoned.
+    """
+    name = f"gpu-node-{index:05d}"
+    zone = ZONES[index % len(ZONES)]
+    instance, product, cards, card_mib = GPU_SHAPES[index % len(GPU_SHAPES)]
+    family = ("vendor", "koordinator", "koordinator", "both")[(index // len(GPU_SHAPES)) % 4]
+    labels = {
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": instance, "beta.kubernetes.io/instance-type": instance,
+        "topology.kubernetes.io/region": "us-east-1", "topology.kubernetes.io/zone": zone,
+        "node-pool": f"gpu-{instance.split('.')[0]}-{index % 10}",
+        "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(cards),
+        "nvidia.com/gpu.memory": str(card_mib), "nvidia.com/cuda.driver.major": "550",
+        "node.koordinator.sh/gpu-vendor": "nvidia", "node.koordinator.sh/gpu-model": product,
+    }
+    gpu: dict[str, str] = {}
+    if family in ("vendor", "both"):
+        gpu["nvidia.com/gpu"] = str(cards)
+    if family in ("koordinator", "both"):
+        gpu.update({"koordinator.sh/gpu": str(100 * cards), "koordinator.sh/gpu-core": str(100 * cards),
+                    "koordinator.sh/gpu-memory-ratio": str(100 * cards),
+                    "koordinator.sh/gpu-memory": f"{cards * card_mib}Mi"})
+    resources = {"cpu": "96", "memory": "1121804576Ki", "pods": "110", "ephemeral-storage": "7500Gi",
+                 "hugepages-1Gi": "0", "hugepages-2Mi": "0", **gpu}
+    allocatable = {**resources, "cpu": "95690m", "memory": "1110318880Ki", "ephemeral-storage": "6912Gi"}
+    taints = []
+    if index % 5 == 0:
+        taints.append({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"})
+    if index % 20 == 7:
+        taints.append({"key": "dedicated", "value": f"team-{index % PARENTS:02d}", "effect": "NoSchedule"})
+    if index % 100 == 3:
+        taints.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule",
+                       "timeAdded": "2026-12-01T08:00:00Z"})
+    beat = "2026-12-06T08:00:00Z"
+    conditions = [{"type": kind, "status": "False", "reason": f"Kubelet{reason}", "message": message,
+                   "lastHeartbeatTime": beat, "lastTransitionTime": "2026-11-20T10:00:00Z"}
+                  for kind, reason, message in (
+                      ("MemoryPressure", "HasSufficientMemory", "kubelet has sufficient memory available"),
+                      ("DiskPressure", "HasNoDiskPressure", "kubelet has no disk pressure"),
+                      ("PIDPressure", "HasSufficientPID", "kubelet has sufficient PID available"))]
+    conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                       "message": "kubelet is posting ready status", "lastHeartbeatTime": beat,
+                       "lastTransitionTime": "2026-11-20T10:00:00Z"})
+    images = [{"names": [f"registry.example/team-{i % PARENTS:02d}/train-{i:02d}@sha256:{index * 64 + i:064x}",
+                         f"registry.example/team-{i % PARENTS:02d}/train-{i:02d}:v1.{i}.{index % 7}"],
+               "sizeBytes": 5_000_000_000 + 7919 * i} for i in range(NODE_IMAGES)]
+    address = f"10.{index // 65536 % 256}.{index // 256 % 256}.{index % 256}"
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels,
+                     "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                                     "volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
+        "spec": {"podCIDR": f"100.{index // 256 % 256}.{index % 256}.0/24",
+                 "podCIDRs": [f"100.{index // 256 % 256}.{index % 256}.0/24"],
+                 "providerID": f"aws:///{zone}/i-{index:017x}", "taints": taints,
+                 **({"unschedulable": True} if index % 100 == 3 else {})},
+        "status": {
+            "capacity": resources, "allocatable": allocatable, "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": address},
+                          {"type": "Hostname", "address": name},
+                          {"type": "InternalDNS", "address": f"ip-{address.replace('.', '-')}.ec2.internal"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": f"{index:032x}", "systemUUID": f"ec2{index:05x}-0000-4000-8000-000000000000",
+                         "bootID": f"{index:08x}-1111-4222-8333-444444444444",
+                         "kernelVersion": "6.1.115-126.197.amzn2023.x86_64",
+                         "osImage": "Amazon Linux 2023.6.20241121", "containerRuntimeVersion": "containerd://1.7.23",
+                         "kubeletVersion": "v1.31.2-eks-94953ac", "kubeProxyVersion": "v1.31.2-eks-94953ac",
+                         "operatingSystem": "linux", "architecture": "amd64"},
+            "images": images}}
 
 
 def pod_object(index: int) -> tuple[str, dict[str, Any]]:
@@ -177,6 +270,15 @@ def create_pods(server: str, pki_dir: Path, start: int, stop: int, budget: float
     return index, time.monotonic() - began
 
 
+def create_nodes(server: str, pki_dir: Path, count: int) -> float:
+    """Create ``count`` Node objects, status included (the create keeps what a kubelet registers)."""
+    items = [("/api/v1/nodes", json.dumps(node_object(i))) for i in range(count)]
+    seconds, failures = post_all(server, pki_dir, items)
+    if failures:
+        raise SystemExit(f"node creation failed ({len(failures)}), first: {failures[0]}")
+    return seconds
+
+
 # --- measuring, in a fresh process ---------------------------------------------------------------
 
 # What quota accounting reads of a pod (gpuquota_core.quota.pod_record, pod_is_counted); the rest
@@ -197,14 +299,18 @@ def trimmed(pod: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def paged_sync(state: Any, api: Any) -> None:
+def paged_sync(state: Any, api: Any, nodes: Any = None) -> None:
     """The what-if variant: list 500 at a time and keep only the fields accounting reads.
 
     Not what the product does (webhook/cluster_state.py lists each kind in one response and
-    keeps it referenced while it watches); measured to size that change.
+    keeps it referenced while it watches); measured to size that change. With ``nodes`` (a
+    NodeState), the nodes too, 500 a page, published as the service publishes them.
     """
     import orjson
     from kubernetes import client
+
+    from webhook.cluster_state import list_into, lister_for
+    from webhook.node_view import NODE_KIND
 
     def pages(lister: Any, trim: Any) -> Any:
         token = ""
@@ -222,17 +328,44 @@ def paged_sync(state: Any, api: Any) -> None:
                    lambda item: {**item, "kind": "ElasticQuota"})
     state.replace_kind("ElasticQuota", quotas)
     state.replace_kind("Pod", pages(client.CoreV1Api(api).list_pod_for_all_namespaces, trimmed))
+    if nodes is not None:
+        list_into(nodes, lister_for(api, NODE_KIND), NODE_KIND, page_size=500)
+        nodes.publish()
 
 
-def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = True) -> dict[str, Any]:
-    """Initial sync of a QuotaState from the live cluster, its RSS, and apply_event's cost per event.
+def start_sync_paging_nodes(state: Any, api: Any, nodes: Any, page_size: int) -> threading.Event:
+    """The what-if of variant ``live-nodepageN``: start_live_sync as shipped for pods and quotas,
+    and the same Node loop and publishing thread, but listing the Nodes ``page_size`` a page.
+
+    A Node object is several times the size of a pod (labels, conditions, images, managedFields),
+    so a page of the pods' size holds far more bytes; measured to size a per-kind page size.
+    """
+    from webhook.cluster_state import WATCH_SECONDS, lister_for, start_live_sync, sync_kind
+    from webhook.node_view import NODE_KIND
+
+    stop = start_live_sync(state, api)
+    threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()
+    threading.Thread(target=sync_kind, args=(nodes, lister_for(api, NODE_KIND), NODE_KIND, stop, WATCH_SECONDS),
+                     kwargs={"page_size": page_size}, daemon=True, name=f"sync-{NODE_KIND}").start()
+    return stop
+
+
+def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = True,
+            with_nodes: bool = True, node_page_size: int = 0) -> dict[str, Any]:
+    """Initial sync of a QuotaState (and the node view) from the live cluster, its RSS, and
+    apply_event's cost per event.
 
     ``shared``: as the quota service runs with local accounting (the default), publishing its
     totals to the workers' shared region on every change (webhook.quota_service.share_with_workers).
+    ``with_nodes``: as the service runs, Nodes synced by the same loop into a NodeState that
+    publishes nodes.json beside the socket (webhook.quota_service.run_service); the sync counts
+    as done when the quota state is ready and the first nodes.json is written.
+    ``node_page_size``: when set, the what-if of ``start_sync_paging_nodes``.
     """
 
     from kubeaccess import kube
     from webhook.cluster_state import start_live_sync
+    from webhook.node_view import NodeState, nodes_path
     from webhook.quota_service import remove_private_files, share_with_workers
     from webhook.quota_state import QuotaState
 
@@ -240,16 +373,20 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     rss_before = _kib("VmRSS")
     state = QuotaState()
     socket_path = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "quota.sock"
+    nodes = NodeState(nodes_path(socket_path)) if with_nodes else None
     if shared:
         share_with_workers(state, socket_path)
     start = time.monotonic()
     if variant == "live":
-        stop = start_live_sync(state, kube.connect(kubeconfig, None))
-        while not state.ready()[0]:
+        if node_page_size and nodes is not None:
+            stop = start_sync_paging_nodes(state, kube.connect(kubeconfig, None), nodes, node_page_size)
+        else:
+            stop = start_live_sync(state, kube.connect(kubeconfig, None), nodes=nodes)
+        while not (state.ready()[0] and (nodes is None or nodes.path.exists())):
             time.sleep(0.01)
     else:
         stop = threading.Event()
-        paged_sync(state, kube.connect(kubeconfig, None))
+        paged_sync(state, kube.connect(kubeconfig, None), nodes)
         assert state.ready()[0]
     sync_seconds = time.monotonic() - start
     peak_kib = _kib("VmHWM")
@@ -257,37 +394,61 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     gc.collect()
     rss_after_gc = _kib("VmRSS")
     pods_cached, quotas_cached = len(state.usage), len(state.tree.quotas)
+    nodes_cached, nodes_file_kib = 0, 0.0
+    if nodes is not None:
+        import orjson
+
+        published = nodes.path.read_bytes()
+        listed = orjson.loads(published)["nodes"]
+        nodes_cached, nodes_file_kib = len(listed), len(published) / 1024
+        # Each row is [name, labels, taints, resources]: a node without resources would mean the
+        # create lost the status, and the view would be measured smaller than it is.
+        if any(not resources for *_, resources in listed):
+            raise SystemExit("a published node advertises no extended resource: its status was not stored")
 
     # Real objects as the watch delivers them (apiserver defaults, managedFields and all).
     api = kube.connect(kubeconfig, None)
     import orjson
     from kubernetes import client
-    sample_pods = orjson.loads(client.CoreV1Api(api).list_pod_for_all_namespaces(
-        limit=1000, _preload_content=False).data)["items"]
+    core = client.CoreV1Api(api)
+    sample_pods = orjson.loads(core.list_pod_for_all_namespaces(limit=1000, _preload_content=False).data)["items"]
     sample_quotas = orjson.loads(client.CustomObjectsApi(api).list_cluster_custom_object(
         "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas", limit=200, _preload_content=False).data)["items"]
     result: dict[str, Any] = {"variant": variant, "shared_region": shared, "pods_cached": pods_cached,
-                              "quotas_cached": quotas_cached,
+                              "quotas_cached": quotas_cached, "nodes_cached": nodes_cached,
+                              "nodes_json_kib": round(nodes_file_kib, 1),
                               "sync_seconds": round(sync_seconds, 2), "rss_before_mib": round(rss_before / 1024, 1),
                               "peak_rss_mib": round(peak_kib / 1024, 1), "rss_synced_mib": round(rss_synced / 1024, 1),
                               "rss_after_gc_mib": round(rss_after_gc / 1024, 1)}
-    for kind, sample in (("Pod", sample_pods), ("ElasticQuota", sample_quotas)):
+    targets: list[tuple[str, Any, list[dict[str, Any]]]] = [("Pod", state, sample_pods),
+                                                             ("ElasticQuota", state, sample_quotas)]
+    if nodes is not None:
+        # Most Node events are kubelet's status heartbeats: nothing the placement reads changes.
+        sample_nodes = orjson.loads(core.list_node(limit=1000, _preload_content=False).data)["items"]
+        targets.append(("Node", nodes, sample_nodes))
+    for kind, target, sample in targets:
         for obj in sample:
             obj["kind"] = kind
         began = time.perf_counter()
         for n in range(events):
             obj = sample[n % len(sample)]
             obj["metadata"]["resourceVersion"] = str(10_000_000 + n)  # as a real MODIFIED event would
-            state.apply_event(kind, "MODIFIED", obj)
+            if kind == "Node":
+                for condition in obj["status"].get("conditions") or []:
+                    condition["lastHeartbeatTime"] = f"2026-12-06T09:{n // 60 % 60:02d}:{n % 60:02d}Z"
+            target.apply_event(kind, "MODIFIED", obj)
         result[f"{kind.lower()}_event_us"] = round(1e6 * (time.perf_counter() - began) / events, 1)
+    result.setdefault("node_event_us", 0.0)
     stop.set()
     remove_private_files(socket_path)
     return result
 
 
-def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, shared: bool = True) -> dict[str, Any]:
+def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, shared: bool = True,
+                          with_nodes: bool = True, node_page_size: int = 0) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events),
-                          "--variant", variant, *([] if shared else ["--no-shared-region"])],
+                          "--variant", variant, *([] if shared else ["--no-shared-region"]),
+                          *([] if with_nodes else ["--no-nodes"]), "--node-page-size", str(node_page_size)],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -387,21 +548,26 @@ def main() -> None:
     one.add_argument("--events", type=int, default=20000)
     one.add_argument("--variant", choices=("live", "paged"), default="live")
     one.add_argument("--no-shared-region", dest="shared", action="store_false")
+    one.add_argument("--no-nodes", dest="with_nodes", action="store_false")
+    one.add_argument("--node-page-size", type=int, default=0)
     parser.add_argument("--pods", default="10000,100000", help="pod counts to measure at, comma-separated")
+    parser.add_argument("--nodes", type=int, default=5000, help="Node objects to create before the pods")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--variants", default="live,paged",
                         help="live: webhook.cluster_state as shipped (local accounting: publishing to the "
-                             "workers' shared region); live-unshared: the same without the region; paged: the "
-                             "what-if of paged_sync (any of them with -unshared); served: the whole "
-                             "gpuquota serve process tree")
+                             "workers' shared region; the node view); live-unshared: the same without the "
+                             "region; live-nodeless: without the node view; live-nodepageN: the what-if of "
+                             "listing the Nodes N a page; paged: the what-if of paged_sync (any of them with "
+                             "-unshared and/or -nodeless); served: the whole gpuquota serve process tree")
     parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
     parser.add_argument("--workers", default="",
                         help="served: gunicorn worker counts to measure, comma-separated (default: what "
                              "gpuquota serve starts by default)")
     args = parser.parse_args()
     if args.command == "measure":
-        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared)))
+        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared, args.with_nodes,
+                                 args.node_page_size)))
         return
 
     import yaml
@@ -424,6 +590,9 @@ def main() -> None:
         if failures:
             raise SystemExit(f"quota creation failed: {failures[0]}")
         print(f"created {len(quotas)} ElasticQuotas in {seconds:.1f}s", file=sys.stderr, flush=True)
+        if args.nodes:
+            seconds = create_nodes(plane.server, plane.pki_dir, args.nodes)
+            print(f"created {args.nodes} Nodes in {seconds:.1f}s", file=sys.stderr, flush=True)
         created = 0
         rows: list[dict[str, Any]] = []
         served_rows: list[dict[str, Any]] = []
@@ -442,9 +611,12 @@ def main() -> None:
                             served_rows.append({"target": target, "created": created, **run})
                     continue
                 runs = []
-                sync, shared = variant.removesuffix("-unshared"), not variant.endswith("-unshared")
+                sync, *options = variant.split("-")
+                shared, with_nodes = "unshared" not in options, "nodeless" not in options
+                node_page_size = next((int(o.removeprefix("nodepage")) for o in options if o.startswith("nodepage")), 0)
                 for attempt in range(args.repeat):
-                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, shared)
+                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, shared, with_nodes,
+                                                node_page_size)
                     run["variant"] = variant
                     print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
                     runs.append(run)
@@ -453,14 +625,15 @@ def main() -> None:
                 rows.append({"target": target, "variant": variant, "created": created,
                              "created_seconds": round(seconds), **median})
         if rows:
-            print("\n| sync | pods | quotas | initial sync s | peak RSS MiB | RSS synced MiB | RSS after gc MiB "
-                  "| pod MODIFIED µs | quota MODIFIED µs |")
-            print("|---|---|---|---|---|---|---|---|---|")
+            print("\n| sync | pods | quotas | nodes | initial sync s | peak RSS MiB | RSS synced MiB "
+                  "| RSS after gc MiB | nodes.json KiB | pod MODIFIED µs | quota MODIFIED µs | node MODIFIED µs |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             print(f"| {row['variant']} | {row['pods_cached']:.0f} | {row['quotas_cached']:.0f} | "
-                  f"{row['sync_seconds']} | "
+                  f"{row['nodes_cached']:.0f} | {row['sync_seconds']} | "
                   f"{row['peak_rss_mib']} | {row['rss_synced_mib']} | {row['rss_after_gc_mib']} | "
-                  f"{row['pod_event_us']} | {row['elasticquota_event_us']} |")
+                  f"{row['nodes_json_kib']} | {row['pod_event_us']} | {row['elasticquota_event_us']} | "
+                  f"{row['node_event_us']} |")
         if served_rows:
             print("\n| pods | workers | processes | launch to ready s | RSS synced MiB | PSS synced MiB "
                   "| RSS served MiB | PSS served MiB | sum of peaks MiB | largest peak MiB |")

@@ -26,6 +26,7 @@ from gpuquota_core.conversion import DEFAULT_CONFIG  # noqa: E402
 from webhook.gunicorn_conf import MetricsDirectory, gunicorn_options  # noqa: E402
 from webhook.server import WebhookApplication  # noqa: E402
 from webhook.settings import Settings  # noqa: E402
+from webhook.supervision import QuotaServiceSupervisor  # noqa: E402
 
 PRODUCT_ANSWER_BYTES = 1324
 _PREFIX = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"bench-uid",' \
@@ -51,7 +52,9 @@ def main() -> None:
     cert_dir, port = Path(sys.argv[1]), int(sys.argv[2])
     settings = Settings(cert_dir=cert_dir, port=port, log_level="warning")
     metrics = MetricsDirectory(Path(tempfile.mkdtemp(prefix="gpuquota-floor-metrics-")), owned=True)
-    FloorApplication(settings, DEFAULT_CONFIG, gunicorn_options(settings, metrics, lambda _settings: None)).run()
+    # No quota service here: the supervisor has nothing to start or watch.
+    FloorApplication(settings, DEFAULT_CONFIG, gunicorn_options(settings, metrics, lambda _settings: None),
+                     QuotaServiceSupervisor()).run()
 
 
 if __name__ == "__main__":

@@ -43,11 +43,16 @@ def table_rows(output: str, first_cell: str) -> list[list[str]]:
 
 
 def test_cache_scale_measures_the_cache_and_the_whole_server() -> None:
-    output = run_script(["bench/cache_scale.py", "--pods", "300", "--repeat", "1", "--events", "200",
-                         "--variants", "live,served", "--workers", "2"])
+    output = run_script(["bench/cache_scale.py", "--pods", "300", "--nodes", "20", "--repeat", "1",
+                         "--events", "200", "--variants", "live,live-nodeless,live-nodepage7,served", "--workers", "2"])
     [live] = table_rows(output, "live")
-    assert live[1:3] == ["300", "2000"]  # every pod and every quota created was cached
-    assert float(live[3]) > 0 and float(live[4]) > 0  # sync seconds, peak RSS
+    assert live[1:4] == ["300", "2000", "20"]  # every pod, quota and node created was cached
+    assert float(live[4]) > 0 and float(live[5]) > 0  # sync seconds, peak RSS
+    assert float(live[8]) > 0 and float(live[11]) > 0  # nodes.json published, node events applied
+    [nodeless] = table_rows(output, "live-nodeless")
+    assert nodeless[1:4] == ["300", "2000", "0"] and nodeless[8] == "0.0"
+    [paging] = table_rows(output, "live-nodepage7")  # the what-if: the 20 nodes listed in 3 pages
+    assert paging[1:4] == ["300", "2000", "20"] and paging[8] == live[8]
     [served] = table_rows(output, "300")
     # pods, workers, processes: the master, the quota service and the two workers.
     assert served[1:3] == ["2", "4"]
