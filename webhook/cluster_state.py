@@ -31,6 +31,11 @@ MAX_BACKOFF_SECONDS = 30.0
 # Objects per list page: big enough that a 100k-pod cluster lists in 20 round trips, small enough
 # that one decoded page (~10 KB per pod) stays a few tens of MB.
 PAGE_SIZE = 5000
+# A Node's JSON is about ten times a pod's (labels, images, conditions) and only a few labels,
+# taints and GPU names of it are kept, so its pages are smaller: one 5,000-Node page decoded at
+# once while the pods are still listing was most of the quota service's peak memory
+# (docs/benchmarks.md, the cache target).
+PAGE_SIZES = {NODE_KIND: 100}
 
 Lister = Callable[..., Any]
 
@@ -154,5 +159,6 @@ def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int
         threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()
     for target, kind in targets:
         threading.Thread(target=sync_kind, args=(target, lister_for(api, kind), kind, stop, watch_seconds),
-                         daemon=True, name=f"sync-{kind}").start()
+                         kwargs={"page_size": PAGE_SIZES.get(kind, PAGE_SIZE)}, daemon=True,
+                         name=f"sync-{kind}").start()
     return stop

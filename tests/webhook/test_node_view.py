@@ -125,3 +125,32 @@ def test_offline_load_publishes_the_nodes_among_the_manifests(tmp_path: Path) ->
     state.load([node("a", "1", {NVIDIA: "8"}), {"kind": "Pod", "metadata": {"name": "p"}}])
 
     assert published(state.path) == {"a": frozenset({NVIDIA})}
+
+
+def test_live_sync_lists_nodes_in_small_pages_and_pods_in_large_ones(tmp_path: Path,
+                                                                     monkeypatch: Any) -> None:
+    # A Node's JSON is many times a pod's; listing 5,000 of them in one page while the pods list was
+    # most of the quota service's peak memory (docs/benchmarks.md).
+    from webhook import cluster_state
+    from webhook.quota_state import QuotaState
+
+    limits: dict[str, int] = {}
+    listed = threading.Event()
+
+    def lister_for(_api: object, kind: str) -> Any:
+        def lister(**kwargs: Any) -> Response:
+            if not kwargs.get("watch"):
+                limits.setdefault(kind, kwargs["limit"])
+                if len(limits) == 3:
+                    listed.set()
+            return Response(listing("1"))
+        return lister
+
+    monkeypatch.setattr(cluster_state, "lister_for", lister_for)
+    stop = cluster_state.start_live_sync(QuotaState(), api=None, watch_seconds=1,  # type: ignore[arg-type]
+                                         nodes=NodeState(tmp_path / "nodes.json"))
+    try:
+        assert listed.wait(10), limits
+    finally:
+        stop.set()
+    assert limits == {"Node": 100, "Pod": cluster_state.PAGE_SIZE, "ElasticQuota": cluster_state.PAGE_SIZE}
