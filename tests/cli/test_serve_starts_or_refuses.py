@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 from controlplane import LOOPBACK, free_ports
 from webhookproc import GPUQUOTA, REPO_ROOT, WebhookProcess, generate_certs
 
@@ -146,3 +147,31 @@ def test_unreadable_certificates_are_refused_before_serving(cert_dir: Path, tmp_
     assert_refused(["--state", str(REPO_ROOT / "examples" / "cluster")], broken,
                    f"Error: cannot load {broken}/tls.crt with {broken}/tls.key: ")
 
+
+
+def quota_document(name: str, namespace: str, parent: str = "", is_parent: bool = False) -> str:
+    labels = {"quota.scheduling.koordinator.sh/parent": parent} if parent else {}
+    if is_parent:
+        labels["quota.scheduling.koordinator.sh/is-parent"] = "true"
+    return yaml.safe_dump({"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+                           "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                           "spec": {"max": {"koordinator.sh/gpu-core": "400",
+                                            "koordinator.sh/gpu-memory-ratio": "400"}}})
+
+
+def test_state_with_two_quotas_of_one_name_is_refused_before_serving(cert_dir: Path, tmp_path: Path) -> None:
+    # Before: one copy was dropped, and the enforced limit depended on the order of the files.
+    state = tmp_path / "quotas.yaml"
+    state.write_text(quota_document("team", "ns-a") + "---\n" + quota_document("team", "ns-b"), encoding="utf-8")
+
+    line = assert_refused(["--state", str(state)], cert_dir, "Error: ")
+    assert str(state) in line and "ns-a/team" in line and "ns-b/team" in line
+
+
+def test_state_whose_parent_labels_form_a_cycle_is_refused_before_serving(cert_dir: Path, tmp_path: Path) -> None:
+    state = tmp_path / "quotas.yaml"
+    state.write_text(quota_document("a", "t", parent="b", is_parent=True) + "---\n"
+                     + quota_document("b", "t", parent="a", is_parent=True), encoding="utf-8")
+
+    line = assert_refused(["--state", str(state)], cert_dir, "Error: ")
+    assert str(state) in line and "cycle" in line
