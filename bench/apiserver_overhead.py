@@ -48,7 +48,7 @@ from admissionchain import (  # noqa: E402
 )
 from controlplane import (  # noqa: E402
     ControlPlane,
-    create_gpu_node,
+    create_canonical_gpu_node,
     free_ports,
     locate_binaries,
     make_api,
@@ -160,9 +160,7 @@ def main() -> None:
                                  "koordinator.sh/gpu-core": str(100 * 10 * (cycles + WARMUP))}}})
         # With ``rewrite: auto`` the webhook rewrites a pod only when a node it can reach advertises
         # the canonical names, as the Go reference always does: one such node makes them comparable.
-        create_gpu_node(api.core, "bench-canonical", {
-            "cpu": "1000", "memory": "4Ti", "pods": "1000", "koordinator.sh/gpu-core": "100000",
-            RATIO: "100000", "koordinator.sh/gpu-memory": "80Ti"})
+        create_canonical_gpu_node(api.core, "bench-canonical")
         for accounting in ("local", "strict"):
             servers[accounting] = WebhookProcess(work / accounting, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path), "--accounting", accounting,

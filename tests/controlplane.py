@@ -35,6 +35,7 @@ from typing import IO, Any
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 
 from kubeaccess import pki
 
@@ -596,6 +597,27 @@ def create_gpu_node(
     }
     core.create_node(body)
     return core.patch_node_status(name, {"status": status})
+
+
+# Enough for every test; no "pods" in it, so kube-scheduler never binds a pod there.
+CANONICAL_NODE_ALLOCATABLE = {"cpu": "1000", "memory": "4Ti", "koordinator.sh/gpu-core": "100000",
+                              "koordinator.sh/gpu-memory-ratio": "100000", "koordinator.sh/gpu-memory": "80Ti"}
+
+
+def create_canonical_gpu_node(core: k8s.CoreV1Api, name: str) -> None:
+    """A Node advertising the canonical names, untainted and unlabelled, that takes no pods.
+
+    With ``rewrite: auto`` (the default) a live webhook rewrites a pod only when a node it can
+    reach advertises koordinator.sh/gpu-core and gpu-memory-ratio: a control plane whose webhook is
+    expected to rewrite needs one. The webhook reads only GPU names, labels and taints of a node,
+    so it counts this one; the scheduler, which needs ``pods`` in allocatable, never uses it.
+    An existing one of that name is kept.
+    """
+    try:
+        create_gpu_node(core, name, CANONICAL_NODE_ALLOCATABLE)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
 
 
 def wait_for_crd_established(

@@ -42,6 +42,7 @@ from controlplane import (  # noqa: E402
     BuildUnavailableError,
     ControlPlane,
     GpuNodeFactory,
+    create_canonical_gpu_node,
     create_gpu_node,
     locate_binaries,
     make_api,
@@ -179,16 +180,7 @@ def canonical_gpu_node(api: Api) -> Iterator[str]:
     reach advertises koordinator.sh/gpu-core and gpu-memory-ratio; the tests of live servers that
     expect a rewrite need one. Tests of the decision itself pin their pods with their own nodes.
     """
-    # No "pods" in allocatable: the scheduler never binds a pod here (tests that schedule make
-    # their own nodes), while the webhook's rewrite decision, which reads only GPU names, labels
-    # and taints, still finds a node that advertises the canonical names.
-    many = {"cpu": "1000", "memory": "4Ti", "koordinator.sh/gpu-core": "100000",
-            "koordinator.sh/gpu-memory-ratio": "100000", "koordinator.sh/gpu-memory": "80Ti"}
-    try:
-        create_gpu_node(api.core, CANONICAL_NODE, many)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    create_canonical_gpu_node(api.core, CANONICAL_NODE)
     yield CANONICAL_NODE
     try:
         api.core.delete_node(CANONICAL_NODE)

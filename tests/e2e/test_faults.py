@@ -43,6 +43,7 @@ from controlplane import (
     Api,
     Binaries,
     ControlPlane,
+    create_canonical_gpu_node,
     make_api,
     wait_for_crd_established,
 )
@@ -85,6 +86,7 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
         manifest: dict[str, Any] = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
         api.apiextensions.create_custom_resource_definition(manifest)
         wait_for_crd_established(api.apiextensions, manifest["metadata"]["name"])
+        create_canonical_gpu_node(api.core, "faults-canonical")  # so the webhook rewrites (rewrite: auto)
         ledger_namespace = "gpuquota-ledger"
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))
         serve_args = ["--kubeconfig", str(plane.kubeconfig_path), "--workers", "1", "--threads", "8",

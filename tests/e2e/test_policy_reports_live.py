@@ -150,11 +150,12 @@ def test_cronjob_command_applies_the_reports_and_prunes_them_when_the_findings_a
 ) -> None:
     # The container's command with the venv's gpuquota and one namespace instead of -A: the shared
     # test apiserver holds every other test's namespaces too.
-    script = cronjob_script().replace("gpuquota ", f"{shlex.quote(GPUQUOTA)} ")
+    # The script's /tmp/ goes to this test's directory first: the checkout itself may live under /tmp.
+    script = cronjob_script().replace("/tmp/", f"{audit_account_kubeconfig.parent}/")
+    script = script.replace("gpuquota ", f"{shlex.quote(GPUQUOTA)} ")
     assert " -A " in script
     script = script.replace(" -A ", f" -n {legacy_namespace} ")
     env = {**os.environ, "KUBECONFIG": str(audit_account_kubeconfig), "TMPDIR": str(audit_account_kubeconfig.parent)}
-    script = script.replace("/tmp/", f"{audit_account_kubeconfig.parent}/")
 
     first_out = run(["sh", "-c", script], env=env)
     assert f"policyreport.wgpolicyk8s.io/gpuquota-audit -n {legacy_namespace} serverside-applied" in first_out
