@@ -38,10 +38,10 @@ from .output import document, table
 if TYPE_CHECKING:
     from gpuquota_core.ledger import ReservationLedger
     from gpuquota_core.shared_ledger import StoredReservation
-    from webhook.admission import AdmissionRequest
-    from webhook.app import AdmissionHandlers
-    from webhook.quota_port import PodAdmission, Verdict
-    from webhook.quota_state import QuotaState
+    from webhook.admission.handlers import AdmissionHandlers
+    from webhook.admission.quota_port import PodAdmission, Verdict
+    from webhook.admission.review import AdmissionRequest
+    from webhook.quota.state import QuotaState
 
 REFUSED_EXIT = 1
 REWROTE_PREFIX = "gpuquota rewrote "
@@ -230,9 +230,9 @@ def _review(pod: Mapping[str, Any]) -> bytes:
 def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
                 config: ConversionConfig) -> list[Explanation]:
     from gpuquota_core.quota_integrity import QuotaTreeError
-    from webhook.admission import decode_review
-    from webhook.app import AdmissionHandlers
-    from webhook.quota_state import QuotaState
+    from webhook.admission.handlers import AdmissionHandlers
+    from webhook.admission.review import decode_review
+    from webhook.quota.state import QuotaState
 
     state_snapshot.tree(config)  # an unreadable quota: one Error line, before the state reads it
     state = QuotaState()

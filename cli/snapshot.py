@@ -42,7 +42,7 @@ class Snapshot:
 def conversion_config(path: Path | None) -> ConversionConfig:
     if path is None:
         return DEFAULT_CONFIG
-    from webhook.config_source import ConfigFileError, read_config_file
+    from webhook.admission.config_source import ConfigFileError, read_config_file
 
     try:
         return read_config_file(path)
@@ -86,7 +86,7 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
     from urllib3.exceptions import HTTPError
 
     from kubeaccess.kube import api_error_message
-    from webhook.strict_accounting import MANAGED_SELECTOR
+    from webhook.quota.strict_accounting import MANAGED_SELECTOR
 
     try:
         response: Any = client.CoreV1Api(api).list_config_map_for_all_namespaces(

@@ -16,7 +16,7 @@ import pytest
 
 from gpuquota_core.audit import AuditReport, Finding, Severity, audit_objects
 from gpuquota_core.quota import QuotaTree, pod_record, quota_from_object
-from webhook.quota_state import QuotaState
+from webhook.quota.state import QuotaState
 
 PARENT = "quota.scheduling.koordinator.sh/parent"
 IS_PARENT = "quota.scheduling.koordinator.sh/is-parent"

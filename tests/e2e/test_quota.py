@@ -11,9 +11,9 @@ from clusterhelpers import eventually
 from kubernetes import client as k8s
 
 from kubeaccess.kube import connect
-from webhook.cluster_state import EQ_GROUP, EQ_PLURAL, EQ_VERSION, start_live_sync
-from webhook.quota_port import PodAdmission
-from webhook.quota_state import QuotaState
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.cluster_state import EQ_GROUP, EQ_PLURAL, EQ_VERSION, start_live_sync
+from webhook.quota.state import QuotaState
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 LABEL = "quota.scheduling.koordinator.sh/name"

@@ -20,8 +20,8 @@ from gpuquota_core.quota_integrity import (
     check_tree,
     tree_problems,
 )
-from webhook.quota_port import PodAdmission
-from webhook.quota_state import QuotaState
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.state import QuotaState
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 PARENT = "quota.scheduling.koordinator.sh/parent"

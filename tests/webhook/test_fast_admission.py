@@ -1,4 +1,4 @@
-"""A worker's admissions from the shared totals (webhook.fast_admission), against a real QuotaState.
+"""A worker's admissions from the shared totals (webhook.quota.fast_admission), against a real QuotaState.
 
 The service's side (QuotaState with a Publisher) and a worker's side (FastAdmission) run in this
 process on one real shared region; processes that die holding its locks are real forked children.
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from webhook.fast_admission import FastAdmission
-from webhook.quota_port import PodAdmission, Verdict
-from webhook.quota_publisher import Publisher
-from webhook.quota_state import QuotaState
-from webhook.shared_region import SharedRegion
+from webhook.admission.quota_port import PodAdmission, Verdict
+from webhook.quota.fast_admission import FastAdmission
+from webhook.quota.publisher import Publisher
+from webhook.quota.shared_region import SharedRegion
+from webhook.quota.state import QuotaState
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 CORE = "koordinator.sh/gpu-core"

@@ -13,12 +13,12 @@ from racing import race
 from gpuquota_core import shared_ledger
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota import quota_from_object
-from webhook.quota_client import QuotaClient
-from webhook.quota_loop import ServiceLoop
-from webhook.quota_port import PodAdmission
-from webhook.quota_service import serve
-from webhook.quota_state import QuotaState
-from webhook.quota_wire import FrameReader
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.client import QuotaClient
+from webhook.quota.loop import ServiceLoop
+from webhook.quota.service import serve
+from webhook.quota.state import QuotaState
+from webhook.quota.wire import FrameReader
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA = {"kind": "ElasticQuota", "metadata": {"name": "team-a", "namespace": "team"},

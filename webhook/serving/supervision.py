@@ -1,7 +1,7 @@
 """The gunicorn master keeps the quota service running: a service that dies is replaced at once.
 
 gunicorn restarts a dead worker, but knows nothing of the quota service the master started
-beside them (``webhook.quota_service``). Without a replacement a dead service would leave a
+beside them (``webhook.quota.service``). Without a replacement a dead service would leave a
 server that answers but refuses every decision (validation fails closed) for as long as it ran.
 So the master's arbiter (:class:`SupervisingArbiter`) looks at the service whenever a child exits
 and at every turn of its loop (at least once a second) and starts a new one, which rebuilds its
@@ -10,7 +10,7 @@ the dead service held only in memory is gone: reservations of pods admitted but 
 the watch (with ``--accounting strict`` they are in the ledger ConfigMaps and survive).
 
 The server exits instead (non-zero, so a kubelet restarts the pod) when a new service cannot
-start: it exits at once with ``webhook.quota_service.CANNOT_START_EXIT`` (its configuration
+start: it exits at once with ``webhook.quota.service.CANNOT_START_EXIT`` (its configuration
 no longer loads), or dies within :data:`QUICK_DEATH_SECONDS` of starting :data:`MAX_QUICK_DEATHS`
 times in a row. A service that was told to stop (SIGTERM: the pod is being stopped) stops the
 server too, with 0.
@@ -82,7 +82,7 @@ class QuotaServiceSupervisor:
         if process is None or process.returncode is not None:
             return
         # Here, not at import: the quota modules create their metrics when imported.
-        from .quota_service import CANNOT_START_EXIT, remove_private_files
+        from webhook.quota.service import CANNOT_START_EXIT, remove_private_files
 
         try:
             pid, status = os.waitpid(process.pid, os.WNOHANG)

@@ -47,10 +47,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation
-
-from . import quota_metrics as metrics
-from .quota_port import PodAdmission, Verdict
-from .quota_state import QuotaState
+from webhook.admission.quota_port import PodAdmission, Verdict
+from webhook.quota import metrics
+from webhook.quota.state import QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 # Conflicts are the normal case under a burst spread over replicas: retry with jittered backoff,

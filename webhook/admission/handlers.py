@@ -1,10 +1,10 @@
 """The WSGI application: thin routes around the core, the codec and the quota decider.
 
 The admission paths are served by :class:`AdmissionRoutes` in front of Flask (which keeps health,
-readiness and metrics). Each reads the body (capped), decodes it with :mod:`webhook.admission`, hands the
+readiness and metrics). Each reads the body (capped), decodes it with :mod:`webhook.admission.review`, hands the
 typed request to one method of :class:`AdmissionHandlers` and encodes what comes back. All
 protocol rules are in the codec, all GPU rules in :mod:`gpuquota_core`, all quota rules behind
-:class:`~webhook.quota_port.QuotaDecider`; what is left here is mapping between them, and the
+:class:`~webhook.admission.quota_port.QuotaDecider`; what is left here is mapping between them, and the
 enforcement modes (:mod:`gpuquota_core.enforcement`): a pod check in ``warn`` or ``dry-run`` turns
 its denial into an allow here, after the quota service refused (and so reserved nothing).
 """
@@ -37,9 +37,9 @@ from gpuquota_core.quota import (
 )
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
 from gpuquota_core.validation import GpuRequestProblem
-
-from . import metrics
-from .admission import (
+from webhook.admission.config_source import ConfigSource
+from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
+from webhook.admission.review import (
     AdmissionRequest,
     AdmissionResponse,
     BadRequest,
@@ -50,10 +50,9 @@ from .admission import (
     patched,
     status_body,
 )
-from .config_source import ConfigSource
-from .events import EventReporter
-from .quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
-from .settings import MAX_BODY_BYTES
+from webhook.quota.events import EventReporter
+from webhook.serving import metrics
+from webhook.serving.settings import MAX_BODY_BYTES
 
 LOGGER_NAME = "gpuquota.webhook"
 ELASTICQUOTA_GROUP = "scheduling.sigs.k8s.io"
@@ -96,9 +95,9 @@ class AdmissionHandlers:
                  events: EventReporter | None = None) -> None:
         self.source = config if isinstance(config, ConfigSource) else ConfigSource(config)
         self.quota = quota
-        # The nodes the rewrite decision looks at (webhook.node_view); None: not listed (yet).
+        # The nodes the rewrite decision looks at (webhook.quota.node_view); None: not listed (yet).
         self.nodes = nodes
-        self.events = events  # where refusals and would-denies go as Kubernetes Events (webhook.events)
+        self.events = events  # where refusals and would-denies go as Kubernetes Events (webhook.quota.events)
 
     @property
     def config(self) -> ConversionConfig:

@@ -1,7 +1,7 @@
 """A worker admits a pod CREATE itself when the shared totals show room, else asks the quota service.
 
 The round trip to the quota service was most of what validating a pod cost (docs/benchmarks.md).
-With local accounting the service shares its totals with the workers (webhook.shared_region). A
+With local accounting the service shares its totals with the workers (webhook.quota.shared_region). A
 worker reduces the same ``decide`` to integer bounds once per pod shape and tree generation
 (gpuquota_core.quota_snapshot.fit_check), checks them under the region's lock, and reserves in
 place: it raises the totals and leaves the reservation in the ring for the service's ledger.
@@ -25,9 +25,16 @@ from typing import Any
 from gpuquota_core.memo import BoundedMemo
 from gpuquota_core.quota import POD_QUOTA_LABEL
 from gpuquota_core.quota_snapshot import FitCheck, TreeSnapshot, decode_tree, fit_check
-
-from .quota_port import ALLOW, PodAdmission, QuotaDecider, QuotaFigure, ReportsQuotaFigures, Verdict, quota_requests
-from .shared_region import MAX_SLOT_VALUE, SharedRegion
+from webhook.admission.quota_port import (
+    ALLOW,
+    PodAdmission,
+    QuotaDecider,
+    QuotaFigure,
+    ReportsQuotaFigures,
+    Verdict,
+    quota_requests,
+)
+from webhook.quota.shared_region import MAX_SLOT_VALUE, SharedRegion
 
 # A worker holds the lock for microseconds; one that waits longer than this asks the service.
 LOCK_WAIT_SECONDS = 0.05

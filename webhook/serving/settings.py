@@ -45,7 +45,7 @@ class Settings:
     # workers as cores the API server's few connections could all land on one worker and leave a
     # core idle (seen in 2 of 12 benchmark rows at 8 connections: 40 % of the usual throughput).
     # Four make that rare and leave two busy workers even when it happens, for ~20 MiB (PSS) each;
-    # the workers then even the spread out by shedding connections (webhook.connection_balance).
+    # the workers then even the spread out by shedding connections (webhook.serving.connection_balance).
     workers: int = 4
     threads: int = 4
     # Above the API server's 90 s idle-connection timeout, so it is always the client that closes
@@ -69,7 +69,7 @@ class Settings:
     # How long an admitted pod holds room before the watch must have shown it (30 s: pod creates
     # finish well within the API server's request timeout).
     reservation_ttl_seconds: float = 30.0
-    # Unconfirmed reservations one caller (TLS peer) may hold; see webhook.quota_state.
+    # Unconfirmed reservations one caller (TLS peer) may hold; see webhook.quota.state.
     max_reservations_per_caller: int = 500
 
     @property

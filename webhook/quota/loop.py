@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .quota_wire import FrameReader, kernel_timeouts, send_frame
+from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 
 log = logging.getLogger("gpuquota.quota")
 # Group commits batch the admissions waiting at once, so the pool is sized for every connection

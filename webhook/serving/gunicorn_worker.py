@@ -50,7 +50,7 @@ from gunicorn import SERVER, util
 from gunicorn.http.body import LengthReader
 from gunicorn.workers.gthread import _DEFER, TConn, ThreadWorker
 
-from .connection_balance import ConnectionTable, Shedder
+from webhook.serving.connection_balance import ConnectionTable, Shedder
 
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
 COUNT_INTERVAL = 0.1  # seconds between two counts of a worker's connections
@@ -152,7 +152,7 @@ class DateOncePerSecond:
 
 class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships no type hints
     alive: bool  # set by gunicorn's Worker; cleared here when the worker is to restart
-    # Set by the master's pre_fork hook (webhook.gunicorn_conf); without them nothing is shed.
+    # Set by the master's pre_fork hook (webhook.serving.gunicorn_conf); without them nothing is shed.
     connection_table: ConnectionTable | None = None
     connection_slot: int | None = None
     _shedder: Shedder | None = None
@@ -177,13 +177,13 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
     def load_wsgi(self) -> None:
         super().load_wsgi()
         # Imported here, once the app is loaded: the master imports this module before metrics are set up.
-        from .app import admission_endpoints
+        from webhook.admission.handlers import admission_endpoints
 
         # SCRIPT_NAME would shift the path the app sees and the PROXY protocol the peer's address:
         # with either, every request takes the WSGI path, which applies them.
         plain = not os.environ.get("SCRIPT_NAME") and self.cfg.proxy_protocol in ("off", False)
         self._direct = dict(admission_endpoints(self.wsgi)) if plain else {}
-        from .metrics import CONNECTIONS_SHED
+        from webhook.serving.metrics import CONNECTIONS_SHED
 
         self._count_shed = CONNECTIONS_SHED.inc
 
@@ -210,7 +210,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         return not close
 
     def _shed(self) -> bool:
-        """Close this connection after the answer, to have it rehashed (webhook.connection_balance)."""
+        """Close this connection after the answer, to have it rehashed (webhook.serving.connection_balance)."""
         if self._shedder is None or not self._shedder.should_close():
             return False
         self._count_shed()

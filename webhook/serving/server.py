@@ -5,13 +5,13 @@ The app, and with it the quota decider, is built inside each worker after the fo
 (:meth:`WebhookApplication.load`), never at import time, so nothing that holds sockets, threads or
 file handles is shared by accident across a fork.
 
-Extension points for the quota half (see ``webhook/quota_port.py``):
+Extension points for the quota half (see ``webhook/admission/quota_port.py``):
 
 - :func:`start_shared_services` runs once in the master (gunicorn ``on_starting``), before any
   worker exists: the place to start the one process that holds the cluster state and the
   reservation ledger for all workers.
 - :func:`build_quota_decider` runs in every worker while the app loads and returns the
-  :class:`~webhook.quota_port.QuotaDecider` its handlers call (e.g. a client of that process).
+  :class:`~webhook.admission.quota_port.QuotaDecider` its handlers call (e.g. a client of that process).
 """
 
 from __future__ import annotations
@@ -33,19 +33,17 @@ from cryptography import x509
 from gunicorn.app.base import BaseApplication
 
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
-
-from .config_source import ConfigFileError, read_config_file
-from .gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
-from .quota_port import NoQuota, QuotaDecider
-from .settings import Settings
-from .supervision import QuotaServiceSupervisor, SupervisingArbiter
+from webhook.admission.config_source import ConfigFileError, read_config_file
+from webhook.admission.quota_port import NoQuota, QuotaDecider
+from webhook.serving.gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
+from webhook.serving.settings import Settings
+from webhook.serving.supervision import QuotaServiceSupervisor, SupervisingArbiter
 
 if TYPE_CHECKING:
     from flask import Flask
 
     from gpuquota_core.placement import NodeView
-
-    from .events import EventReporter
+    from webhook.quota.events import EventReporter
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -64,7 +62,7 @@ def start_shared_services(settings: Settings, supervisor: QuotaServiceSupervisor
     ``--kubeconfig`` (in-cluster config without one). The socket path reaches the workers through
     the environment they inherit from the master. ``supervisor`` starts it again when it dies.
     """
-    from .quota_service import private_socket_path, start_service_process
+    from webhook.quota.service import private_socket_path, start_service_process
 
     def start(path: Path) -> subprocess.Popen[bytes]:
         return start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
@@ -82,7 +80,7 @@ def remove_shared_services_files() -> None:
     """In the master at exit: the quota service removes its files itself, unless it was killed."""
     socket_path = os.environ.get(QUOTA_SOCKET_ENV)
     if socket_path:
-        from .quota_service import remove_private_files
+        from webhook.quota.service import remove_private_files
 
         remove_private_files(Path(socket_path))
 
@@ -114,34 +112,34 @@ def build_quota_decider(settings: Settings) -> QuotaDecider:
     socket_path = os.environ.get(QUOTA_SOCKET_ENV)
     if not socket_path:
         return NoQuota()
-    from .quota_client import QuotaClient
+    from webhook.quota.client import QuotaClient
 
     client = QuotaClient(Path(socket_path))
     if settings.accounting != "local":
         return client  # strict accounting decides against the ledger in the API server, in the service
-    from .fast_admission import FastAdmission
-    from .quota_service import region_path
+    from webhook.quota.fast_admission import FastAdmission
+    from webhook.quota.service import region_path
 
     return FastAdmission(region_path(Path(socket_path)), client)
 
 
 def build_node_view() -> Callable[[], NodeView | None]:
-    """A worker's view of the nodes the quota service publishes (webhook.node_view)."""
+    """A worker's view of the nodes the quota service publishes (webhook.quota.node_view)."""
     socket_path = os.environ.get(QUOTA_SOCKET_ENV)
     if not socket_path:
         return lambda: None
-    from .node_view import NodeViewReader, nodes_path
+    from webhook.quota.node_view import NodeViewReader, nodes_path
 
     return NodeViewReader(nodes_path(Path(socket_path))).current
 
 
 def build_event_reporter() -> EventReporter | None:
-    """A worker's events go to the quota service, which writes them (webhook.events); none without it."""
+    """A worker's events go to the quota service, which writes them (webhook.quota.events); none without it."""
     socket_path = os.environ.get(QUOTA_SOCKET_ENV)
     if not socket_path:
         return None
-    from .events import EventForwarder
-    from .quota_client import QuotaClient
+    from webhook.quota.client import QuotaClient
+    from webhook.quota.events import EventForwarder
 
     return EventForwarder(QuotaClient(Path(socket_path)))
 
@@ -150,7 +148,7 @@ def load_conversion_config(path: Path | None) -> ConversionConfig:
     """The conversion table and enforcement modes from a YAML file, or the built-in defaults without one.
 
     Read once at startup so a bad file stops the server with one line; workers then re-read the
-    file when it changes (:class:`~webhook.config_source.ConfigSource`).
+    file when it changes (:class:`~webhook.admission.config_source.ConfigSource`).
     """
     if path is None:
         return DEFAULT_CONFIG
@@ -195,8 +193,8 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
     def load(self) -> Flask:
         configure_logging(self.settings.log_level)
         quota = build_quota_decider(self.settings)
-        # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.metrics).
-        from .app import create_app
+        # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.serving.metrics).
+        from webhook.admission.handlers import create_app
 
         return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
                           config_path=self.settings.config_path, nodes=build_node_view(),
@@ -252,8 +250,8 @@ def _metrics_directory(settings: Settings) -> MetricsDirectory:
 
 def _enable_multiprocess_metrics(directory: MetricsDirectory) -> None:
     os.environ[MULTIPROC_ENV] = str(directory.path)
-    if "webhook.metrics" in sys.modules:
-        raise ServeError("internal error: webhook.metrics was imported before the metrics directory was set")
+    if "webhook.serving.metrics" in sys.modules:
+        raise ServeError("internal error: webhook.serving.metrics was imported before the metrics directory was set")
     values = sys.modules.get("prometheus_client.values")
     if values is not None:
         # Imported by someone else already: it chose in-process storage at import; switch it.
@@ -276,8 +274,8 @@ def _check_state_file(settings: Settings) -> None:
         return
     # Before the metrics directory is set: the quota modules create their metrics at import,
     # and this process must not write them to the directory the workers report from.
-    from .quota_service import load_state_file
-    from .quota_state import QuotaState
+    from webhook.quota.service import load_state_file
+    from webhook.quota.state import QuotaState
 
     try:
         load_state_file(QuotaState(), settings.state_path)
@@ -302,7 +300,7 @@ def _check_kubeconfig(settings: Settings) -> None:
 class PortClaim:
     """This server's claim on its address, held by the master for as long as it runs.
 
-    The workers listen with SO_REUSEPORT (see webhook.gunicorn_conf), which lets any process of
+    The workers listen with SO_REUSEPORT (see webhook.serving.gunicorn_conf), which lets any process of
     the same user join the same port: a second ``gpuquota serve`` on it would start, take half the
     connections and keep its own quota ledger, so a quota could be spent twice. Two checks
     prevent that:

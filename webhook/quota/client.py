@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .quota_port import PodAdmission, QuotaFigure, Verdict
-from .quota_wire import FrameReader, kernel_timeouts, send_frame
+from webhook.admission.quota_port import PodAdmission, QuotaFigure, Verdict
+from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 
 log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -110,7 +110,7 @@ class QuotaClient:
         return self._verdict(reply)
 
     def record_events(self, events: list[dict[str, Any]]) -> int:
-        """Hand events to the service's writer (webhook.events); how many it took. Raises OSError."""
+        """Hand events to the service's writer (webhook.quota.events); how many it took. Raises OSError."""
         reply = self._call({"op": "record_events", "events": events})
         return int(reply.get("accepted", 0)) if isinstance(reply, dict) else 0
 

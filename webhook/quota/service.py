@@ -1,7 +1,7 @@
 """The quota service: one process per server instance, serving decisions over a Unix socket.
 
 Started from the gunicorn master (``start_shared_services``) as a fresh interpreter
-(``python -m webhook.quota_service``), so no gunicorn state is inherited and workers forked later
+(``python -m webhook.quota.service``), so no gunicorn state is inherited and workers forked later
 share nothing with it but the socket path. It exits when the master does: it watches its parent
 pid and stops when it changes.
 """
@@ -27,16 +27,15 @@ from gpuquota_core.events import ObjectRef, quota_target
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota import QuotaShapeError
 from kubeaccess.manifests import load_objects
-
-from . import quota_metrics
-from .events import ApiEventSink, EventService, EventSink, LogSink, reporting_instance
-from .node_view import NodeState, nodes_path
-from .node_view import files_of as node_view_files
-from .quota_loop import ServiceLoop
-from .quota_port import PodAdmission, Verdict
-from .quota_publisher import Publisher
-from .quota_state import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS, QuotaState
-from .shared_region import SharedRegion
+from webhook.admission.quota_port import PodAdmission, Verdict
+from webhook.quota import metrics as quota_metrics
+from webhook.quota.events import ApiEventSink, EventService, EventSink, LogSink, reporting_instance
+from webhook.quota.loop import ServiceLoop
+from webhook.quota.node_view import NodeState, nodes_path
+from webhook.quota.node_view import files_of as node_view_files
+from webhook.quota.publisher import Publisher
+from webhook.quota.shared_region import SharedRegion
+from webhook.quota.state import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
@@ -48,7 +47,7 @@ EXPIRE_EVERY_SECONDS = 0.25
 # or shared by all replicas through the API server.
 LOCAL, STRICT = "local", "strict"
 # The service's exit status when its configuration does not load (EX_CONFIG): starting it again
-# cannot help, so the master stops the server (webhook.supervision).
+# cannot help, so the master stops the server (webhook.serving.supervision).
 CANNOT_START_EXIT = 78
 
 
@@ -58,7 +57,7 @@ def private_socket_path() -> Path:
 
 
 def region_path(socket_path: Path) -> Path:
-    """The memory shared with the workers under local accounting (webhook.shared_region)."""
+    """The memory shared with the workers under local accounting (webhook.quota.shared_region)."""
     return socket_path.with_name(REGION_NAME)
 
 
@@ -90,7 +89,7 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
     op = message.get("op") if isinstance(message, dict) else None
     if op == "alive":  # liveness: no lock, so a long rebuild of the state does not fail it
         return {"alive": True}
-    if op == "record_events":  # webhook.events: queued here, written by the event thread
+    if op == "record_events":  # webhook.quota.events: queued here, written by the event thread
         return {"accepted": events.submit(message.get("events")) if events is not None else 0}
     if op == "ready":
         ready, reason = state.ready()
@@ -110,7 +109,7 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
 
 def serve(state: QuotaState, path: Path, admitter: PodAdmitter | None = None,
           events: EventService | None = None) -> socket.socket:
-    """Listen on ``path`` and answer in one thread (webhook.quota_loop); closing the returned
+    """Listen on ``path`` and answer in one thread (webhook.quota.loop); closing the returned
     listening socket stops it. With ``admitter`` (strict accounting) admissions go to it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -137,7 +136,7 @@ def load_state_file(state: QuotaState, state_path: Path, nodes: NodeState | None
 
 
 def start_event_service(state: QuotaState, sink: EventSink) -> EventService:
-    """The writer of this instance's Events (webhook.events), on a thread of its own."""
+    """The writer of this instance's Events (webhook.quota.events), on a thread of its own."""
     def quota_of(namespace: str, quota_label: str) -> ObjectRef | None:
         quota = state.quota_of(namespace, quota_label)
         return None if quota is None else quota_target(quota.name, quota.namespace, quota.uid)
@@ -168,13 +167,12 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
         load_state_file(state, state_path, nodes)
     else:
         from kubeaccess.kube import connect
-
-        from .cluster_state import start_live_sync
+        from webhook.quota.cluster_state import start_live_sync
 
         api = connect(str(kubeconfig) if kubeconfig else None, context)
         admitter: PodAdmitter | None = None
         if accounting == STRICT:
-            from .strict_accounting import LedgerStore, StrictAccounting
+            from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
             strict = StrictAccounting(state, LedgerStore(api, ledger_namespace))
             threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
@@ -222,7 +220,7 @@ def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path 
     process, and multiprocessing's bookkeeping of children would be copied into every worker
     (whose exit hook then tries to join a process that is not its own).
     """
-    command = [sys.executable, "-m", "webhook.quota_service", "--socket", str(path), "--parent-pid", str(os.getpid())]
+    command = [sys.executable, "-m", "webhook.quota.service", "--socket", str(path), "--parent-pid", str(os.getpid())]
     if state_path is not None:
         command += ["--state", str(state_path)]
     if kubeconfig is not None:
@@ -236,7 +234,7 @@ def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m webhook.quota_service",
+    parser = argparse.ArgumentParser(prog="python -m webhook.quota.service",
                                      description="the quota service of one webhook server instance")
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)

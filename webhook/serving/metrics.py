@@ -4,7 +4,7 @@ gunicorn runs several worker processes, and a scrape reaches only one of them, s
 the metrics use prometheus_client's multiprocess mode: every worker writes its samples to files in
 ``PROMETHEUS_MULTIPROC_DIR`` and :func:`render` merges all of them. That variable must be set
 before ``prometheus_client`` is first imported (it picks its value storage at import time), which
-is why :mod:`webhook.server` sets it up before the app, and with it this module, is loaded.
+is why :mod:`webhook.serving.server` sets it up before the app, and with it this module, is loaded.
 Without the variable (tests with Flask's client, ``convert``), the ordinary in-process registry is used.
 
 The per-quota gauges and ``gpuquota_ready`` are not stored: each scrape asks the quota decider for
@@ -31,7 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .quota_port import QuotaDecider, ReportsQuotaFigures
+from webhook.admission.quota_port import QuotaDecider, ReportsQuotaFigures
 
 log = logging.getLogger("gpuquota.server")
 
@@ -76,7 +76,7 @@ WOULD_DENY = Counter(
 CONNECTIONS_SHED = Counter(
     "gpuquota_connections_shed",
     "Kept-alive connections a worker closed after an answer because it held more than its share "
-    "(webhook.connection_balance); the client reconnects and the kernel hashes it afresh.",
+    "(webhook.serving.connection_balance); the client reconnects and the kernel hashes it afresh.",
 )
 CONFIG_RELOADS = Counter(
     "gpuquota_config_reloads",

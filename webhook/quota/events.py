@@ -8,7 +8,7 @@ Design: one writer per server instance, the quota service process.
   never waits for any of it; a full queue drops the event and counts it.
 - The quota service (:class:`EventService`) resolves the target (the pod's controller, else the
   ElasticQuota the pod resolves to in the tree it already holds, else the namespace), aggregates
-  and rate-limits (:mod:`webhook.event_recorder`) and writes, from one thread with its own queue.
+  and rate-limits (:mod:`webhook.quota.event_recorder`) and writes, from one thread with its own queue.
 
 Why there and not a client in every worker: aggregation and rate limits only work where every
 occurrence is seen, and the service is the one process per instance that already holds the API
@@ -45,8 +45,7 @@ import orjson
 from prometheus_client import Counter
 
 from gpuquota_core.events import EVENT_TYPE, REPORTING_COMPONENT, ObjectRef, PodEvent, namespace_target
-
-from .event_recorder import EventKey, EventRecorder, EventWrite
+from webhook.quota.event_recorder import EventKey, EventRecorder, EventWrite
 
 log = logging.getLogger("gpuquota.events")
 

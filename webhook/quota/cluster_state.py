@@ -18,9 +18,9 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from . import quota_metrics as metrics
-from .node_view import NODE_KIND, NodeState
-from .quota_state import KINDS, QuotaState
+from webhook.quota import metrics
+from webhook.quota.node_view import NODE_KIND, NodeState
+from webhook.quota.state import KINDS, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 EQ_GROUP, EQ_VERSION, EQ_PLURAL = "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas"

@@ -26,10 +26,9 @@ from gpuquota_core.quota_decision import decide, needs_check
 from gpuquota_core.quota_integrity import check_tree
 from gpuquota_core.quota_view import quota_figures
 from gpuquota_core.resources import add_lists
-
-from . import quota_metrics as metrics
-from .quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
-from .quota_publisher import Publisher
+from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
+from webhook.quota import metrics
+from webhook.quota.publisher import Publisher
 
 KINDS = ("Pod", "ElasticQuota")
 # How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
@@ -61,7 +60,7 @@ class QuotaState:
         # Quotas another quota of their name keeps out of the tree (QuotaTree.keeps), by (name,
         # namespace): when the kept one is deleted, the next takes its place.
         self._shadowed: dict[tuple[str, str], QuotaInfo] = {}
-        # Local accounting in a server: the totals shared with the webhook workers (webhook.shared_region).
+        # Local accounting in a server: the totals shared with the webhook workers (webhook.quota.shared_region).
         self.publisher: Publisher | None = None
         # Whether self.ledger holds every reservation of this instance: not under strict accounting,
         # whose reservations live in the ledger objects in the API server.
@@ -86,7 +85,7 @@ class QuotaState:
                 publisher.leave(self.tree, self.usage, self.ledger, self.synced)
 
     def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
-        """What the list loop keeps of each listed object (webhook.cluster_state.SyncTarget)."""
+        """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""
         return compact(kind, obj)
 
     def load(self, objects: Iterable[Mapping[str, Any]]) -> None:

@@ -1,7 +1,7 @@
 """The nodes as the rewrite decision sees them: watched by the quota service, read by the workers.
 
 The quota service lists and watches Nodes with the same loop as pods and quotas
-(:mod:`webhook.cluster_state`) and keeps one :class:`~gpuquota_core.placement.NodeSummary` per node:
+(:mod:`webhook.quota.cluster_state`) and keeps one :class:`~gpuquota_core.placement.NodeSummary` per node:
 labels, taints and the extended resources it advertises, nothing of its status conditions, so the
 heartbeats that make up most Node events change nothing. When the summaries change it publishes
 them as one document, a new generation, in a file beside its socket, replaced whole; at most once
@@ -55,7 +55,7 @@ def write_nodes(path: Path, nodes: Iterable[NodeSummary], generation: int) -> No
 
 
 class NodeState:
-    """The service's side: a sync target for kind Node (see webhook.cluster_state.SyncTarget)."""
+    """The service's side: a sync target for kind Node (see webhook.quota.cluster_state.SyncTarget)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

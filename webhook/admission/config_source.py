@@ -98,8 +98,8 @@ class ConfigSource:
 
     def _check(self, path: Path) -> None:
         # Imported here: the master reads the file (read_config_file) before the metrics directory
-        # is set up, and webhook.metrics must not be imported before that (see webhook.metrics).
-        from . import metrics
+        # is set up, and webhook.serving.metrics must not be imported before that (see webhook.serving.metrics).
+        from webhook.serving import metrics
 
         signature = _signature(path)
         if signature is not None and signature == self._seen:

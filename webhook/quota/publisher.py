@@ -16,8 +16,7 @@ from gpuquota_core.quota import QuotaInfo, QuotaTree, UsageIndex
 from gpuquota_core.quota_decision import requests_of
 from gpuquota_core.quota_snapshot import SlotLayout, encode_tree, nanos_ceil, slot_count, slot_layout
 from gpuquota_core.resources import add_lists
-
-from .shared_region import SharedRegion
+from webhook.quota.shared_region import SharedRegion
 
 log = logging.getLogger("gpuquota.quota")
 # How long the service waits for a worker holding the lock; a worker holds it for microseconds,

@@ -1,19 +1,19 @@
-"""gunicorn settings and server hooks for the webhook (used by :mod:`webhook.server`).
+"""gunicorn settings and server hooks for the webhook (used by :mod:`webhook.serving.server`).
 
 Every value here has a measured or operational reason; see ``/work/shared/reference/perf-baseline.md``:
 
 - ``gthread`` workers, not ``sync``: the sync worker closes the connection after every response,
   so each admission call would pay a full TLS handshake (~2 ms of CPU) and top out near 400 req/s.
-  The class is :class:`~webhook.gunicorn_worker.StickyThreadWorker`, gthread with one change: a
+  The class is :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker`, gthread with one change: a
   thread waits on its kept-alive connection for the next request while no other request needs
   it, which spares an idle server two thread wake-ups per call.
 - ``reuse_port``: a SO_REUSEPORT socket per worker lets the kernel spread the API server's few
   long-lived connections over the workers; without it they often all land on one worker. The
   kernel hashes, it does not balance: hence twice as many workers as cores by default
-  (:attr:`~webhook.settings.Settings.workers`), and a worker holding more than its share of the
-  connections closes one now and then to have it hashed again (:mod:`webhook.connection_balance`,
+  (:attr:`~webhook.serving.settings.Settings.workers`), and a worker holding more than its share of the
+  connections closes one now and then to have it hashed again (:mod:`webhook.serving.connection_balance`,
   through the ``pre_fork`` and ``child_exit`` hooks below).
-- ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.settings.Settings`).
+- ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.serving.settings.Settings`).
 - HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
   request at a time, and connections beyond the thread count starve.
 - ``http_parser = "fast"``: gunicorn_h1c (gunicorn's C parser, a dependency) parses a 6.6 KB
@@ -35,9 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .connection_balance import ConnectionTable
-from .gunicorn_worker import DeadlineSSLSocket
-from .settings import Settings
+from webhook.serving.connection_balance import ConnectionTable
+from webhook.serving.gunicorn_worker import DeadlineSSLSocket
+from webhook.serving.settings import Settings
 
 log = logging.getLogger("gpuquota.server")
 
@@ -97,9 +97,9 @@ class TlsContextCache:
 
 
 def _record_serving_certificate(certfile: str) -> None:
-    # Imported here, in the worker: webhook.metrics must not be imported before the metrics
-    # directory is set (see webhook.server).
-    from .metrics import record_serving_certificate
+    # Imported here, in the worker: webhook.serving.metrics must not be imported before the metrics
+    # directory is set (see webhook.serving.server).
+    from webhook.serving.metrics import record_serving_certificate
 
     record_serving_certificate(certfile)
 
@@ -199,7 +199,7 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
 
     return {
         "bind": [settings.bind],
-        "worker_class": "webhook.gunicorn_worker.StickyThreadWorker",
+        "worker_class": "webhook.serving.gunicorn_worker.StickyThreadWorker",
         "workers": settings.workers,
         "threads": settings.threads,
         "keepalive": settings.keepalive,
@@ -215,7 +215,7 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         "worker_tmp_dir": _worker_tmp_dir(),
         "loglevel": settings.log_level,
         # Access log stays off: the app writes one structured line per admission decision (and the
-        # worker answers admission reviews without gunicorn's access log, see webhook.gunicorn_worker).
+        # worker answers admission reviews without gunicorn's access log, see webhook.serving.gunicorn_worker).
         "accesslog": None,
         "errorlog": "-",
         "preload_app": False,

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from .robust_mutex import MUTEX_BYTES, RobustMutex
+from webhook.quota.robust_mutex import MUTEX_BYTES, RobustMutex
 
 MAGIC = b"GQS1"
 _HEADER = struct.Struct("<4sIIII")  # magic, version, slot capacity, ring capacity, ring slot size
