@@ -43,6 +43,7 @@ from controlplane import (
     Api,
     Binaries,
     ControlPlane,
+    create_gpu_node,
     make_api,
     wait_for_crd_established,
 )
@@ -87,6 +88,12 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
         wait_for_crd_established(api.apiextensions, manifest["metadata"]["name"])
         ledger_namespace = "gpuquota-ledger"
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))
+        # With rewrite: auto a pod is rewritten only where a node it can reach advertises the
+        # canonical names; this control plane is the fixture's own, so it needs such a node too
+        # (no "pods" in allocatable: nothing is bound here, as in the session's canonical node).
+        create_gpu_node(api.core, "gpuquota-faults-canonical",
+                        {"cpu": "1000", "memory": "4Ti", "koordinator.sh/gpu-core": "100000",
+                         "koordinator.sh/gpu-memory-ratio": "100000", "koordinator.sh/gpu-memory": "80Ti"})
         serve_args = ["--kubeconfig", str(plane.kubeconfig_path), "--workers", "1", "--threads", "8",
                       "--accounting", "strict", "--ledger-namespace", ledger_namespace,
                       "--reservation-ttl", str(RESERVATION_TTL)]
