@@ -281,7 +281,7 @@ def create_nodes(server: str, pki_dir: Path, count: int) -> float:
 
 # --- measuring, in a fresh process ---------------------------------------------------------------
 
-# What quota accounting reads of a pod (gpuquota_core.quota.pod_record, pod_is_counted); the rest
+# What quota accounting reads of a pod (gpuquota_core.pod_records.pod_record, pod_is_counted); the rest
 # (managedFields, env, volumes, status conditions) is most of a pod's size.
 POD_FIELDS = {"metadata": ("name", "namespace", "uid", "labels", "resourceVersion"),
               "spec": ("containers", "initContainers", "overhead", "nodeSelector", "affinity"),

@@ -24,8 +24,9 @@ from gpuquota_core.audit import template_of
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
+from gpuquota_core.pod_records import remembered_pod_requests
 from gpuquota_core.podspec import PodShapeError, as_mapping
-from gpuquota_core.quota import POD_QUOTA_LABEL, remembered_pod_requests
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
 from gpuquota_core.resources import ResourceList, add_lists
 from kubeaccess.manifests import ManifestError, load_objects

@@ -12,7 +12,6 @@ from typing import Any
 import click
 import yaml
 
-from gpuquota_core import collector
 from gpuquota_core.migration import (
     DETACH_PHASES,
     PRE_MIGRATION_SPEC_ANNOTATION,
@@ -25,8 +24,9 @@ from gpuquota_core.migration import (
     plan_migration,
     plan_rollback,
 )
-from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
 from gpuquota_core.quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
+from gpuquota_core.quota_objects import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
+from kubeaccess import collector
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError, input_names
@@ -50,7 +50,7 @@ def migrate() -> None:
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
 @click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
-@collector.paused()  # see gpuquota_core/collector.py
+@collector.paused()  # see kubeaccess/collector.py
 def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fmt: str,
          update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Show every change, per quota, with before/after in canonical units.

@@ -11,7 +11,8 @@ from typing import Any
 from gpuquota_core import shared_ledger
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
-from gpuquota_core.quota import QuotaShapeError, QuotaTree, quota_from_object
+from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError

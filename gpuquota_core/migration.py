@@ -20,17 +20,17 @@ from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import PodShapeError, parse_resource_list
 from .quantity import Quantity
-from .quota import (
+from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
+from .quota_integrity import tree_problems
+from .quota_objects import (
     PARENT_LABEL,
     ROOT_QUOTA,
     QuotaInfo,
-    QuotaTree,
     canonical_resource_list,
     legacy_gpu_names,
     quota_from_object,
 )
-from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
-from .quota_integrity import tree_problems
+from .quota_tree import QuotaTree
 from .resources import ResourceList, format_names
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),

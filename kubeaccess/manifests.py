@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gpuquota_core import collector
+from kubeaccess import collector
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # libyaml's loader reads the same documents into the same objects as the pure-Python SafeLoader,

@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 
 from gpuquota_core.audit import AuditReport, check_nodes
 from gpuquota_core.conversion import DEFAULT_CONFIG
+from gpuquota_core.pod_records import PodRecord, spec_shape_key
 from gpuquota_core.quantity import Quantity, QuantityFormat
-from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object, spec_shape_key
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.resources import gpu_family
+from gpuquota_core.usage_index import UsageIndex
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,

@@ -1,5 +1,5 @@
 """The remembered mutation (gpuquota_core.mutation) is exactly the computed one, and so are the
-remembered request texts an admission carries to the quota decision (gpuquota_core.quota).
+remembered request texts an admission carries to the quota decision (gpuquota_core.pod_records).
 
 The memo exists only for speed (docs/benchmarks.md), and its key must hold everything the rewrite
 and the diff read. Generated pods are drawn from a small alphabet so that many of them share a key
@@ -17,15 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuquota_core import mutation, quota
+from gpuquota_core import mutation, pod_records
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION, canonicalize_pod
 from gpuquota_core.conversion import DEFAULT_CONFIG, GPU_MODEL_LABEL, ConversionConfig
 from gpuquota_core.jsonpatch import apply, copy_json
 from gpuquota_core.memo import BoundedMemo
 from gpuquota_core.mutation import PodMutation, mutation_key, pod_mutation, remembered_pod_mutation
+from gpuquota_core.pod_records import canonical_pod_requests, remembered_request_texts
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
-from gpuquota_core.quota import canonical_pod_requests, remembered_request_texts
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
@@ -243,7 +243,7 @@ def computed_texts(spec: Any, config: ConversionConfig) -> dict[str, str]:
 @PROFILE
 @given(data=st.data(), config=st.sampled_from(CONFIGS))
 def test_the_remembered_request_texts_are_the_computed_ones(data: st.DataObject, config: ConversionConfig) -> None:
-    quota._request_texts, quota._pod_requests = BoundedMemo(), BoundedMemo()
+    pod_records._request_texts, pod_records._pod_requests = BoundedMemo(), BoundedMemo()
     base = data.draw(pods())
     batch = [base] + [data.draw(look_alikes(base)) for _ in range(8)]
     for pod in batch + batch[::-1]:  # the second pass answers keyed specs from the memo

@@ -40,8 +40,8 @@ from hypothesis import strategies as st
 from gpuquota_core.audit import audit_objects
 from gpuquota_core.conversion import DEFAULT_CONFIG
 from gpuquota_core.jsonpatch import apply
-from gpuquota_core.quota import quota_from_object
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE
+from gpuquota_core.quota_objects import quota_from_object
 from webhook.admission.handlers import admission_endpoints, create_app
 from webhook.quota.client import QuotaClient
 from webhook.quota.service import serve

@@ -18,9 +18,9 @@ from gpuquota_core import canonical
 from gpuquota_core import quantity as q
 from gpuquota_core.canonical import canonicalize_resource_list
 from gpuquota_core.conversion import DEFAULT_CONFIG, GPU_MODEL_LABEL, ConversionConfig, load_config
+from gpuquota_core.pod_records import canonical_pod_requests, remembered_gpu_problems, remembered_pod_requests
 from gpuquota_core.podspec import pod_requests, read_containers
 from gpuquota_core.quantity import Quantity, QuantityError, QuantityFormat, format_quantity, parse_quantity
-from gpuquota_core.quota import canonical_pod_requests, remembered_gpu_problems, remembered_pod_requests
 from gpuquota_core.resources import add_lists
 from gpuquota_core.validation import validate_pod_gpu
 

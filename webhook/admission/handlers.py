@@ -27,14 +27,9 @@ from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.events import pod_event
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
+from gpuquota_core.pod_records import remembered_gpu_problems, remembered_request_texts, spec_shape_key
 from gpuquota_core.podspec import PodShapeError, as_mapping
-from gpuquota_core.quota import (
-    POD_QUOTA_LABEL,
-    QuotaShapeError,
-    remembered_gpu_problems,
-    remembered_request_texts,
-    spec_shape_key,
-)
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
 from gpuquota_core.validation import GpuRequestProblem
 from webhook.admission.config_source import ConfigSource

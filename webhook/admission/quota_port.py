@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from gpuquota_core.quota import POD_QUOTA_LABEL
 from gpuquota_core.quota_decision import PodQuotaRequest, quota_use_unchanged, requests_of
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 The round trip to the quota service was most of what validating a pod cost (docs/benchmarks.md).
 With local accounting the service shares its totals with the workers (webhook.quota.shared_region). A
 worker reduces the same ``decide`` to integer bounds once per pod shape and tree generation
-(gpuquota_core.quota_snapshot.fit_check), checks them under the region's lock, and reserves in
+(webhook.quota.snapshot.fit_check), checks them under the region's lock, and reserves in
 place: it raises the totals and leaves the reservation in the ring for the service's ledger.
 
 The worker only ever says yes. Everything it cannot answer exactly goes to the service, which
@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuquota_core.memo import BoundedMemo
-from gpuquota_core.quota import POD_QUOTA_LABEL
-from gpuquota_core.quota_snapshot import FitCheck, TreeSnapshot, decode_tree, fit_check
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from webhook.admission.quota_port import (
     ALLOW,
     PodAdmission,
@@ -35,6 +34,7 @@ from webhook.admission.quota_port import (
     quota_requests,
 )
 from webhook.quota.shared_region import MAX_SLOT_VALUE, SharedRegion
+from webhook.quota.snapshot import FitCheck, TreeSnapshot, decode_tree, fit_check
 
 # A worker holds the lock for microseconds; one that waits longer than this asks the service.
 LOCK_WAIT_SECONDS = 0.05

@@ -12,11 +12,13 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from gpuquota_core.ledger import ReservationLedger
-from gpuquota_core.quota import QuotaInfo, QuotaTree, UsageIndex
 from gpuquota_core.quota_decision import requests_of
-from gpuquota_core.quota_snapshot import SlotLayout, encode_tree, nanos_ceil, slot_count, slot_layout
+from gpuquota_core.quota_objects import QuotaInfo
+from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.resources import add_lists
+from gpuquota_core.usage_index import UsageIndex
 from webhook.quota.shared_region import SharedRegion
+from webhook.quota.snapshot import SlotLayout, encode_tree, nanos_ceil, slot_count, slot_layout
 
 log = logging.getLogger("gpuquota.quota")
 # How long the service waits for a worker holding the lock; a worker holds it for microseconds,

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from gpuquota_core.events import ObjectRef, quota_target
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
-from gpuquota_core.quota import QuotaShapeError
+from gpuquota_core.quota_objects import QuotaShapeError
 from kubeaccess.manifests import load_objects
 from webhook.admission.quota_port import PodAdmission, Verdict
 from webhook.quota import metrics as quota_metrics

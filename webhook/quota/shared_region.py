@@ -12,7 +12,7 @@ Layout (little-endian), all of it guarded by ``state_mutex`` except ``alive_mute
   ledger before it next reads or changes anything.
 
 The tree the slots belong to is a JSON file beside it (``tree_path``), replaced whole when the
-generation changes; see gpuquota_core.quota_snapshot.
+generation changes; see webhook.quota.snapshot.
 """
 
 from __future__ import annotations

@@ -10,22 +10,15 @@ from typing import Any
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation, ReservationLedger
-from gpuquota_core.quota import (
-    POD_QUOTA_LABEL,
-    PodRecord,
-    QuotaInfo,
-    QuotaTree,
-    UsageIndex,
-    keeps,
-    pod_is_counted,
-    pod_record,
-    quota_from_object,
-)
+from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
 from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_decision import decide, needs_check
 from gpuquota_core.quota_integrity import check_tree
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL, QuotaInfo, quota_from_object
+from gpuquota_core.quota_tree import QuotaTree, keeps
 from gpuquota_core.quota_view import quota_figures
 from gpuquota_core.resources import add_lists
+from gpuquota_core.usage_index import UsageIndex
 from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from webhook.quota import metrics
 from webhook.quota.publisher import Publisher

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .quantity import Quantity, QuantityFormat
-from .quota import UNCHECKED_QUOTAS, QuotaInfo, QuotaTree
-from .quota_decision import PodQuotaRequest, decide
-from .resources import ResourceList
+from gpuquota_core.quantity import Quantity, QuantityFormat
+from gpuquota_core.quota_decision import PodQuotaRequest, decide
+from gpuquota_core.quota_objects import UNCHECKED_QUOTAS, QuotaInfo
+from gpuquota_core.quota_tree import QuotaTree
+from gpuquota_core.resources import ResourceList
 
 NANOS_PER_UNIT = 10**9
 

@@ -2,10 +2,10 @@
 
 Reading a large snapshot, auditing it and planning its migration each allocate millions of
 objects that stay alive to the end and hold no cycles; with the collector on, its full collections
-walk all of them again and again and free nothing (about half of a 404 MiB snapshot's parse time,
-2 s of a 5 s audit and half a second of writing its report, at 100,000 pods: docs/benchmarks.md).
-One helper for all of them, so a nested pause (the CLI's around the audit's own) restores the
-collector exactly once, where the outermost block ends.
+walk all of them again and again and free nothing (the measured cost is in docs/benchmarks.md).
+This is process tuning, so it lives with the CLI's I/O and stays out of the I/O-free core; the CLI
+pauses around whole commands (audit, migrate) and ``load_objects`` around parsing. One helper for
+all of them, so a nested pause restores the collector exactly once, where the outermost block ends.
 """
 
 from __future__ import annotations
