@@ -117,8 +117,7 @@ class _SnapshotDecider:
             return self.state.judge_batch([admission], self.reservations, time.time())[0][0]
         return self.state.admit_pod(admission)
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         raise NotImplementedError("explain reviews pods only")
 
 

@@ -690,16 +690,6 @@ def _plan_all_at_once(objects: list[Mapping[str, Any]], config: ConversionConfig
     return Plan(steps, blocked, _revisit(objects, config), _window(steps, infos, target))
 
 
-def _sum_max(specs: Iterable[Spec], names: Iterable[str]) -> dict[str, Quantity]:
-    wanted = set(names)
-    total: dict[str, Quantity] = {}
-    for spec in specs:
-        for name, quantity in parse_resource_list(dict(spec["max"]), "spec.max").items():
-            if name in wanted:
-                total[name] = total[name] + quantity if name in total else quantity
-    return total
-
-
 def _braces(resources: Mapping[str, Any]) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(resources.items())) + "}"
 

@@ -19,7 +19,6 @@ from .podspec import (
     pod_requests,
     read_containers,
 )
-from .quantity import Quantity
 from .quota_objects import POD_QUOTA_LABEL
 from .resources import (
     GPU_MEMORY,
@@ -171,7 +170,7 @@ def remembered_gpu_problems(spec: Mapping[str, Any], config: ConversionConfig = 
     return problems
 
 
-def gpu_memory_unknown(requests: Mapping[str, Quantity]) -> bool:
+def gpu_memory_unknown(requests: Mapping[str, object]) -> bool:
     """Bytes of GPU memory with no ratio: how much of a ratio-limited quota it takes is unknowable."""
     return GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests
 

@@ -17,6 +17,7 @@ from typing import Any
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import (
     PodShapeError,
+    as_mapping,
     parse_resource_list,
 )
 from .quantity import Quantity
@@ -35,6 +36,12 @@ TREE_ID_LABEL = PREFIX + "tree-id"
 NAMESPACES_ANNOTATION = PREFIX + "namespaces"
 ADMISSION_ANNOTATION = PREFIX + "admission"
 
+# The ElasticQuota API as Koordinator serves it; every module that names it imports these.
+ELASTICQUOTA_GROUP = "scheduling.sigs.k8s.io"
+ELASTICQUOTA_VERSION = "v1alpha1"
+ELASTICQUOTA_PLURAL = "elasticquotas"
+ELASTICQUOTA_API_VERSION = f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}"
+
 ROOT_QUOTA = "koordinator-root-quota"
 DEFAULT_QUOTA = "koordinator-default-quota"
 SYSTEM_QUOTA = "koordinator-system-quota"
@@ -44,6 +51,10 @@ UNCHECKED_QUOTAS = frozenset({ROOT_QUOTA, SYSTEM_QUOTA})
 
 class QuotaShapeError(ValueError):
     """An ElasticQuota whose fields cannot be read; the message names quota and field."""
+
+
+def _not_an_object(where: str) -> QuotaShapeError:
+    return QuotaShapeError(f"{where}: expected an object")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +89,13 @@ class QuotaInfo:
 
 
 def quota_from_object(obj: Mapping[str, Any]) -> QuotaInfo:
-    metadata = _mapping(obj.get("metadata"), "metadata")
+    metadata = as_mapping(obj.get("metadata"), "metadata", _not_an_object)
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         raise QuotaShapeError("ElasticQuota has no metadata.name")
-    labels = _mapping(metadata.get("labels"), f"{name}: metadata.labels")
-    annotations = _mapping(metadata.get("annotations"), f"{name}: metadata.annotations")
-    spec = _mapping(obj.get("spec"), f"{name}: spec")
+    labels = as_mapping(metadata.get("labels"), f"{name}: metadata.labels", _not_an_object)
+    annotations = as_mapping(metadata.get("annotations"), f"{name}: metadata.annotations", _not_an_object)
+    spec = as_mapping(obj.get("spec"), f"{name}: spec", _not_an_object)
     try:
         minimum = parse_resource_list(spec.get("min"), "spec.min")
         maximum = parse_resource_list(spec.get("max"), "spec.max")
@@ -106,14 +117,6 @@ def quota_from_object(obj: Mapping[str, Any]) -> QuotaInfo:
         resource_version=str(metadata.get("resourceVersion") or ""),
         uid=str(metadata.get("uid") or ""),
     )
-
-
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise QuotaShapeError(f"{where}: expected an object")
-    return value
 
 
 def _json_resource_list(raw: object, where: str) -> ResourceList:

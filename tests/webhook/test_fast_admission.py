@@ -63,8 +63,7 @@ class Recorder:
         self.asked.append(admission.name)
         return self.state.admit_pod(admission)
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         return self.state.review_elasticquota(quota)
 
 

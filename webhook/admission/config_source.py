@@ -23,10 +23,10 @@ from pathlib import Path
 import orjson
 
 from gpuquota_core.conversion import ConfigError, ConversionConfig, load_config
+from webhook.file_signature import FileSignature, file_signature
 
 CHECK_INTERVAL_SECONDS = 1.0
 
-Signature = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 
 class ConfigFileError(ValueError):
@@ -52,14 +52,6 @@ def read_config_file(path: Path) -> ConversionConfig:
         raise ConfigFileError(f"{path}: {error}") from None
 
 
-def _signature(path: Path) -> Signature | None:
-    try:
-        stat = path.stat()  # follows the ..data symlink: a swap shows as a new inode
-    except OSError:
-        return None
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
 class ConfigSource:
     """The config in force, re-read from ``path`` when it changes (``path=None``: fixed)."""
 
@@ -75,7 +67,7 @@ class ConfigSource:
         self._next_check = float("-inf")
         # None: not compared yet. The first check re-reads the file, so a version written between
         # the master's startup read and this worker's first request is not missed.
-        self._seen: Signature | None = None
+        self._seen: FileSignature | None = None
         self._first = True
 
     @property
@@ -101,7 +93,7 @@ class ConfigSource:
         # is set up, and webhook.serving.metrics must not be imported before that (see webhook.serving.metrics).
         from webhook.serving import metrics
 
-        signature = _signature(path)
+        signature = file_signature(path)
         if signature is not None and signature == self._seen:
             return
         first, self._first = self._first, False

@@ -27,10 +27,14 @@ from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.events import pod_event
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
-from gpuquota_core.pod_records import remembered_gpu_problems, remembered_request_texts, spec_shape_key
+from gpuquota_core.pod_records import (
+    gpu_memory_unknown,
+    remembered_gpu_problems,
+    remembered_request_texts,
+    spec_shape_key,
+)
 from gpuquota_core.podspec import PodShapeError, as_mapping
-from gpuquota_core.quota_objects import POD_QUOTA_LABEL, QuotaShapeError
-from gpuquota_core.resources import GPU_MEMORY, GPU_MEMORY_RATIO
+from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.validation import GpuRequestProblem
 from webhook.admission.config_source import ConfigSource
 from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
@@ -50,7 +54,6 @@ from webhook.serving import metrics
 from webhook.serving.settings import MAX_BODY_BYTES
 
 LOGGER_NAME = "gpuquota.webhook"
-ELASTICQUOTA_GROUP = "scheduling.sigs.k8s.io"
 JSON = "application/json"
 ROUTES_EXTENSION = "gpuquota.admission_routes"
 
@@ -238,8 +241,7 @@ class AdmissionHandlers:
             old_labels=old_labels,
             old_canonical_requests=old_requests,
             dry_run=req.dry_run,
-            # Bytes cannot be turned into a share of a card without knowing the card.
-            unknown_gpu_memory=GPU_MEMORY in requests and GPU_MEMORY_RATIO not in requests,
+            unknown_gpu_memory=gpu_memory_unknown(requests),
             caller=caller,
         )
 
@@ -248,18 +250,14 @@ class AdmissionHandlers:
     def validate_elasticquota(self, req: AdmissionRequest, caller: str = "") -> Outcome:
         if not req.is_kind(ELASTICQUOTA_GROUP, "ElasticQuota"):
             return Outcome(allowed(req), "not an ElasticQuota")
-        if req.operation in ("CREATE", "UPDATE"):
-            if req.object is None:
-                return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"),
-                               "no object")
-            subject, old = req.object, req.old_object
-        elif req.operation == "DELETE":
-            # On DELETE the API server sends only the object being deleted, as oldObject.
-            subject, old = req.old_object or {}, req.old_object
-        else:
+        # The webhook is registered for CREATE and UPDATE only (manifests/base/webhook-configurations.yaml);
+        # anything else that reaches it is let through unreviewed.
+        if req.operation not in ("CREATE", "UPDATE"):
             return Outcome(allowed(req), f"{req.operation} not reviewed")
+        if req.object is None:
+            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
         try:
-            verdict = self.quota.review_elasticquota(req.operation, subject, old, req.dry_run)
+            verdict = self.quota.review_elasticquota(req.object)
         except (QuotaShapeError, PodShapeError) as error:
             return Outcome(denied(req, f"cannot read the ElasticQuota: {error}", code=422, reason="Invalid"),
                            "unreadable quota")
@@ -373,10 +371,9 @@ class AdmissionEndpoint:
 class AdmissionRoutes:
     """WSGI middleware serving the admission paths itself; every other path goes on to Flask.
 
-    Flask's request context, URL matching and Response objects cost about 100 µs of a call that
-    is otherwise ~150-300 µs of our code (docs/benchmarks.md, "Optimisations of this round"), and
-    admission POSTs are nearly all of this server's traffic. Health, readiness and metrics stay
-    Flask routes.
+    Flask's request context, URL matching and Response objects cost a large share of a call
+    (docs/benchmarks.md), and admission POSTs are nearly all of this server's traffic. Health,
+    readiness and metrics stay Flask routes.
     """
 
     def __init__(self, endpoints: Mapping[str, AdmissionEndpoint], app: WsgiApp) -> None:

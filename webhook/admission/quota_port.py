@@ -86,8 +86,7 @@ class QuotaDecider(Protocol):
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         ...
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         ...
 
 
@@ -129,6 +128,5 @@ class NoQuota:
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         return ALLOW
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         return ALLOW

@@ -203,14 +203,6 @@ def denied(request: AdmissionRequest, message: str, *, code: int = 403, reason: 
                              warnings=tuple(warnings), decision="denied")
 
 
-def with_warnings(response: AdmissionResponse, warnings: Iterable[str]) -> AdmissionResponse:
-    extra = tuple(w for w in warnings if w not in response.warnings)
-    if not extra:
-        return response
-    return AdmissionResponse(response.uid, response.allowed, response.code, response.message, response.reason,
-                             response.patch, response.warnings + extra, response.decision)
-
-
 def status_body(code: int, reason: str, message: str) -> bytes:
     """A ``metav1.Status`` for HTTP-level failures (400, 413, 500): what the API server logs."""
     return orjson.dumps({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,

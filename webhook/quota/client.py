@@ -100,8 +100,7 @@ class QuotaClient:
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
         return self._verdict(reply)
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         try:
             reply = self._call({"op": "review_elasticquota", "quota": quota})
         except (OSError, ValueError) as error:

@@ -18,12 +18,13 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION
+from kubeaccess.kube import list_pages
 from webhook.quota import metrics
 from webhook.quota.node_view import NODE_KIND, NodeState
 from webhook.quota.state import KINDS, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
-EQ_GROUP, EQ_VERSION, EQ_PLURAL = "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas"
 # The server ends each watch after this long and the loop starts the next one from the last
 # resourceVersion seen: a quiet way to notice a silently dead connection.
 WATCH_SECONDS = 300
@@ -58,7 +59,8 @@ def lister_for(api: client.ApiClient, kind: str) -> Lister:
     if kind == NODE_KIND:
         return client.CoreV1Api(api).list_node
     custom = client.CustomObjectsApi(api)
-    return lambda **kw: custom.list_cluster_custom_object(EQ_GROUP, EQ_VERSION, EQ_PLURAL, **kw)
+    return lambda **kw: custom.list_cluster_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION,
+                                                             ELASTICQUOTA_PLURAL, **kw)
 
 
 class WatchExpired(Exception):
@@ -96,23 +98,18 @@ def list_into(state: SyncTarget, lister: Lister, kind: str, page_size: int = PAG
     resourceVersion); if the token expires (410) the list starts again.
     """
     compacted: list[Any] = []
-    token: str | None = None
-    while True:
-        try:
-            response = lister(limit=page_size, _continue=token, _preload_content=False) if token \
-                else lister(limit=page_size, _preload_content=False)
-        except ApiException as error:
-            if error.status == 410:
-                raise WatchExpired("the list's continue token expired") from None
-            raise
-        page = orjson.loads(response.data)
-        compacted.extend(state.compact(kind, item) for item in page.get("items") or [])
-        del page["items"], response
-        metadata = page["metadata"]
-        token = metadata.get("continue") or None
-        if token is None:
-            state.replace_compact(kind, compacted)
-            return str(metadata["resourceVersion"])
+    metadata: dict[str, Any] = {}
+    try:
+        for page in list_pages(lister, page_size):
+            compacted.extend(state.compact(kind, item) for item in page.get("items") or [])
+            del page["items"]
+            metadata = page["metadata"]
+    except ApiException as error:
+        if error.status == 410:
+            raise WatchExpired("the list's continue token expired") from None
+        raise
+    state.replace_compact(kind, compacted)
+    return str(metadata["resourceVersion"])
 
 
 def watch_once(state: SyncTarget, lister: Lister, kind: str, version: str,

@@ -84,9 +84,8 @@ class FastAdmission:
     def quota_figures(self) -> list[QuotaFigure] | None:
         return self.service.quota_figures() if isinstance(self.service, ReportsQuotaFigures) else None
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
-        return self.service.review_elasticquota(operation, quota, old_quota, dry_run)
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
+        return self.service.review_elasticquota(quota)
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         if admission.operation == "CREATE":

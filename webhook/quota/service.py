@@ -35,7 +35,8 @@ from webhook.quota.node_view import NodeState, nodes_path
 from webhook.quota.node_view import files_of as node_view_files
 from webhook.quota.publisher import Publisher
 from webhook.quota.shared_region import SharedRegion
-from webhook.quota.state import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS, QuotaState
+from webhook.quota.state import QuotaState
+from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.ledger import Reservation, ReservationLedger
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
 from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_decision import decide, needs_check
@@ -22,21 +22,14 @@ from gpuquota_core.usage_index import UsageIndex
 from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from webhook.quota import metrics
 from webhook.quota.publisher import Publisher
+from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
 
 KINDS = ("Pod", "ElasticQuota")
-# How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
-# fails. Longer than a control-plane rolling restart, shorter than the time in which a cluster's
-# quota usage drifts far from what was last seen.
-DEFAULT_STALE_AFTER_SECONDS = 120.0
-# Unconfirmed reservations one caller may hold at once. The API server's own admissions are
-# confirmed by the watch within a second, so it holds roughly (creates per second x watch lag),
-# far below this; a caller posting forged reviews is stopped here, and what it holds expires.
-DEFAULT_MAX_RESERVATIONS_PER_CALLER = 500
 TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 
 class QuotaState:
-    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = 30.0,
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = DEFAULT_TTL_SECONDS,
                  stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
                  max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER) -> None:
         self._lock = threading.Lock()  # every decision and every state change is serialised
@@ -217,8 +210,8 @@ class QuotaState:
     def _publish(self) -> None:
         snapshot = (1 if self.synced else 0, 1 if self._stale_kinds() else 0, len(self.usage),
                     len(self.tree.quotas), len(self.ledger))
-        # Most watch events (a pod MODIFIED) change none of these; writing five multiprocess gauges
-        # anyway was about 15 % of such an event's cost (docs/benchmarks.md).
+        # Most watch events (a pod MODIFIED) change none of these, and writing five multiprocess gauges
+        # anyway was a large share of such an event's cost (docs/benchmarks.md).
         if snapshot == self._published:
             return
         self._published = snapshot

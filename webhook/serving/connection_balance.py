@@ -4,16 +4,15 @@ Each worker listens on its own SO_REUSEPORT socket. The kernel hashes every new 
 of them, and the connection then stays with that worker for as long as it lives, which for the API
 server's webhook client is as long as it keeps being used. With a handful of connections the hash
 can put most of them on one worker: one core then serves all of them while the others idle
-(docs/benchmarks.md: all 8 connections on one of two workers cut throughput to 22 % of the Go
-reference, against 50-70 % when spread).
+(the measured cost is in docs/benchmarks.md).
 
 So every worker publishes how many connections it holds in a table the master maps before it
 forks them, and a worker holding more than its share (the total over the workers, rounded up)
 answers the request at hand with ``Connection: close``. The client opens a new connection for its
 next request, which the kernel hashes afresh. A worker sheds at most one connection per
 ``SHED_INTERVAL_SECONDS``, and only once it has been over its share for that long, so the table
-sees the reconnection before the next decision, and the price (one TLS handshake, about 2 ms of
-CPU) is paid only while the spread stays uneven.
+sees the reconnection before the next decision, and the price (one TLS handshake) is paid only
+while the spread stays uneven.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ def over_share(mine: int, everyone: Sequence[int]) -> bool:
     included) holds more than the even share, rounded up.
 
     No slack above the share: measured with two workers and 8 connections (docs/benchmarks.md),
-    a 3-5 spread serves 15-25 % less than 4-4, and evening it out costs a handshake or two.
+    an uneven spread serves clearly less than an even one, and evening it out costs a handshake or two.
     """
     workers, total = len(everyone), sum(everyone)
     if workers < 2:

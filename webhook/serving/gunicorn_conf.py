@@ -1,9 +1,9 @@
 """gunicorn settings and server hooks for the webhook (used by :mod:`webhook.serving.server`).
 
-Every value here has a measured or operational reason; see ``/work/shared/reference/perf-baseline.md``:
+Every value here has a measured or operational reason (figures in docs/benchmarks.md):
 
 - ``gthread`` workers, not ``sync``: the sync worker closes the connection after every response,
-  so each admission call would pay a full TLS handshake (~2 ms of CPU) and top out near 400 req/s.
+  so each admission call would pay a full TLS handshake and throughput would be bound by them.
   The class is :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker`, gthread with one change: a
   thread waits on its kept-alive connection for the next request while no other request needs
   it, which spares an idle server two thread wake-ups per call.
@@ -16,10 +16,10 @@ Every value here has a measured or operational reason; see ``/work/shared/refere
 - ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.serving.settings.Settings`).
 - HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
   request at a time, and connections beyond the thread count starve.
-- ``http_parser = "fast"``: gunicorn_h1c (gunicorn's C parser, a dependency) parses a 6.6 KB
-  admission request and reads its body in ~51-75 µs instead of ~100-130 µs with the pure-Python
-  parser (in-process, docs/benchmarks.md). "fast" rather than "auto", so a broken install fails at
-  start instead of silently running the slower parser.
+- ``http_parser = "fast"``: gunicorn_h1c (gunicorn's C parser, a dependency) parses an admission
+  request and reads its body in about half the time of the pure-Python parser (docs/benchmarks.md).
+  "fast" rather than "auto", so a broken install fails at start instead of silently running the
+  slower parser.
 - No control socket: it lives in one fixed per-user path, so two servers (tests, ``make run``)
   would fight over it, and nothing here uses ``gunicornc``.
 """
@@ -35,29 +35,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from webhook.file_signature import FileSignature, file_signature
 from webhook.serving.connection_balance import ConnectionTable
 from webhook.serving.gunicorn_worker import DeadlineSSLSocket
 from webhook.serving.settings import Settings
 
 log = logging.getLogger("gpuquota.server")
 
-FileKey = tuple[int, int, int, int] | None
-
-
-def _file_key(path: str) -> FileKey:
-    try:
-        stat = Path(path).stat()
-    except OSError:
-        return None
-    # A Secret volume swaps a symlink on rotation (new inode); an in-place rewrite changes mtime/size.
-    return stat.st_ino, stat.st_dev, stat.st_mtime_ns, stat.st_size
-
 
 class TlsContextCache:
     """gunicorn's ``ssl_context`` hook: TLS 1.2+, rebuilt only when the cert, key or client CA changes.
 
     gunicorn 27 asks for a new SSLContext for every accepted connection and rereads the key and
-    certificate each time (0.6-0.7 ms of CPU per connection). That is what makes a rotated
+    certificate each time (a noticeable CPU cost per connection). That is what makes a rotated
     certificate take effect without a restart, and it is kept: the files are ``stat``-ed on every
     connection and the context rebuilt when either changed. Between changes one context serves
     all connections. If a rebuild fails (the cert and key are being replaced one after the other),
@@ -71,12 +61,12 @@ class TlsContextCache:
     def __init__(self, client_ca: Path | None = None) -> None:
         self._client_ca = client_ca
         self._lock = threading.Lock()
-        self._key: tuple[FileKey, ...] | None = None
+        self._key: tuple[FileSignature | None, ...] | None = None
         self._context: ssl.SSLContext | None = None
 
     def __call__(self, conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        key = (_file_key(conf.certfile), _file_key(conf.keyfile),
-               _file_key(str(self._client_ca)) if self._client_ca is not None else None)
+        key = (file_signature(conf.certfile), file_signature(conf.keyfile),
+               file_signature(str(self._client_ca)) if self._client_ca is not None else None)
         with self._lock:
             if self._context is not None and key == self._key:
                 return self._context

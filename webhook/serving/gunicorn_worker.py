@@ -4,9 +4,9 @@ Stock gthread hands a kept-alive connection back to the worker's poller after ev
 poller thread wakes on the next request, submits it to the thread pool, a pool thread wakes to
 serve it, and its completion wakes the poller again through a pipe. On an otherwise idle server,
 which is how the API server calls a webhook most of the time (one review at a time per
-connection), that chain of three thread wake-ups is most of a call's latency. Measured with wrk on
-one connection (docs/benchmarks.md): about 480 µs per ``/mutate-pods`` call with stock gthread,
-about 290 µs when the thread that answered simply waits for the connection's next request.
+connection), that chain of three thread wake-ups is most of a call's latency (measured with wrk on
+one connection against a thread that simply waits for the connection's next request:
+docs/benchmarks.md).
 
 So here a thread that has answered a request waits on that connection itself (``poll`` on its
 socket) instead of returning it, as long as that cannot starve anyone:
@@ -129,8 +129,8 @@ def _peer_address(client: tuple[str, int] | str | bytes) -> str:
 class DateOncePerSecond:
     """gunicorn's ``util.http_date``, formatting the current time once per second.
 
-    gunicorn formats the Date header of every response afresh (``email.utils.formatdate``): 3-4 %
-    of a worker's Python time under load (py-spy, docs/benchmarks.md). The header has a resolution
+    gunicorn formats the Date header of every response afresh (``email.utils.formatdate``), a
+    visible share of a worker's Python time under load (py-spy, docs/benchmarks.md). The header has a resolution
     of one second, so the text of the second is the same for every response in it.
     """
 

@@ -139,8 +139,8 @@ def record_serving_certificate(certfile: str) -> None:
     SERVING_CERTIFICATE_EXPIRY.set(first.not_valid_after_utc.timestamp())
 
 
-# labels() validates its arguments and takes the metric's lock on every call, about 1 µs each, three
-# times per admission; the children for the few label values an endpoint ever uses are kept here.
+# labels() validates its arguments and takes the metric's lock on every call, three times per
+# admission; the children for the few label values an endpoint ever uses are kept here.
 _requests: dict[tuple[str, str, str], Counter] = {}
 _durations: dict[str, Histogram] = {}
 

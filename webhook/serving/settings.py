@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8443
 DEFAULT_CERT_DIR = Path("certs")
@@ -26,6 +28,15 @@ CA_FILE = "ca.crt"
 # a fail-closed validating webhook turns into a refused update.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
+# How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
+# fails. Longer than a control-plane rolling restart, shorter than the time in which a cluster's
+# quota usage drifts far from what was last seen.
+DEFAULT_STALE_AFTER_SECONDS = 120.0
+# Unconfirmed reservations one caller may hold at once. The API server's own admissions are
+# confirmed by the watch within a second, so it holds roughly (creates per second x watch lag),
+# far below this; a caller posting forged reviews is stopped here, and what it holds expires.
+DEFAULT_MAX_RESERVATIONS_PER_CALLER = 500
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -40,12 +51,12 @@ class Settings:
     context: str | None = None
     # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
     config_path: Path | None = None
-    # Twice the 2 cores of the machine measured (docs/benchmarks.md): each worker has its own
+    # Twice the cores of the machine measured (docs/benchmarks.md): each worker has its own
     # SO_REUSEPORT socket and keeps every connection the kernel hashes to it, so with as many
     # workers as cores the API server's few connections could all land on one worker and leave a
-    # core idle (seen in 2 of 12 benchmark rows at 8 connections: 40 % of the usual throughput).
-    # Four make that rare and leave two busy workers even when it happens, for ~20 MiB (PSS) each;
-    # the workers then even the spread out by shedding connections (webhook.serving.connection_balance).
+    # core idle (seen in benchmarks). Four make that rare and leave two busy workers even when it
+    # happens, for a small memory cost each; the workers then even the spread out by shedding
+    # connections (webhook.serving.connection_balance).
     workers: int = 4
     threads: int = 4
     # Above the API server's 90 s idle-connection timeout, so it is always the client that closes
@@ -65,12 +76,11 @@ class Settings:
     accounting: str = "local"
     ledger_namespace: str = ""
     # Seconds a failing list/watch may last before /readyz reports the quota view stale.
-    stale_after_seconds: float = 120.0
-    # How long an admitted pod holds room before the watch must have shown it (30 s: pod creates
-    # finish well within the API server's request timeout).
-    reservation_ttl_seconds: float = 30.0
-    # Unconfirmed reservations one caller (TLS peer) may hold; see webhook.quota.state.
-    max_reservations_per_caller: int = 500
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
+    # How long an admitted pod holds room before the watch must have shown it (see gpuquota_core.ledger).
+    reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS
+    # Unconfirmed reservations one caller (TLS peer) may hold.
+    max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER
 
     @property
     def certfile(self) -> Path:
