@@ -12,19 +12,9 @@ from typing import Any
 from .canonical import canonicalize_pod_spec, config_identity, pinned_model_key, values_key
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .memo import BoundedMemo
-from .podspec import (
-    CONTAINER_KINDS,
-    MAX_CONTAINERS,
-    as_mapping,
-    pod_requests,
-    read_containers,
-)
+from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, as_mapping, pod_requests, read_containers
 from .quota_objects import POD_QUOTA_LABEL
-from .resources import (
-    GPU_MEMORY,
-    GPU_MEMORY_RATIO,
-    ResourceList,
-)
+from .resources import GPU_MEMORY, GPU_MEMORY_RATIO, ResourceList
 from .validation import GpuRequestProblem, validate_pod_gpu
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

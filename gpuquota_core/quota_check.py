@@ -8,10 +8,7 @@ from dataclasses import dataclass, field
 from .quantity import ZERO, Quantity
 from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo
 from .quota_tree import QuotaTree
-from .resources import (
-    ResourceList,
-    format_list,
-)
+from .resources import ResourceList, format_list
 
 
 @dataclass(frozen=True, slots=True)

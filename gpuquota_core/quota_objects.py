@@ -15,18 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import (
-    PodShapeError,
-    as_mapping,
-    parse_resource_list,
-)
+from .podspec import PodShapeError, as_mapping, parse_resource_list
 from .quantity import Quantity
-from .resources import (
-    VENDOR_WHOLE_GPU_NAMES,
-    GpuFamily,
-    ResourceList,
-    families_of,
-)
+from .resources import VENDOR_WHOLE_GPU_NAMES, GpuFamily, ResourceList, families_of
 
 PREFIX = "quota.scheduling.koordinator.sh/"
 POD_QUOTA_LABEL = PREFIX + "name"

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .quota_objects import DEFAULT_QUOTA, ROOT_QUOTA, LimitNote, QuotaInfo, canonical_resource_list
-from .resources import (
-    ResourceList,
-)
+from .resources import ResourceList
 
 
 @dataclass(frozen=True, slots=True)

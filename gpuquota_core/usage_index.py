@@ -9,10 +9,7 @@ from typing import Any
 from .pod_records import PodRecord
 from .quantity import ZERO, Quantity
 from .quota_tree import QuotaTree
-from .resources import (
-    ResourceList,
-    subtract_lists,
-)
+from .resources import ResourceList, subtract_lists
 
 
 def _counts_alike(counted: PodRecord, record: PodRecord) -> bool:
