@@ -11,8 +11,8 @@ both), and then pods in steps up to each count given (raw JSON POSTs over keep-a
 several processes x threads; pods have no nodeName and no scheduler runs, so nothing schedules or
 runs them). After each step it measures, ``--repeat`` times and each time in a *fresh* process
 (``measure`` below), exactly what the quota service does in live mode:
-``webhook.cluster_state.start_live_sync`` with the quota state and the node view
-(``webhook.node_view.NodeState``) until ``QuotaState.ready()`` and the first nodes.json is
+``webhook.quota.cluster_state.start_live_sync`` with the quota state and the node view
+(``webhook.quota.node_view.NodeState``) until ``QuotaState.ready()`` and the first nodes.json is
 published, the RSS at that point, the size of nodes.json, and the cost of ``apply_event`` for
 MODIFIED pod, quota and node (status heartbeat) events. Variant ``live-nodeless`` syncs without the
 node view, to size what it costs; ``live-nodepageN`` lists the Nodes N a page (a what-if,
@@ -281,7 +281,7 @@ def create_nodes(server: str, pki_dir: Path, count: int) -> float:
 
 # --- measuring, in a fresh process ---------------------------------------------------------------
 
-# What quota accounting reads of a pod (gpuquota_core.quota.pod_record, pod_is_counted); the rest
+# What quota accounting reads of a pod (gpuquota_core.pod_records.pod_record, pod_is_counted); the rest
 # (managedFields, env, volumes, status conditions) is most of a pod's size.
 POD_FIELDS = {"metadata": ("name", "namespace", "uid", "labels", "resourceVersion"),
               "spec": ("containers", "initContainers", "overhead", "nodeSelector", "affinity"),
@@ -302,15 +302,15 @@ def trimmed(pod: dict[str, Any]) -> dict[str, Any]:
 def paged_sync(state: Any, api: Any, nodes: Any = None) -> None:
     """The what-if variant: list 500 at a time and keep only the fields accounting reads.
 
-    Not what the product does (webhook/cluster_state.py lists each kind in one response and
+    Not what the product does (webhook/quota/cluster_state.py lists each kind in one response and
     keeps it referenced while it watches); measured to size that change. With ``nodes`` (a
     NodeState), the nodes too, 500 a page, published as the service publishes them.
     """
     import orjson
     from kubernetes import client
 
-    from webhook.cluster_state import list_into, lister_for
-    from webhook.node_view import NODE_KIND
+    from webhook.quota.cluster_state import list_into, lister_for
+    from webhook.quota.node_view import NODE_KIND
 
     def pages(lister: Any, trim: Any) -> Any:
         token = ""
@@ -340,8 +340,8 @@ def start_sync_paging_nodes(state: Any, api: Any, nodes: Any, page_size: int) ->
     A Node object is several times the size of a pod (labels, conditions, images, managedFields),
     so a page of the pods' size holds far more bytes; measured to size a per-kind page size.
     """
-    from webhook.cluster_state import WATCH_SECONDS, lister_for, start_live_sync, sync_kind
-    from webhook.node_view import NODE_KIND
+    from webhook.quota.cluster_state import WATCH_SECONDS, lister_for, start_live_sync, sync_kind
+    from webhook.quota.node_view import NODE_KIND
 
     stop = start_live_sync(state, api)
     threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()
@@ -356,18 +356,18 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     apply_event's cost per event.
 
     ``shared``: as the quota service runs with local accounting (the default), publishing its
-    totals to the workers' shared region on every change (webhook.quota_service.share_with_workers).
+    totals to the workers' shared region on every change (webhook.quota.service.share_with_workers).
     ``with_nodes``: as the service runs, Nodes synced by the same loop into a NodeState that
-    publishes nodes.json beside the socket (webhook.quota_service.run_service); the sync counts
+    publishes nodes.json beside the socket (webhook.quota.service.run_service); the sync counts
     as done when the quota state is ready and the first nodes.json is written.
     ``node_page_size``: when set, the what-if of ``start_sync_paging_nodes``.
     """
 
     from kubeaccess import kube
-    from webhook.cluster_state import start_live_sync
-    from webhook.node_view import NodeState, nodes_path
-    from webhook.quota_service import remove_private_files, share_with_workers
-    from webhook.quota_state import QuotaState
+    from webhook.quota.cluster_state import start_live_sync
+    from webhook.quota.node_view import NodeState, nodes_path
+    from webhook.quota.service import remove_private_files, share_with_workers
+    from webhook.quota.state import QuotaState
 
     gc.collect()
     rss_before = _kib("VmRSS")
@@ -511,7 +511,7 @@ def send_reviews(host: str, port: int, context: ssl.SSLContext) -> None:
 def measure_served(kubeconfig: Path, work_dir: Path, workers: int | None) -> dict[str, Any]:
     from webhookproc import LOOPBACK, WebhookProcess
 
-    from webhook.settings import Settings
+    from webhook.serving.settings import Settings
 
     server = WebhookProcess(work_dir, serve_args=["--kubeconfig", str(kubeconfig),
                                                   *(["--workers", str(workers)] if workers else [])])
@@ -555,7 +555,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--variants", default="live,paged",
-                        help="live: webhook.cluster_state as shipped (local accounting: publishing to the "
+                        help="live: webhook.quota.cluster_state as shipped (local accounting: publishing to the "
                              "workers' shared region; the node view); live-unshared: the same without the "
                              "region; live-nodeless: without the node view; live-nodepageN: the what-if of "
                              "listing the Nodes N a page; paged: the what-if of paged_sync (any of them with "

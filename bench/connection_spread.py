@@ -4,7 +4,7 @@ Starts ``gpuquota serve`` on the example cluster with ``--workers N``, then runs
 ``/validate-pods`` ROWS times (8 connections, ``BENCH_DURATION`` each, default 10s) and prints, per
 row, the throughput, the connections per worker one second in and a second before the end (as
 ``make bench`` does, from ``ss``), and how many connections the workers shed during the row
-(``gpuquota_connections_shed_total``; see webhook/connection_balance.py).
+(``gpuquota_connections_shed_total``; see webhook/serving/connection_balance.py).
 
 Usage: .venv/bin/python bench/connection_spread.py [workers, default 2] [rows, default 12]
 """

@@ -2,8 +2,8 @@
 
 ``make bench`` runs it next to ``gpuquota serve`` and the Go reference, so every run shows how much
 of the distance to Go is the server stack (gunicorn, its worker, Python's TLS) and how much is the
-product's own code. Its settings are the product's, taken from ``webhook.gunicorn_conf.gunicorn_options``
-with the defaults of ``webhook.settings.Settings`` (worker class, workers, threads, keep-alive,
+product's own code. Its settings are the product's, taken from ``webhook.serving.gunicorn_conf.gunicorn_options``
+with the defaults of ``webhook.serving.settings.Settings`` (worker class, workers, threads, keep-alive,
 parser, TLS context), so the two cannot drift apart. The app reads the whole body, as the product
 does, and answers with a fixed AdmissionReview the size of the product's answer to the benchmark's
 review (1,324 bytes: a patch and two warnings).
@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuquota_core.conversion import DEFAULT_CONFIG  # noqa: E402
-from webhook.gunicorn_conf import MetricsDirectory, gunicorn_options  # noqa: E402
-from webhook.server import WebhookApplication  # noqa: E402
-from webhook.settings import Settings  # noqa: E402
-from webhook.supervision import QuotaServiceSupervisor  # noqa: E402
+from webhook.serving.gunicorn_conf import MetricsDirectory, gunicorn_options  # noqa: E402
+from webhook.serving.server import WebhookApplication  # noqa: E402
+from webhook.serving.settings import Settings  # noqa: E402
+from webhook.serving.supervision import QuotaServiceSupervisor  # noqa: E402
 
 PRODUCT_ANSWER_BYTES = 1324
 _PREFIX = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"bench-uid",' \

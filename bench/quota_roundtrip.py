@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from webhook.quota_client import QuotaClient  # noqa: E402
-from webhook.quota_port import PodAdmission  # noqa: E402
-from webhook.quota_service import private_socket_path, start_service_process  # noqa: E402
+from webhook.admission.quota_port import PodAdmission  # noqa: E402
+from webhook.quota.client import QuotaClient  # noqa: E402
+from webhook.quota.service import private_socket_path, start_service_process  # noqa: E402
 
 ADMISSION = PodAdmission(
     uid="bench", operation="CREATE", namespace="team-vision", name="bench", pod_uid="", labels={},

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from controlplane import free_ports  # noqa: E402  (tests/controlplane.py)
 
-from webhook.settings import Settings  # noqa: E402
+from webhook.serving.settings import Settings  # noqa: E402
 
 BIN = ROOT / ".venv" / "bin"
 CONNECTIONS = (1, 8, 32)

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from gpuquota_core import collector
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, AuditReport, Finding, Severity, audit_objects
 from gpuquota_core.selector import Selector
+from kubeaccess import collector
 from kubeaccess.manifests import ManifestError, load_objects
 
 from . import output
@@ -77,7 +77,7 @@ def parse_scopes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
 @click.option("--context", default=None, help="Kubeconfig context to use.")
 @click.option("--chunk-size", default=DEFAULT_CHUNK_SIZE, show_default=True, type=click.IntRange(min=1),
               help="Objects per list request (paged with continue tokens, as kubectl does).")
-@collector.paused()  # see gpuquota_core/collector.py
+@collector.paused()  # see kubeaccess/collector.py
 def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None, all_namespaces: bool, fmt: str,
           selector: Selector | None, no_headers: bool, colour: str, fail_on: str, gpu_shared_label: str,
           kubeconfig: str | None, context: str | None, chunk_size: int) -> None:

@@ -41,7 +41,7 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     printed), 2 on bad flags or files, or when the input holds no object.
     """
     # Imported here: the server module is a third of a second of every gpuquota command's start-up.
-    from webhook.server import ServeError, load_conversion_config
+    from webhook.serving.server import ServeError, load_conversion_config
 
     try:
         config: ConversionConfig = load_conversion_config(config_path)

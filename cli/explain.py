@@ -24,8 +24,9 @@ from gpuquota_core.audit import template_of
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
+from gpuquota_core.pod_records import remembered_pod_requests
 from gpuquota_core.podspec import PodShapeError, as_mapping
-from gpuquota_core.quota import POD_QUOTA_LABEL, remembered_pod_requests
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
 from gpuquota_core.resources import ResourceList, add_lists
 from kubeaccess.manifests import ManifestError, load_objects
@@ -38,10 +39,10 @@ from .output import document, table
 if TYPE_CHECKING:
     from gpuquota_core.ledger import ReservationLedger
     from gpuquota_core.shared_ledger import StoredReservation
-    from webhook.admission import AdmissionRequest
-    from webhook.app import AdmissionHandlers
-    from webhook.quota_port import PodAdmission, Verdict
-    from webhook.quota_state import QuotaState
+    from webhook.admission.handlers import AdmissionHandlers
+    from webhook.admission.quota_port import PodAdmission, Verdict
+    from webhook.admission.review import AdmissionRequest
+    from webhook.quota.state import QuotaState
 
 REFUSED_EXIT = 1
 REWROTE_PREFIX = "gpuquota rewrote "
@@ -116,8 +117,7 @@ class _SnapshotDecider:
             return self.state.judge_batch([admission], self.reservations, time.time())[0][0]
         return self.state.admit_pod(admission)
 
-    def review_elasticquota(self, operation: str, quota: dict[str, Any], old_quota: dict[str, Any] | None,
-                            dry_run: bool) -> Verdict:
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         raise NotImplementedError("explain reviews pods only")
 
 
@@ -230,9 +230,9 @@ def _review(pod: Mapping[str, Any]) -> bytes:
 def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
                 config: ConversionConfig) -> list[Explanation]:
     from gpuquota_core.quota_integrity import QuotaTreeError
-    from webhook.admission import decode_review
-    from webhook.app import AdmissionHandlers
-    from webhook.quota_state import QuotaState
+    from webhook.admission.handlers import AdmissionHandlers
+    from webhook.admission.review import decode_review
+    from webhook.quota.state import QuotaState
 
     state_snapshot.tree(config)  # an unreadable quota: one Error line, before the state reads it
     state = QuotaState()

@@ -12,7 +12,6 @@ from typing import Any
 import click
 import yaml
 
-from gpuquota_core import collector
 from gpuquota_core.migration import (
     DETACH_PHASES,
     PRE_MIGRATION_SPEC_ANNOTATION,
@@ -25,8 +24,16 @@ from gpuquota_core.migration import (
     plan_migration,
     plan_rollback,
 )
-from gpuquota_core.quota import PARENT_LABEL, ROOT_QUOTA, QuotaShapeError
 from gpuquota_core.quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
+from gpuquota_core.quota_objects import (
+    ELASTICQUOTA_GROUP,
+    ELASTICQUOTA_PLURAL,
+    ELASTICQUOTA_VERSION,
+    PARENT_LABEL,
+    ROOT_QUOTA,
+    QuotaShapeError,
+)
+from kubeaccess import collector
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError, input_names
@@ -50,7 +57,7 @@ def migrate() -> None:
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
 @click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
-@collector.paused()  # see gpuquota_core/collector.py
+@collector.paused()  # see kubeaccess/collector.py
 def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fmt: str,
          update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Show every change, per quota, with before/after in canonical units.
@@ -137,7 +144,6 @@ def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str,
         raise CommandError(str(error)) from None
 
 
-EQ = ("scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas")
 CONFLICT_EXIT = 1
 DRY_RUN_HELP = ("client: print the steps and write nothing; server: send every step as a server-side dry run "
                 "(the apiserver and its webhooks judge it), nothing is stored.")
@@ -192,10 +198,11 @@ def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
                 # Every real write is tried with dryRun=All first: admission (Koordinator's webhook,
                 # ours) judges the step before anything is stored, so a refusal leaves no half-step.
                 stored = custom.replace_namespaced_custom_object(
-                    EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body, dry_run="All")
+                    ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota, body,
+                    dry_run="All")
                 if dry_run != "server":
                     stored = custom.replace_namespaced_custom_object(
-                        EQ[0], EQ[1], step.namespace, EQ[2], step.quota, body)
+                        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota, body)
             except ApiException as error:
                 if error.status == 409:
                     version = (current[key].get("metadata") or {}).get("resourceVersion")

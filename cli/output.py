@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 import yaml
 
+from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP
+
 FORMATS = ("table", "wide", "name", "json", "yaml")
 COLOUR_CHOICES = ("auto", "always", "never")
 
@@ -20,7 +22,7 @@ COLOUR_CHOICES = ("auto", "always", "never")
 RESOURCE_NAMES = {
     "Pod": "pod", "Node": "node", "ResourceQuota": "resourcequota", "PodTemplate": "podtemplate",
     "ReplicationController": "replicationcontroller",
-    "ElasticQuota": "elasticquota.scheduling.sigs.k8s.io",
+    "ElasticQuota": f"elasticquota.{ELASTICQUOTA_GROUP}",
     "Deployment": "deployment.apps", "StatefulSet": "statefulset.apps", "DaemonSet": "daemonset.apps",
     "ReplicaSet": "replicaset.apps", "Job": "job.batch", "CronJob": "cronjob.batch",
 }
@@ -59,8 +61,8 @@ def document(data: Any, fmt: str, *, plain: bool = False) -> str:
     bool and None (no floats: orjson writes some differently, ``0.00001`` for ``1e-05``, ``null`` for
     ``Infinity``).
     Such a document is written by orjson, byte for byte what ``json.dumps`` writes, since the
-    standard library's indenting encoder is pure Python: about 1.4 s of a 100,000-pod audit's
-    40 MB report against a few hundredths of a second.
+    standard library's indenting encoder is pure Python and many times slower on a large audit's
+    report (docs/benchmarks.md).
     """
     if fmt == "json":
         fast = _orjson_indented(data) if plain else None

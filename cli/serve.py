@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from webhook.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
+from webhook.serving.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
 
 from .errors import CommandError
 
@@ -62,7 +62,7 @@ def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | 
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     # Imported here, not at module level: every gpuquota command imports every command module, and
     # the server (gunicorn, Flask, the kubernetes client) is a third of a second of start-up.
-    from webhook.server import ServeError, run
+    from webhook.serving.server import ServeError, run
 
     try:
         run(Settings(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,

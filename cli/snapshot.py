@@ -11,7 +11,8 @@ from typing import Any
 from gpuquota_core import shared_ledger
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
-from gpuquota_core.quota import QuotaShapeError, QuotaTree, quota_from_object
+from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
 from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError
@@ -42,7 +43,7 @@ class Snapshot:
 def conversion_config(path: Path | None) -> ConversionConfig:
     if path is None:
         return DEFAULT_CONFIG
-    from webhook.config_source import ConfigFileError, read_config_file
+    from webhook.admission.config_source import ConfigFileError, read_config_file
 
     try:
         return read_config_file(path)
@@ -86,7 +87,7 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
     from urllib3.exceptions import HTTPError
 
     from kubeaccess.kube import api_error_message
-    from webhook.strict_accounting import MANAGED_SELECTOR
+    from webhook.quota.strict_accounting import MANAGED_SELECTOR
 
     try:
         response: Any = client.CoreV1Api(api).list_config_map_for_all_namespaces(

@@ -16,6 +16,7 @@ from typing import Any
 
 from .enforcement import DEFAULT_ENFORCEMENT, EnforcementConfig, EnforcementError, load_enforcement
 from .placement import RewritePolicy
+from .podspec import as_mapping
 from .quantity import QuantityError, parse_quantity
 from .resources import (
     AMD_GPU,
@@ -117,7 +118,7 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
                                                                          "transformations")))
         _check_rules(rules, rename)
     models: dict[str, int] = {}
-    for model, raw in _mapping(document.get("gpuMemoryByModel"), "gpuMemoryByModel").items():
+    for model, raw in as_mapping(document.get("gpuMemoryByModel"), "gpuMemoryByModel", _not_a_mapping).items():
         try:
             size = parse_quantity(raw)
         except QuantityError as error:
@@ -139,12 +140,8 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
     return ConversionConfig(rules, models, model_label, rename, enforcement, RewritePolicy(raw_policy))
 
 
-def _mapping(value: object, where: str) -> Mapping[Any, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} must be a mapping")
-    return value
+def _not_a_mapping(where: str) -> ConfigError:
+    return ConfigError(f"{where} must be a mapping")
 
 
 def _no_unknown_keys(document: Mapping[Any, Any], known: tuple[str, ...], where: str) -> None:
@@ -169,7 +166,7 @@ def _load_rule(index: int, raw: object) -> ConversionRule:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.input must be a resource name")
     outputs: dict[str, Fraction] = {}
-    for output, quantity in _mapping(entry.get("outputs"), f"{where}.outputs").items():
+    for output, quantity in as_mapping(entry.get("outputs"), f"{where}.outputs", _not_a_mapping).items():
         try:
             per_unit = parse_quantity(quantity)
         except QuantityError as error:

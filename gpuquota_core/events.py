@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .enforcement import CHECKS, INVALID, PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY, Mode
+from .quota_objects import ELASTICQUOTA_API_VERSION
 
 # check (the admission response's reason) -> the Event reason of an enforced refusal.
 REFUSED_REASONS: Mapping[str, str] = {
@@ -40,7 +41,6 @@ REPORTING_COMPONENT = "koord-gpuquota"
 # (1 KiB); keep to it so the same text fits either view of the object.
 MAX_MESSAGE_BYTES = 1024
 
-ELASTICQUOTA_API_VERSION = "scheduling.sigs.k8s.io/v1alpha1"
 
 
 @dataclass(frozen=True, slots=True)

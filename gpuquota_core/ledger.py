@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from .quantity import ZERO, Quantity
 from .resources import ResourceList, add_lists, subtract_lists
 
+# How long an admitted pod holds room before the watch must have shown it: pod creates finish well
+# within the API server's request timeout (docs/reliability.md, "Known limits", says where not).
 DEFAULT_TTL_SECONDS = 30.0
 
 

@@ -20,17 +20,17 @@ from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .podspec import PodShapeError, parse_resource_list
 from .quantity import Quantity
-from .quota import (
+from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
+from .quota_integrity import tree_problems
+from .quota_objects import (
     PARENT_LABEL,
     ROOT_QUOTA,
     QuotaInfo,
-    QuotaTree,
     canonical_resource_list,
     legacy_gpu_names,
     quota_from_object,
 )
-from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
-from .quota_integrity import tree_problems
+from .quota_tree import QuotaTree
 from .resources import ResourceList, format_names
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
@@ -688,16 +688,6 @@ def _plan_all_at_once(objects: list[Mapping[str, Any]], config: ConversionConfig
     blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, migrated, config))
     return Plan(steps, blocked, _revisit(objects, config), _window(steps, infos, target))
-
-
-def _sum_max(specs: Iterable[Spec], names: Iterable[str]) -> dict[str, Quantity]:
-    wanted = set(names)
-    total: dict[str, Quantity] = {}
-    for spec in specs:
-        for name, quantity in parse_resource_list(dict(spec["max"]), "spec.max").items():
-            if name in wanted:
-                total[name] = total[name] + quantity if name in total else quantity
-    return total
 
 
 def _braces(resources: Mapping[str, Any]) -> str:

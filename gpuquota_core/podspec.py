@@ -6,7 +6,7 @@ names the field, never a ``TypeError`` deep inside the webhook.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,9 @@ class ContainerResources:
         return merged
 
 
-def as_mapping(value: object, path: str) -> Mapping[str, Any]:
+def as_mapping(value: object, path: str, error: Callable[[str], Exception] | None = None) -> Mapping[str, Any]:
+    """``value`` read as an object: absent (None) is empty; anything else that is not a mapping raises
+    PodShapeError at ``path``, or ``error(path)`` where the caller's domain has its own error."""
     # Decoded JSON is always a plain dict; checking that first skips the much slower ABC check
     # (this runs several times per container of every pod the quota cache sees).
     if type(value) is dict:
@@ -62,7 +64,7 @@ def as_mapping(value: object, path: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise PodShapeError(path, f"expected an object, got {type(value).__name__}")
+        raise PodShapeError(path, f"expected an object, got {type(value).__name__}") if error is None else error(path)
     return value
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .audit import AuditReport, Finding, Severity
+from .quota_objects import ELASTICQUOTA_API_VERSION
 
 API_VERSION = "wgpolicyk8s.io/v1alpha2"
 SOURCE = "koord-gpuquota"
@@ -60,7 +61,7 @@ API_VERSION_OF_KIND: Mapping[str, str] = {
     "ResourceQuota": "v1",
     "ReplicationController": "v1",
     "PodTemplate": "v1",
-    "ElasticQuota": "scheduling.sigs.k8s.io/v1alpha1",
+    "ElasticQuota": ELASTICQUOTA_API_VERSION,
     "Deployment": "apps/v1",
     "StatefulSet": "apps/v1",
     "DaemonSet": "apps/v1",

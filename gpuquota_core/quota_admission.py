@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .quantity import Quantity
-from .quota import QuotaTree, quota_from_object
 from .quota_integrity import placement_problems
+from .quota_objects import quota_from_object
 from .quota_review import QuotaReview, review_quota
+from .quota_tree import QuotaTree
 
 # Written by ``gpuquota migrate apply`` (gpuquota_core.migration): a quota between two steps, the
 # one state in which it may name both GPU families.
@@ -32,7 +33,7 @@ def review_quota_object(obj: Mapping[str, Any], tree: QuotaTree, used: Mapping[s
     own values (:func:`review_quota`), then its place in the tree (a taken name, a missing parent,
     a parent cycle: :func:`placement_problems`).
 
-    Raises :class:`~gpuquota_core.quota.QuotaShapeError` for an object that cannot be read (the
+    Raises :class:`~gpuquota_core.quota_objects.QuotaShapeError` for an object that cannot be read (the
     webhook answers 422, the audit reports ``quota-invalid``).
     """
     quota = quota_from_object(obj)

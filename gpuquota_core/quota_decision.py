@@ -12,7 +12,8 @@ from typing import Protocol
 
 from .ledger import Reservation
 from .quantity import ZERO, Quantity
-from .quota import QuotaTree, charges_for_chain, check_chain
+from .quota_check import charges_for_chain, check_chain
+from .quota_tree import QuotaTree
 from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, subtract_lists
 
 QUOTA_EXCEEDED = "QuotaExceeded"

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .quota import PARENT_LABEL, ROOT_QUOTA, QuotaInfo, keeps
+from .quota_objects import PARENT_LABEL, ROOT_QUOTA, QuotaInfo
+from .quota_tree import keeps
 
 # Stable ids: audit check ids (docs/audit-checks.md) and ``migrate plan`` blocked reasons.
 DUPLICATE_NAME = "quota-duplicate-name"

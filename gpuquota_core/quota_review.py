@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .quantity import ZERO, Quantity
-from .quota import (
+from .quota_objects import (
     QuotaInfo,
-    QuotaTree,
     canonical_resource_list,
     canonical_spellings,
     legacy_gpu_names,
     names_both_families,
 )
+from .quota_tree import QuotaTree
 from .resources import ResourceList
 
 

@@ -15,19 +15,12 @@ from typing import Any
 
 from .canonical import ORIGINAL_RESOURCES_ANNOTATION, original_resources
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .pod_records import pod_is_counted, pod_record
 from .podspec import CONTAINER_KINDS
 from .quantity import ZERO, Quantity
-from .quota import (
-    UNCHECKED_QUOTAS,
-    QuotaInfo,
-    QuotaTree,
-    Resolution,
-    UsageIndex,
-    canonical_resource_list,
-    charges_for_chain,
-    pod_is_counted,
-    pod_record,
-)
+from .quota_check import charges_for_chain
+from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo, canonical_resource_list
+from .quota_tree import QuotaTree, Resolution
 from .resources import (
     DEPRECATED_RENAMES,
     PERCENT_PER_CARD,
@@ -38,6 +31,7 @@ from .resources import (
     is_gpu_name,
 )
 from .shared_ledger import StoredReservation, holding_room, tree_of
+from .usage_index import UsageIndex
 
 SCHEMA_VERSION = 1
 # At or above this share of its limit a quota shows as near full (a warning colour on a terminal).

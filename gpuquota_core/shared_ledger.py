@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from .ledger import Reservation, ReservationLedger
 from .quantity import Quantity, QuantityError
-from .quota import QuotaTree, UsageIndex
+from .quota_tree import QuotaTree
 from .resources import ResourceList
+from .usage_index import UsageIndex
 
 LEDGER_DATA_KEY = "reservations.json"
 # Set when a replica found the object deleted: until then (wall-clock seconds) reservations that

@@ -22,7 +22,7 @@ with atheris.instrument_imports():
     from gpuquota_core.podspec import PodShapeError, pod_requests, read_containers
     from gpuquota_core.quantity import Quantity, QuantityError
     from gpuquota_core.validation import validate_pod_gpu
-    from webhook.admission import BadRequest, decode_review
+    from webhook.admission.review import BadRequest, decode_review
 
 EXPECTED = (BadRequest, PodShapeError, QuantityError)
 

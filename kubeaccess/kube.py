@@ -7,7 +7,7 @@ deserialisation is several times slower and the audit needs plain mappings anywa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
+
+from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION
 
 DEFAULT_PAGE_SIZE = 500
 
@@ -58,7 +60,7 @@ def _group(api_class: str, plural: str) -> Callable[[client.ApiClient, str | Non
 
 def _elasticquotas(api: client.ApiClient, namespace: str | None) -> Lister:
     custom = client.CustomObjectsApi(api)
-    group, version, plural = "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas"
+    group, version, plural = ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, ELASTICQUOTA_PLURAL
     if namespace is None:
         return lambda **kw: custom.list_cluster_custom_object(group, version, plural, **kw)
     return lambda **kw: custom.list_namespaced_custom_object(group, version, namespace, plural, **kw)
@@ -250,29 +252,42 @@ def list_all(api: client.ApiClient, kind: ListedKind, namespace: str | None, *,
              page_size: int = DEFAULT_PAGE_SIZE, on_page: Callable[[str, int], None] | None = None,
              ) -> list[dict[str, Any]]:
     """Every object of ``kind`` (in ``namespace`` when given), fetched ``page_size`` at a time."""
-    lister = kind.lister(api, namespace)
     items: list[dict[str, Any]] = []
+    try:
+        for page in list_pages(kind.lister(api, namespace), page_size, _request_timeout=60):
+            for item in page.get("items", []):
+                # List items carry no kind of their own; the audit dispatches on it.
+                item.setdefault("kind", kind.kind)
+                items.append(item)
+            if on_page is not None:
+                on_page(kind.kind, len(items))
+    except ApiException as error:
+        if error.status == 404 and kind.optional:
+            return []
+        raise KubeAccessError(f"listing {kind.kind}: {error.status} {api_error_message(error)}") from None
+    except HTTPError as error:
+        raise KubeAccessError(f"cannot reach the API server: {error}") from None
+    return items
+
+
+def list_pages(lister: Callable[..., Any], page_size: int, **options: Any) -> Iterator[dict[str, Any]]:
+    """The decoded pages of one list, ``page_size`` objects at a time, up to the last.
+
+    All pages come from one consistent snapshot (the continue token pins its resourceVersion). The
+    lister's errors reach the caller, which knows what they mean for its list. Each response is
+    dropped as soon as it is decoded, so a caller that drops a page's items before asking for the
+    next holds one page at a time.
+    """
     token = ""
     while True:
         paging: dict[str, Any] = {"limit": page_size, **({"_continue": token} if token else {})}
-        try:
-            response = lister(_preload_content=False, _request_timeout=60, **paging)
-        except ApiException as error:
-            if error.status == 404 and kind.optional:
-                return []
-            raise KubeAccessError(f"listing {kind.kind}: {error.status} {api_error_message(error)}") from None
-        except HTTPError as error:
-            raise KubeAccessError(f"cannot reach the API server: {error}") from None
+        response = lister(_preload_content=False, **options, **paging)
         page = orjson.loads(response.data or b"{}")
-        for item in page.get("items", []):
-            # List items carry no kind of their own; the audit dispatches on it.
-            item.setdefault("kind", kind.kind)
-            items.append(item)
-        if on_page is not None:
-            on_page(kind.kind, len(items))
+        del response
         token = (page.get("metadata") or {}).get("continue") or ""
+        yield page
         if not token:
-            return items
+            return
 
 
 def list_cluster(kubeconfig: str | None, context: str | None, namespace: str | None, *,

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gpuquota_core import collector
+from kubeaccess import collector
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # libyaml's loader reads the same documents into the same objects as the pure-Python SafeLoader,
@@ -42,8 +42,8 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
     read = 0
     # Parse without the cyclic garbage collector. A 100,000-pod snapshot decodes into tens of
     # millions of dicts and lists; each counts as an allocation towards the collector's thresholds,
-    # and every full collection walks all of them: about half of the parse time of a 404 MiB
-    # snapshot, for nothing, since decoded JSON (and YAML without recursive aliases) holds no
+    # and every full collection walks all of them (a large share of a big snapshot's parse time,
+    # docs/benchmarks.md), for nothing, since decoded JSON (and YAML without recursive aliases) holds no
     # reference cycles.
     with collector.paused():
         for path in paths:
@@ -118,8 +118,7 @@ def not_text(error: UnicodeDecodeError) -> str:
 
 
 # Above this size a file is decoded straight from a memory map of the page cache: read_text would
-# first copy it into a bytes object of the same size (404 MiB for a 100,000-pod snapshot, ~0.3 s
-# of page faults) and then decode that.
+# first copy it into a bytes object of the same size (page faults for all of it) and then decode that.
 _MAP_ABOVE = 1 << 20
 
 

@@ -198,7 +198,7 @@ def quota_service_pid(master: int) -> int:
     """The quota service process of the ``gpuquota serve`` whose gunicorn master is ``master``."""
     out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(master)], capture_output=True, text=True,
                          check=True).stdout
-    pids = [int(line.split(None, 1)[0]) for line in out.splitlines() if "webhook.quota_service" in line]
+    pids = [int(line.split(None, 1)[0]) for line in out.splitlines() if "webhook.quota.service" in line]
     assert len(pids) == 1, out
     return pids[0]
 

@@ -19,7 +19,7 @@ def test_the_audit_chunk_size_default_is_the_page_size_of_kubeaccess() -> None:
 
 def test_importing_the_commands_loads_no_heavy_module() -> None:
     probe = ("import sys, cli.main; "
-             "print(sorted(m for m in ('kubernetes', 'webhook.server', 'gunicorn', 'flask', 'cryptography') "
+             "print(sorted(m for m in ('kubernetes', 'webhook.serving.server', 'gunicorn', 'flask', 'cryptography') "
              "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

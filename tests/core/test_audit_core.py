@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from gpuquota_core.audit import AuditReport, Finding, Severity, audit_objects
-from gpuquota_core.quota import QuotaTree, pod_record, quota_from_object
-from webhook.quota_state import QuotaState
+from gpuquota_core.pod_records import pod_record
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
+from webhook.quota.state import QuotaState
 
 PARENT = "quota.scheduling.koordinator.sh/parent"
 IS_PARENT = "quota.scheduling.koordinator.sh/is-parent"

@@ -20,7 +20,7 @@ from gpuquota_core.podspec import PodShapeError, as_mapping, pod_requests, read_
 from gpuquota_core.quantity import Quantity, QuantityError, parse_quantity
 from gpuquota_core.resources import VENDOR_WHOLE_GPU_NAMES
 from gpuquota_core.validation import validate_pod_gpu
-from webhook.admission import BadRequest, decode_review
+from webhook.admission.review import BadRequest, decode_review
 
 CORE = "koordinator.sh/gpu-core"
 RATIO = "koordinator.sh/gpu-memory-ratio"

@@ -26,7 +26,7 @@ from gpuquota_core.migration import (
     plan_rollback,
     simulate_koordinator,
 )
-from gpuquota_core.quota import ROOT_QUOTA, quota_from_object
+from gpuquota_core.quota_objects import ROOT_QUOTA, quota_from_object
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 GPU = "nvidia.com/gpu"

@@ -23,7 +23,7 @@ from gpuquota_core.migration import (
     plan_migration,
     plan_rollback,
 )
-from gpuquota_core.quota import QuotaShapeError
+from gpuquota_core.quota_objects import QuotaShapeError
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"

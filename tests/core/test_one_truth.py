@@ -40,12 +40,12 @@ from hypothesis import strategies as st
 from gpuquota_core.audit import audit_objects
 from gpuquota_core.conversion import DEFAULT_CONFIG
 from gpuquota_core.jsonpatch import apply
-from gpuquota_core.quota import quota_from_object
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE
-from webhook.app import admission_endpoints, create_app
-from webhook.quota_client import QuotaClient
-from webhook.quota_service import serve
-from webhook.quota_state import QuotaState
+from gpuquota_core.quota_objects import quota_from_object
+from webhook.admission.handlers import admission_endpoints, create_app
+from webhook.quota.client import QuotaClient
+from webhook.quota.service import serve
+from webhook.quota.state import QuotaState
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300")) // 3
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,

@@ -9,8 +9,10 @@ from typing import Any
 
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION, canonicalize_pod
 from gpuquota_core.ledger import Reservation
+from gpuquota_core.pod_records import pod_record
 from gpuquota_core.quantity import Quantity
-from gpuquota_core.quota import QuotaTree, UsageIndex, pod_record, quota_from_object
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.quota_view import (
     SCHEMA_VERSION,
     build_view,
@@ -23,6 +25,7 @@ from gpuquota_core.quota_view import (
     written_family,
 )
 from gpuquota_core.shared_ledger import StoredReservation, holding_room
+from gpuquota_core.usage_index import UsageIndex
 from kubeaccess.manifests import load_objects
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster"

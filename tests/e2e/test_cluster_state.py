@@ -26,9 +26,9 @@ from controlplane import (
 )
 
 from gpuquota_core.quantity import Quantity
-from webhook.cluster_state import lister_for, sync_kind
-from webhook.quota_port import PodAdmission
-from webhook.quota_state import KINDS, QuotaState
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.cluster_state import lister_for, sync_kind
+from webhook.quota.state import KINDS, QuotaState
 
 FINALIZER = "test.koord-gpuquota.io/hold"
 ELASTICQUOTA_CRD = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crd-elasticquota.yaml"

@@ -219,7 +219,7 @@ def test_webhook_role_reads_and_writes_only_its_ledger_and_events(rendered: list
     reads = {(group, resource, verb) for group, resource in (("", "pods"), ("", "nodes"),
                                                                    ("scheduling.sigs.k8s.io", "elasticquotas"))
              for verb in ("get", "list", "watch")}
-    # Events about refused pods (webhook/events.py): created, then read and patched to raise their count.
+    # Events about refused pods (webhook/quota/events.py): created, then read and patched to raise their count.
     events = {("", "events", verb) for verb in ("create", "get", "patch")}
     assert granted == reads | events
     # The CLI role exists but is bound to nobody by the base: operators bind it themselves.

@@ -304,7 +304,7 @@ def koordinator_judges_every_stored_step(api: Api, namespace: str, monkeypatch: 
     Returns the refusals (empty when Koordinator's ElasticQuota webhook would have accepted every step).
     """
     from gpuquota_core.migration import koordinator_topology_refusal, placement_of
-    from gpuquota_core.quota import quota_from_object
+    from gpuquota_core.quota_objects import quota_from_object
 
     real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
     refusals: list[str] = []

@@ -28,8 +28,8 @@ from reviews import review
 from webhookproc import REPO_ROOT, WebhookProcess, post_review
 
 from gpuquota_core.events import ObjectRef
-from webhook.event_recorder import EventKey, EventWrite
-from webhook.events import ApiEventSink, event_name
+from webhook.quota.event_recorder import EventKey, EventWrite
+from webhook.quota.events import ApiEventSink, event_name
 
 COMPONENT = "koord-gpuquota"
 EVENT_DEADLINE = 20.0

@@ -20,10 +20,10 @@ from controlplane import Api
 
 from gpuquota_core import shared_ledger
 from kubeaccess.kube import connect
-from webhook.cluster_state import start_live_sync
-from webhook.quota_port import PodAdmission
-from webhook.quota_state import QuotaState
-from webhook.strict_accounting import LedgerStore, StrictAccounting
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.cluster_state import start_live_sync
+from webhook.quota.state import QuotaState
+from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
 
 @dataclass

@@ -3,8 +3,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpuquota_core.ledger import ReservationLedger
-from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, canonical_pod_requests, quota_from_object
+from gpuquota_core.pod_records import PodRecord, canonical_pod_requests
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, quota_use_unchanged, requests_of
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
+from gpuquota_core.usage_index import UsageIndex
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 

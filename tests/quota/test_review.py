@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from gpuquota_core.quantity import Quantity
-from gpuquota_core.quota import QuotaTree, quota_from_object
+from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_review import review_quota
+from gpuquota_core.quota_tree import QuotaTree
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 

@@ -6,8 +6,11 @@ import pytest
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation
-from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object
+from gpuquota_core.pod_records import PodRecord
 from gpuquota_core.quota_decision import requests_of
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
+from gpuquota_core.usage_index import UsageIndex
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 TTL = 30.0

@@ -1,4 +1,4 @@
-"""The quota tree and totals as the webhook workers see them (gpuquota_core.quota_snapshot).
+"""The quota tree and totals as the webhook workers see them (webhook.quota.snapshot).
 
 A worker admits a pod from the published totals only when its fit check (``decide`` reduced to
 integer bounds) passes; the service then takes that yes as its own. So the one property that
@@ -18,10 +18,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core.pod_records import PodRecord
 from gpuquota_core.quantity import Quantity
-from gpuquota_core.quota import PodRecord, QuotaTree, UsageIndex, quota_from_object
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, requests_of
-from gpuquota_core.quota_snapshot import (
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
+from gpuquota_core.resources import add_lists
+from gpuquota_core.usage_index import UsageIndex
+from webhook.quota.snapshot import (
     NANOS_PER_UNIT,
     decode_tree,
     encode_tree,
@@ -31,7 +35,6 @@ from gpuquota_core.quota_snapshot import (
     slot_count,
     slot_layout,
 )
-from gpuquota_core.resources import add_lists
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 CORE = "koordinator.sh/gpu-core"

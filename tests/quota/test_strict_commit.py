@@ -19,9 +19,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
-from webhook.quota_port import PodAdmission
-from webhook.quota_state import QuotaState
-from webhook.strict_accounting import LedgerStore, StrictAccounting
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.state import QuotaState
+from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from gpuquota_core.quota import QuotaTree, quota_from_object
 from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_integrity import (
     DUPLICATE_NAME,
@@ -20,8 +19,10 @@ from gpuquota_core.quota_integrity import (
     check_tree,
     tree_problems,
 )
-from webhook.quota_port import PodAdmission
-from webhook.quota_state import QuotaState
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.state import QuotaState
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 PARENT = "quota.scheduling.koordinator.sh/parent"

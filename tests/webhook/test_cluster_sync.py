@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from prometheus_client import REGISTRY
 
-from webhook.cluster_state import sync_kind
-from webhook.quota_state import QuotaState
+from webhook.quota.cluster_state import sync_kind
+from webhook.quota.state import QuotaState
 
 QUOTA = {"metadata": {"name": "team-a", "namespace": "team", "resourceVersion": "5"},
          "spec": {"max": {"koordinator.sh/gpu-memory-ratio": "100"}}}

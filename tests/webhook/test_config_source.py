@@ -10,7 +10,7 @@ import pytest
 
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.enforcement import Mode
-from webhook.config_source import ConfigSource, read_config_file
+from webhook.admission.config_source import ConfigSource, read_config_file
 
 WARN = "enforcement: {checks: {QuotaExceeded: warn}}\n"
 DRY_RUN = "enforcement: {checks: {QuotaExceeded: dry-run}}\n"
@@ -63,7 +63,7 @@ def test_the_file_is_not_reread_while_it_is_unchanged(file: Path, monkeypatch: p
     source = ConfigSource(read_config_file(file), file, clock=clock)
     source.current()  # the first check re-reads once
     reads: list[Path] = []
-    monkeypatch.setattr("webhook.config_source.read_config_file",
+    monkeypatch.setattr("webhook.admission.config_source.read_config_file",
                         lambda path: reads.append(path) or ConversionConfig())
 
     for _ in range(5):

@@ -21,7 +21,7 @@ import pytest
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
-from webhook.connection_balance import (
+from webhook.serving.connection_balance import (
     CHECK_INTERVAL,
     SHED_INTERVAL_SECONDS,
     ConnectionTable,

@@ -25,8 +25,8 @@ from gunicorn.workers.gthread import ThreadWorker
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, WebhookProcess
 
-from webhook.connection_balance import SHED_INTERVAL_SECONDS, ConnectionTable, Shedder
-from webhook.gunicorn_worker import StickyThreadWorker
+from webhook.serving.connection_balance import SHED_INTERVAL_SECONDS, ConnectionTable, Shedder
+from webhook.serving.gunicorn_worker import StickyThreadWorker
 
 REVIEW = body(review(pod(resources={"nvidia.com/gpu": "2"}), uid="uid-direct-1"))
 

@@ -9,8 +9,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from gpuquota_core.events import ObjectRef, PodEvent, quota_target
-from webhook.event_recorder import COMBINED_PREFIX, EventKey, EventRecorder, EventWrite, TokenBucket
-from webhook.events import EventForwarder, EventService, event_name
+from webhook.quota.event_recorder import COMBINED_PREFIX, EventKey, EventRecorder, EventWrite, TokenBucket
+from webhook.quota.events import EventForwarder, EventService, event_name
 
 RS = ObjectRef("apps/v1", "ReplicaSet", "train", "team-a", "u-1")
 JOB = ObjectRef("batch/v1", "Job", "etl", "team-a", "u-2")

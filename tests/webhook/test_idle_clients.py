@@ -110,7 +110,7 @@ def test_idle_and_slow_clients_do_not_starve_admissions_or_probes(server: Webhoo
 
 
 def test_a_request_that_arrives_too_slowly_is_cut_off_at_the_read_deadline(server: WebhookProcess) -> None:
-    from webhook.gunicorn_worker import READ_DEADLINE_SECONDS
+    from webhook.serving.gunicorn_worker import READ_DEADLINE_SECONDS
 
     request = b"POST /validate-pods HTTP/1.1\r\nHost: localhost\r\n" + b"X-Slow: " + b"s" * 1000
     with socket.create_connection((LOOPBACK, server.port), timeout=10) as raw, \

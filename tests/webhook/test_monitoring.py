@@ -24,9 +24,9 @@ from prometheus_client.samples import Sample
 from reviews import pod, review
 from webhookproc import REPO_ROOT, WebhookProcess, post_review
 
-from webhook.metrics import render
-from webhook.quota_port import NoQuota, QuotaFigure
-from webhook.quota_state import QuotaState
+from webhook.admission.quota_port import NoQuota, QuotaFigure
+from webhook.quota.state import QuotaState
+from webhook.serving.metrics import render
 
 MONITORING = REPO_ROOT / "manifests" / "monitoring"
 RULE_FILE = MONITORING / "prometheus-rules.yaml"

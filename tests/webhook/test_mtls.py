@@ -23,7 +23,7 @@ from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
 from kubeaccess import pki
-from webhook.gunicorn_conf import TlsContextCache
+from webhook.serving.gunicorn_conf import TlsContextCache
 
 EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 ROTATION_DEADLINE = 30.0

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from webhook.cluster_state import sync_kind
-from webhook.node_view import NodeState, NodeViewReader
+from webhook.quota.cluster_state import sync_kind
+from webhook.quota.node_view import NodeState, NodeViewReader
 
 NVIDIA, CORE = "nvidia.com/gpu", "koordinator.sh/gpu-core"
 
@@ -131,8 +131,8 @@ def test_live_sync_lists_nodes_in_small_pages_and_pods_in_large_ones(tmp_path: P
                                                                      monkeypatch: Any) -> None:
     # A Node's JSON is many times a pod's; listing 5,000 of them in one page while the pods list was
     # most of the quota service's peak memory (docs/benchmarks.md).
-    from webhook import cluster_state
-    from webhook.quota_state import QuotaState
+    from webhook.quota import cluster_state
+    from webhook.quota.state import QuotaState
 
     limits: dict[str, int] = {}
     listed = threading.Event()

@@ -12,13 +12,13 @@ from racing import race
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.quantity import Quantity
-from gpuquota_core.quota import quota_from_object
-from webhook.quota_client import QuotaClient
-from webhook.quota_loop import ServiceLoop
-from webhook.quota_port import PodAdmission
-from webhook.quota_service import serve
-from webhook.quota_state import QuotaState
-from webhook.quota_wire import FrameReader
+from gpuquota_core.quota_objects import quota_from_object
+from webhook.admission.quota_port import PodAdmission
+from webhook.quota.client import QuotaClient
+from webhook.quota.loop import ServiceLoop
+from webhook.quota.service import serve
+from webhook.quota.state import QuotaState
+from webhook.quota.wire import FrameReader
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA = {"kind": "ElasticQuota", "metadata": {"name": "team-a", "namespace": "team"},
@@ -75,12 +75,12 @@ def test_service_down_is_a_prompt_denial(tmp_path: Path) -> None:
 
 def test_elasticquota_review_through_socket(client: QuotaClient) -> None:
     shrunk = {"metadata": {"name": "team-a", "namespace": "team"}, "spec": {"max": {RATIO: "200"}}}
-    verdict = client.review_elasticquota("UPDATE", shrunk, QUOTA, False)
+    verdict = client.review_elasticquota(shrunk)
     assert verdict.allowed
     assert verdict.warnings == (f"new spec.max of team/team-a is below current usage for: {RATIO} "
                                 f"(max 200, used 300)",)
     mixed = {"metadata": {"name": "m", "namespace": "team"}, "spec": {"max": {RATIO: "200", "nvidia.com/gpu": "2"}}}
-    refused = client.review_elasticquota("CREATE", mixed, None, False)
+    refused = client.review_elasticquota(mixed)
     assert not refused.allowed and refused.code == 422 and "gpuquota migrate" in refused.message
 
 

@@ -10,8 +10,8 @@ import io
 
 import pytest
 
-from webhook.admission import BadRequest
-from webhook.app import BodyTooLarge, read_body
+from webhook.admission.handlers import BodyTooLarge, read_body
+from webhook.admission.review import BadRequest
 
 
 def environ(payload: bytes, length: str | None, *, terminated: bool = False) -> dict[str, object]:

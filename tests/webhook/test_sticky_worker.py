@@ -1,4 +1,4 @@
-"""The gthread worker whose threads wait on their own kept-alive connection (webhook.gunicorn_worker).
+"""The gthread worker whose threads wait on their own kept-alive connection (webhook.serving.gunicorn_worker).
 
 Against a real ``gpuquota serve`` with one worker and few threads, so that connections outnumber
 threads: every connection must still be answered promptly, a stopping server must not wait for
@@ -18,7 +18,7 @@ from pathlib import Path
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
-from webhook.gunicorn_worker import DateOncePerSecond
+from webhook.serving.gunicorn_worker import DateOncePerSecond
 
 EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 PAYLOAD = body(review(pod(resources={"nvidia.com/gpu": "1"})))

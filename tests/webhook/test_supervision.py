@@ -1,4 +1,4 @@
-"""The master's supervisor of the quota service (webhook.supervision), with real child processes.
+"""The master's supervisor of the quota service (webhook.serving.supervision), with real child processes.
 
 Each "service" here is a short Python process that exits the way a quota service can; the
 supervisor reaps it and starts the next one, or says the server must stop.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from webhook.quota_service import CANNOT_START_EXIT
-from webhook.supervision import MAX_QUICK_DEATHS, QUICK_DEATH_SECONDS, QuotaServiceSupervisor, ServiceGone
+from webhook.quota.service import CANNOT_START_EXIT
+from webhook.serving.supervision import MAX_QUICK_DEATHS, QUICK_DEATH_SECONDS, QuotaServiceSupervisor, ServiceGone
 
 
 def exiting_with(code: int, started: list[int]) -> Callable[[Path], subprocess.Popen[bytes]]:

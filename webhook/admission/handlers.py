@@ -1,0 +1,479 @@
+"""The WSGI application: thin routes around the core, the codec and the quota decider.
+
+The admission paths are served by :class:`AdmissionRoutes` in front of Flask (which keeps health,
+readiness and metrics). Each reads the body (capped), decodes it with :mod:`webhook.admission.review`, hands the
+typed request to one method of :class:`AdmissionHandlers` and encodes what comes back. All
+protocol rules are in the codec, all GPU rules in :mod:`gpuquota_core`, all quota rules behind
+:class:`~webhook.admission.quota_port.QuotaDecider`; what is left here is mapping between them, and the
+enforcement modes (:mod:`gpuquota_core.enforcement`): a pod check in ``warn`` or ``dry-run`` turns
+its denial into an allow here, after the quota service refused (and so reserved nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import orjson
+from flask import Flask, Response
+
+from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.enforcement import INVALID, Mode, Relaxed
+from gpuquota_core.events import pod_event
+from gpuquota_core.mutation import admission_mutation
+from gpuquota_core.placement import NodeView
+from gpuquota_core.pod_records import (
+    gpu_memory_unknown,
+    remembered_gpu_problems,
+    remembered_request_texts,
+    spec_shape_key,
+)
+from gpuquota_core.podspec import PodShapeError, as_mapping
+from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
+from gpuquota_core.validation import GpuRequestProblem
+from webhook.admission.config_source import ConfigSource
+from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
+from webhook.admission.review import (
+    AdmissionRequest,
+    AdmissionResponse,
+    BadRequest,
+    allowed,
+    decode_review,
+    denied,
+    encode_review,
+    patched,
+    status_body,
+)
+from webhook.quota.events import EventReporter
+from webhook.serving import metrics
+from webhook.serving.settings import MAX_BODY_BYTES
+
+LOGGER_NAME = "gpuquota.webhook"
+JSON = "application/json"
+ROUTES_EXTENSION = "gpuquota.admission_routes"
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A response plus the one-line reason the decision log records (why allowed, why denied)."""
+
+    response: AdmissionResponse
+    note: str
+    # Denials that a check in warn or dry-run mode let pass (logged and counted by the route).
+    relaxed: tuple[Relaxed, ...] = ()
+
+
+def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
+    raw = metadata.get("labels")
+    if not isinstance(raw, Mapping):
+        return {}
+    # Label values are strings in any stored object; anything else cannot select a quota anyway.
+    return {key: value for key, value in raw.items() if isinstance(key, str) and isinstance(value, str)}
+
+
+def _problem_text(problem: GpuRequestProblem) -> str:
+    return f"{problem.message} [rule: {problem.rule}]"
+
+
+class AdmissionHandlers:
+    """The decisions, one method per endpoint, free of HTTP so tests can call them directly."""
+
+    def __init__(self, config: ConversionConfig | ConfigSource, quota: QuotaDecider,
+                 nodes: Callable[[], NodeView | None] = lambda: None,
+                 events: EventReporter | None = None) -> None:
+        self.source = config if isinstance(config, ConfigSource) else ConfigSource(config)
+        self.quota = quota
+        # The nodes the rewrite decision looks at (webhook.quota.node_view); None: not listed (yet).
+        self.nodes = nodes
+        self.events = events  # where refusals and would-denies go as Kubernetes Events (webhook.quota.events)
+
+    @property
+    def config(self) -> ConversionConfig:
+        """The config for a new request (re-read when the file changed); take it once per request."""
+        return self.source.current()
+
+    # -- /mutate-pods ------------------------------------------------------------------------
+
+    def mutate_pod(self, req: AdmissionRequest, caller: str = "") -> Outcome:
+        if not (req.is_core("Pod") and req.operation == "CREATE"):
+            return Outcome(allowed(req), "not a pod CREATE")
+        if req.object is None:
+            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+        try:
+            mutation = admission_mutation(req.object, self.config, self.nodes())
+        except PodShapeError as error:
+            return self._unreadable(req, error)
+        notes = [f"gpuquota: {note}" for note in mutation.notes]
+        if not mutation.changed:
+            for resource in mutation.left_sources:
+                metrics.LEFT_AS_WRITTEN.labels(resource).inc()
+            note = f"left as written: {mutation.left_reason}" if mutation.left_sources else "already canonical"
+            return Outcome(allowed(req, warnings=[*mutation.warnings, *notes]), note)
+        for resource in mutation.rewritten_sources:
+            metrics.REWRITES.labels(resource).inc()
+        warnings = [f"gpuquota rewrote {line}" for line in mutation.summary] + list(mutation.warnings) + notes
+        response = patched(req, mutation.operations(), warnings=warnings)
+        return Outcome(response, f"rewrote {len(mutation.summary)} container resource(s)")
+
+    # -- /validate-pods ----------------------------------------------------------------------
+
+    def validate_pod(self, req: AdmissionRequest, caller: str = "") -> Outcome:
+        if not (req.is_core("Pod") and req.operation in ("CREATE", "UPDATE")):
+            return Outcome(allowed(req), "not a pod CREATE or UPDATE")
+        pod = req.object
+        if pod is None:
+            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+        config = self.config
+        enforcement = config.enforcement
+        relaxed: list[Relaxed] = []
+        try:
+            # Computed once: the GPU checks and the canonical requests below are remembered by it.
+            spec = as_mapping(pod.get("spec"), "spec")
+            shape = spec_shape_key(spec, config)
+            problems = remembered_gpu_problems(spec, config, shape=shape)
+            warnings: list[str] = []
+            if problems:
+                if not self._grandfathered(req, problems, config):
+                    message = "; ".join(_problem_text(p) for p in problems)
+                    mode = enforcement.mode_for(INVALID)
+                    if mode is Mode.ENFORCE:
+                        self._report_event(req, pod, INVALID, mode, message)
+                        return Outcome(denied(req, message, code=422, reason=INVALID),
+                                       ",".join(sorted({p.rule for p in problems})))
+                    # Relaxed: the quota check below still runs, and may still deny.
+                    relaxed.append(Relaxed(INVALID, mode, message))
+                else:
+                    # The pod was already stored with this request (created before the webhook, or
+                    # by a path that skipped it). Refusing every later update would also refuse the
+                    # finalizer and status changes needed to delete it, so only warn.
+                    warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
+                                for p in problems]
+            admission = self._pod_admission(req, pod, spec, config, caller, shape)
+        except PodShapeError as error:
+            return self._unreadable(req, error)
+        # An UPDATE that cannot change what a quota counts needs no decision (and so no quota
+        # service: a finalizer removal passes during an outage too).
+        verdict = self.quota.admit_pod(admission) if needs_quota_service(admission) else ALLOW
+        # mode_for answers enforce for every reason that is not a check (NotReady,
+        # QuotaServiceDown, LedgerUnavailable, ...): an unavailable quota view keeps denying.
+        if not verdict.allowed and verdict.reason != INVALID:
+            mode = enforcement.mode_for(verdict.reason)
+            if mode is not Mode.ENFORCE:
+                # The quota service refused, so it reserved nothing: the pod is admitted without
+                # holding room (it is over quota anyway) and counts once the watch shows it.
+                relaxed.append(Relaxed(verdict.reason, mode, verdict.message))
+                verdict = Verdict(True, warnings=verdict.warnings)
+        warnings += [r.warning for r in relaxed if r.mode is Mode.WARN]
+        if not verdict.allowed:
+            self._report_event(req, pod, verdict.reason, Mode.ENFORCE, verdict.message)
+        for r in relaxed:
+            self._report_event(req, pod, r.check, r.mode, r.message)
+        outcome = self._from_verdict(req, verdict, warnings)
+        if not relaxed:
+            return outcome
+        would = ", ".join(f"{r.check} ({r.mode.value})" for r in relaxed)
+        note = f"would-deny {would}" if outcome.response.allowed else f"{outcome.note}; would-deny {would}"
+        return Outcome(outcome.response, note, tuple(relaxed))
+
+    def _report_event(self, req: AdmissionRequest, pod: Mapping[str, Any], check: str, mode: Mode,
+                      message: str) -> None:
+        """A refusal or would-deny as an Event on the pod's controller or quota; never blocks.
+
+        Not for dry-run requests: the webhook declares sideEffects NoneOnDryRun.
+        """
+        if self.events is None or req.dry_run:
+            return
+        metadata = pod.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        namespace = req.namespace or _text(metadata.get("namespace"))
+        event = pod_event(check, mode, message, metadata, namespace, _labels(metadata).get(POD_QUOTA_LABEL, ""))
+        if event is not None:
+            self.events.report(event)
+
+    def _grandfathered(self, req: AdmissionRequest, problems: list[GpuRequestProblem],
+                       config: ConversionConfig) -> bool:
+        if req.operation != "UPDATE" or req.old_object is None:
+            return False
+        try:
+            old_spec = as_mapping(req.old_object.get("spec"), "spec")
+            old_problems = remembered_gpu_problems(old_spec, config)
+        except PodShapeError:
+            return False
+        return {p.message for p in problems} <= {p.message for p in old_problems}
+
+    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], spec: Mapping[str, Any],
+                       config: ConversionConfig, caller: str, shape: object) -> PodAdmission:
+        metadata = as_mapping(pod.get("metadata"), "metadata")
+        # The cluster-state cache charges stored pods with this same function (remembered by spec
+        # shape: the replicas of a workload ask alike), so an admission and the later watch event
+        # of the same pod count the same amounts.
+        requests = remembered_request_texts(spec, config, shape=shape)
+        old_labels: dict[str, str] | None = None
+        old_requests: dict[str, str] | None = None
+        if req.operation == "UPDATE" and req.old_object is not None:
+            old_labels = _labels(as_mapping(req.old_object.get("metadata"), "oldObject.metadata"))
+            try:
+                old_spec = as_mapping(req.old_object.get("spec"), "spec")
+                old_requests = remembered_request_texts(old_spec, config)
+            except PodShapeError:
+                # The stored object is the API server's own; if even it cannot be read, say
+                # "unknown" rather than refusing an update of something we cannot interpret.
+                old_requests = None
+        pod_uid = metadata.get("uid")
+        return PodAdmission(
+            uid=req.uid,
+            operation=req.operation,
+            namespace=req.namespace or _text(metadata.get("namespace")),
+            name=req.name or _text(metadata.get("name")) or _text(metadata.get("generateName")),
+            pod_uid=pod_uid if isinstance(pod_uid, str) else "",
+            labels=_labels(metadata),
+            canonical_requests=requests,
+            old_labels=old_labels,
+            old_canonical_requests=old_requests,
+            dry_run=req.dry_run,
+            unknown_gpu_memory=gpu_memory_unknown(requests),
+            caller=caller,
+        )
+
+    # -- /validate-elasticquotas -------------------------------------------------------------
+
+    def validate_elasticquota(self, req: AdmissionRequest, caller: str = "") -> Outcome:
+        if not req.is_kind(ELASTICQUOTA_GROUP, "ElasticQuota"):
+            return Outcome(allowed(req), "not an ElasticQuota")
+        # The webhook is registered for CREATE and UPDATE only (manifests/base/webhook-configurations.yaml);
+        # anything else that reaches it is let through unreviewed.
+        if req.operation not in ("CREATE", "UPDATE"):
+            return Outcome(allowed(req), f"{req.operation} not reviewed")
+        if req.object is None:
+            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+        try:
+            verdict = self.quota.review_elasticquota(req.object)
+        except (QuotaShapeError, PodShapeError) as error:
+            return Outcome(denied(req, f"cannot read the ElasticQuota: {error}", code=422, reason="Invalid"),
+                           "unreadable quota")
+        return self._from_verdict(req, verdict, [])
+
+    # -- shared ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _unreadable(req: AdmissionRequest, error: PodShapeError) -> Outcome:
+        response = denied(req, f"cannot read the pod: {error}", code=400, reason="BadRequest")
+        return Outcome(response, f"pod shape: {error.path}")
+
+    @staticmethod
+    def _from_verdict(req: AdmissionRequest, verdict: Verdict, warnings: list[str]) -> Outcome:
+        all_warnings = warnings + [w for w in verdict.warnings if w not in warnings]
+        if verdict.allowed:
+            return Outcome(allowed(req, warnings=all_warnings), verdict.reason or "allowed")
+        response = denied(req, verdict.message, code=verdict.code, reason=verdict.reason or "Forbidden",
+                          warnings=all_warnings)
+        return Outcome(response, verdict.reason or "denied")
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
+    """The request body, refusing anything over ``limit`` before it is all in memory."""
+    stream = environ["wsgi.input"]
+    declared = environ.get("CONTENT_LENGTH") or ""
+    if declared:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise BadRequest(f"Content-Length {declared!r} is not a number") from None
+        if length > limit:
+            raise BodyTooLarge(limit)
+        if length < 0:
+            raise BadRequest(f"Content-Length {declared!r} is negative")
+    elif not environ.get("wsgi.input_terminated"):
+        # Without a length, only a server that marks the end of the input (gunicorn does, for
+        # chunked bodies) lets us read to the end; others would block. Werkzeug reads nothing too.
+        return b""
+    else:
+        length = -1
+    chunks: list[bytes] = []
+    total = 0
+    while length < 0 or total < length:
+        want = 64 * 1024 if length < 0 else length - total
+        chunk = stream.read(min(want, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            # Chunked: only the read itself can enforce the cap.
+            raise BodyTooLarge(limit)
+    if 0 <= length != total:
+        raise BadRequest(f"request body ended after {total} of {length} bytes")
+    return b"".join(chunks)
+
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEndpoint:
+    """One admission route: WSGI environ in, (HTTP status, body) out, with its metrics and log line."""
+
+    path: str
+    handle: Callable[[AdmissionRequest, str], Outcome]
+    max_body_bytes: int
+    log: logging.Logger
+
+    def serve(self, environ: Mapping[str, Any]) -> tuple[int, bytes]:
+        endpoint, log = self.path, self.log
+        started = time.perf_counter()
+        try:
+            body = read_body(environ, self.max_body_bytes)
+            req = decode_review(body)
+        except BodyTooLarge as error:
+            return _refuse(endpoint, 413, "RequestEntityTooLarge", str(error), started, log)
+        except BadRequest as error:
+            return _refuse(endpoint, 400, "BadRequest", error.reason, started, log)
+        operation, uid = req.operation, req.uid
+        try:
+            # The TLS peer's address: who really sent the review (its userInfo is whatever the
+            # sender wrote); the per-caller reservation bound counts by it.
+            outcome = self.handle(req, environ.get("REMOTE_ADDR") or "")
+        except Exception:
+            # Reaches the API server as a webhook failure (its failurePolicy decides); the
+            # traceback goes to our log, not to the user.
+            log.exception("admission handler failed: endpoint=%s uid=%s", endpoint, uid)
+            metrics.observe(endpoint, operation, "error", time.perf_counter() - started)
+            return 500, status_body(500, "InternalError", "internal error in the gpuquota webhook")
+        payload = encode_review(outcome.response)
+        elapsed = time.perf_counter() - started
+        response = outcome.response
+        metrics.observe(endpoint, operation, response.decision, elapsed)
+        if not response.allowed:
+            metrics.DENIALS.labels(endpoint, response.reason).inc()
+        for relaxed in outcome.relaxed:
+            metrics.WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
+        _log_decision(log, endpoint=endpoint, uid=uid, namespace=req.namespace, name=req.name or _object_name(req),
+                      operation=operation, decision=response.decision, reason=outcome.note,
+                      code=response.code, dry_run=req.dry_run, elapsed=elapsed, would_deny=outcome.relaxed)
+        return 200, payload
+
+
+class AdmissionRoutes:
+    """WSGI middleware serving the admission paths itself; every other path goes on to Flask.
+
+    Flask's request context, URL matching and Response objects cost a large share of a call
+    (docs/benchmarks.md), and admission POSTs are nearly all of this server's traffic. Health,
+    readiness and metrics stay Flask routes.
+    """
+
+    def __init__(self, endpoints: Mapping[str, AdmissionEndpoint], app: WsgiApp) -> None:
+        self.endpoints = dict(endpoints)
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        endpoint = self.endpoints.get(environ.get("PATH_INFO", ""))
+        if endpoint is None:
+            return self.app(environ, start_response)
+        headers = [("Content-Type", JSON)]
+        if environ.get("REQUEST_METHOD") == "POST":
+            status, body = endpoint.serve(environ)
+        else:
+            status, body = 405, status_body(405, "MethodNotAllowed", f"{endpoint.path} accepts only POST")
+            headers.append(("Allow", "POST"))
+        start_response(f"{status} {HTTPStatus(status).phrase}", [*headers, ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def admission_endpoints(app: object) -> Mapping[str, AdmissionEndpoint]:
+    """The admission endpoints of an app made by :func:`create_app`, by path; empty for any other app."""
+    extensions = getattr(app, "extensions", None)
+    routes = extensions.get(ROUTES_EXTENSION) if isinstance(extensions, dict) else None
+    return routes.endpoints if isinstance(routes, AdmissionRoutes) else {}
+
+
+def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
+               logger: logging.Logger | None = None, config_path: Path | None = None,
+               nodes: Callable[[], NodeView | None] = lambda: None,
+               events: EventReporter | None = None) -> Flask:
+    """A WSGI app serving the admission endpoints, health, readiness and metrics.
+
+    ``config`` is in force from the start; with ``config_path`` the file is re-read when it
+    changes (checked at most once a second) and a version that does not load is logged and ignored.
+    ``nodes`` gives the current node view for the rewrite decision (None: not listed yet).
+    """
+    app = Flask("gpuquota-webhook")
+    log = logger or logging.getLogger(LOGGER_NAME)
+    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota, nodes, events)
+    app.extensions["gpuquota.handlers"] = handlers
+
+    endpoints = {
+        path: AdmissionEndpoint(path, handle, max_body_bytes, log)
+        for path, handle in (("/mutate-pods", handlers.mutate_pod), ("/validate-pods", handlers.validate_pod),
+                             ("/validate-elasticquotas", handlers.validate_elasticquota))
+    }
+    routes = AdmissionRoutes(endpoints, app.wsgi_app)
+    app.wsgi_app = routes  # type: ignore[method-assign]
+    app.extensions[ROUTES_EXTENSION] = routes
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        # Liveness: the worker answers, and so does the quota service behind it. Independent of
+        # the quota state, so a slow first sync makes the pod unready, not restarted; but a dead
+        # service fails it, so a server that cannot heal is restarted.
+        alive, reason = quota.alive()
+        if alive:
+            return Response(b'{"status":"ok"}', status=200, mimetype=JSON)
+        return Response(orjson.dumps({"status": "unavailable", "reason": reason}), status=503, mimetype=JSON)
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ready, reason = quota.ready()
+        body = orjson.dumps({"status": "ok" if ready else "unavailable", "reason": reason})
+        return Response(body, status=200 if ready else 503, mimetype=JSON)
+
+    @app.get("/metrics")
+    def metrics_view() -> Response:
+        text, content_type = metrics.render(quota)
+        return Response(text, status=200, content_type=content_type)
+
+    return app
+
+
+def _object_name(req: AdmissionRequest) -> str:
+    obj = req.object if req.object is not None else req.old_object
+    metadata = obj.get("metadata") if obj is not None else None
+    if not isinstance(metadata, Mapping):
+        return ""
+    return _text(metadata.get("name")) or _text(metadata.get("generateName"))
+
+
+def _refuse(endpoint: str, code: int, reason: str, message: str, started: float,
+            log: logging.Logger) -> tuple[int, bytes]:
+    elapsed = time.perf_counter() - started
+    metrics.observe(endpoint, "", "bad_request" if code == 400 else "too_large", elapsed)
+    _log_decision(log, endpoint=endpoint, uid="", namespace="", name="", operation="", decision="rejected",
+                  reason=message, code=code, dry_run=False, elapsed=elapsed)
+    return code, status_body(code, reason, message)
+
+
+def _log_decision(log: logging.Logger, *, endpoint: str, uid: str, namespace: str, name: str, operation: str,
+                  decision: str, reason: str, code: int, dry_run: bool, elapsed: float,
+                  would_deny: tuple[Relaxed, ...] = ()) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    # would_deny: what warn / dry-run let pass, with the message the user would have seen.
+    record = {"event": "admission", "endpoint": endpoint, "uid": uid, "namespace": namespace, "name": name,
+              "operation": operation, "decision": decision, "code": code, "reason": reason,
+              "dry_run": dry_run, "latency_ms": round(elapsed * 1000, 3),
+              "would_deny": [{"check": r.check, "mode": r.mode.value, "message": r.message} for r in would_deny]}
+    log.info("%s", orjson.dumps(record).decode())

@@ -1,0 +1,119 @@
+"""A worker's QuotaDecider: asks the quota service over its Unix socket, with bounded timeouts.
+
+If the service is down or slow the pod is refused (validation fails closed) instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from webhook.admission.quota_port import PodAdmission, QuotaFigure, Verdict
+from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
+
+log = logging.getLogger("gpuquota.server")
+DEFAULT_TIMEOUT_SECONDS = 2.0
+
+
+class QuotaServiceTimeout(TimeoutError):
+    """The quota service took longer than the client's timeout to answer."""
+
+
+def _connect(path: Path, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        kernel_timeouts(sock, timeout)
+        sock.connect(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class QuotaClient:
+    def __init__(self, path: Path, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self.path = path
+        self.timeout = timeout
+        self._local = threading.local()  # one connection per worker thread
+
+    def _call(self, message: dict[str, Any]) -> Any:
+        for attempt in (1, 2):  # one retry on a stale kept connection
+            reader: FrameReader | None = getattr(self._local, "reader", None)
+            try:
+                if reader is None:
+                    reader = self._local.reader = FrameReader(_connect(self.path, self.timeout))
+                send_frame(reader.sock, message)
+                reply = reader.read()
+                if reply is None:
+                    raise ConnectionError("quota service closed the connection")
+                return reply
+            except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
+                self._drop(reader)
+                if attempt == 2:
+                    raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
+            except (OSError, ValueError):
+                self._drop(reader)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _drop(self, reader: FrameReader | None) -> None:
+        # A timed-out connection may still deliver the late reply; it must never be read as the
+        # answer to the next call, so the connection goes.
+        if reader is not None:
+            reader.sock.close()
+        self._local.reader = None
+
+    def alive(self) -> tuple[bool, str]:
+        """The service answers, synced or not: what liveness needs to know."""
+        try:
+            self._call({"op": "alive"})
+        except (OSError, ValueError) as error:
+            return False, f"quota service unreachable: {error}"
+        return True, "quota service answers"
+
+    def ready(self) -> tuple[bool, str]:
+        try:
+            reply = self._call({"op": "ready"})
+        except (OSError, ValueError) as error:
+            return False, f"quota service unreachable: {error}"
+        return bool(reply["ready"]), str(reply["reason"])
+
+    def quota_figures(self) -> list[QuotaFigure] | None:
+        try:
+            reply = self._call({"op": "quota_figures"})
+            return [QuotaFigure(*row) for row in reply["figures"]]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            # The scrape goes on without them (gpuquota_ready says when the service is down).
+            log.warning("no per-quota metrics in this scrape: asking the quota service failed: %s: %s",
+                        type(error).__name__, error)
+            return None
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        try:
+            # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
+            reply = self._call({"op": "admit_pod", "admission": admission})
+        except (OSError, ValueError) as error:
+            return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
+        return self._verdict(reply)
+
+    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
+        try:
+            reply = self._call({"op": "review_elasticquota", "quota": quota})
+        except (OSError, ValueError) as error:
+            return Verdict(False, f"quota service unavailable, quota not admitted: {error}", 503,
+                           "QuotaServiceDown")
+        return self._verdict(reply)
+
+    def record_events(self, events: list[dict[str, Any]]) -> int:
+        """Hand events to the service's writer (webhook.quota.events); how many it took. Raises OSError."""
+        reply = self._call({"op": "record_events", "events": events})
+        return int(reply.get("accepted", 0)) if isinstance(reply, dict) else 0
+
+    @staticmethod
+    def _verdict(reply: dict[str, Any]) -> Verdict:
+        reply["warnings"] = tuple(reply.get("warnings", ()))
+        return Verdict(**reply)

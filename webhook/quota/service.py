@@ -1,0 +1,266 @@
+"""The quota service: one process per server instance, serving decisions over a Unix socket.
+
+Started from the gunicorn master (``start_shared_services``) as a fresh interpreter
+(``python -m webhook.quota.service``), so no gunicorn state is inherited and workers forked later
+share nothing with it but the socket path. It exits when the master does: it watches its parent
+pid and stops when it changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import astuple
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuquota_core.events import ObjectRef, quota_target
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
+from gpuquota_core.quota_objects import QuotaShapeError
+from kubeaccess.manifests import load_objects
+from webhook.admission.quota_port import PodAdmission, Verdict
+from webhook.quota import metrics as quota_metrics
+from webhook.quota.events import ApiEventSink, EventService, EventSink, LogSink, reporting_instance
+from webhook.quota.loop import ServiceLoop
+from webhook.quota.node_view import NodeState, nodes_path
+from webhook.quota.node_view import files_of as node_view_files
+from webhook.quota.publisher import Publisher
+from webhook.quota.shared_region import SharedRegion
+from webhook.quota.state import QuotaState
+from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
+
+log = logging.getLogger("gpuquota.quota")
+SOCKET_NAME = "quota.sock"
+REGION_NAME = "quota.region"
+# How often the service takes in the reservations workers made when nothing else happens, and
+# releases expired ones: both only make the shared totals more cautious while they wait.
+EXPIRE_EVERY_SECONDS = 0.25
+# Accounting modes (README "Several replicas"): the reservation ledger in this process's memory,
+# or shared by all replicas through the API server.
+LOCAL, STRICT = "local", "strict"
+# The service's exit status when its configuration does not load (EX_CONFIG): starting it again
+# cannot help, so the master stops the server (webhook.serving.supervision).
+CANNOT_START_EXIT = 78
+
+
+def private_socket_path() -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="gpuquota-quota-"))  # mkdtemp makes it 0700
+    return directory / SOCKET_NAME
+
+
+def region_path(socket_path: Path) -> Path:
+    """The memory shared with the workers under local accounting (webhook.quota.shared_region)."""
+    return socket_path.with_name(REGION_NAME)
+
+
+def share_with_workers(state: QuotaState, socket_path: Path) -> None:
+    """Create the shared region, hold its alive mutex (calling thread: the main one, for life)
+    and take in the workers' reservations and expire the ledger's periodically."""
+    publisher = Publisher(SharedRegion.create(region_path(socket_path), state.max_reservations_per_caller))
+    publisher.hold_alive()
+    state.publisher = publisher
+
+    def expire_periodically() -> None:
+        never = threading.Event()
+        while not never.wait(EXPIRE_EVERY_SECONDS):
+            try:
+                state.expire_reservations()
+            except Exception as error:  # a stuck worker (lock timeout): try again next round
+                log.warning("quota service: periodic expiry failed: %s: %s", type(error).__name__, error)
+
+    threading.Thread(target=expire_periodically, daemon=True, name="quota-expiry").start()
+
+
+class PodAdmitter(Protocol):
+    def admit_pod(self, admission: PodAdmission) -> Verdict: ...
+
+
+def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
+           events: EventService | None = None) -> dict[str, Any] | Verdict:
+    """The reply to one message; a Verdict goes on the wire as its fields (orjson writes dataclasses)."""
+    op = message.get("op") if isinstance(message, dict) else None
+    if op == "alive":  # liveness: no lock, so a long rebuild of the state does not fail it
+        return {"alive": True}
+    if op == "record_events":  # webhook.quota.events: queued here, written by the event thread
+        return {"accepted": events.submit(message.get("events")) if events is not None else 0}
+    if op == "ready":
+        ready, reason = state.ready()
+        return {"ready": ready, "reason": reason}
+    if op == "admit_pod":
+        return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
+    if op == "quota_figures":
+        # Rows, not objects: a frame holds tens of thousands of them (quota_wire.MAX_FRAME).
+        return {"figures": [astuple(figure) for figure in state.quota_figures()]}
+    if op == "review_elasticquota":
+        try:
+            return state.review_elasticquota(message["quota"])
+        except QuotaShapeError as error:
+            return Verdict(False, f"cannot read the ElasticQuota: {error}", 422, "Invalid")
+    return {"error": f"unknown operation {op!r}"}
+
+
+def serve(state: QuotaState, path: Path, admitter: PodAdmitter | None = None,
+          events: EventService | None = None) -> socket.socket:
+    """Listen on ``path`` and answer in one thread (webhook.quota.loop); closing the returned
+    listening socket stops it. With ``admitter`` (strict accounting) admissions go to it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    path.chmod(0o600)
+    listener.listen(128)
+    loop = ServiceLoop(listener, partial(handle, state, events=events),
+                       partial(handle, state, admitter=admitter, events=events) if admitter is not None else None,
+                       slow=_is_admission)
+    threading.Thread(target=loop.run, daemon=True, name="quota-loop").start()
+    return listener
+
+
+def _is_admission(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("op") == "admit_pod"
+
+
+def load_state_file(state: QuotaState, state_path: Path, nodes: NodeState | None = None) -> None:
+    """Offline mode's whole state from manifests; ``gpuquota serve`` runs it once before starting,
+    so any ValueError it raises stops the server instead of this process."""
+    objects = load_objects(str(state_path))
+    if nodes is not None:  # first: the state's readiness must find the node view published
+        nodes.load(objects)
+    state.load(objects)
+
+
+def start_event_service(state: QuotaState, sink: EventSink) -> EventService:
+    """The writer of this instance's Events (webhook.quota.events), on a thread of its own."""
+    def quota_of(namespace: str, quota_label: str) -> ObjectRef | None:
+        quota = state.quota_of(namespace, quota_label)
+        return None if quota is None else quota_target(quota.name, quota.namespace, quota.uid)
+
+    service = EventService(sink, quota_of)
+    service.start()
+    return service
+
+
+def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
+                parent_pid: int, accounting: str = LOCAL, ledger_namespace: str = "",
+                stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+                reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER) -> None:
+    """The service process's main: serve, load or start syncing, and exit when the parent does."""
+    state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds,
+                       max_reservations_per_caller=max_reservations_per_caller)
+    if accounting == LOCAL:
+        share_with_workers(state, path)
+    else:
+        state.reservations_known = False
+    # Every result at zero from the start, so alerts on its rate see a series before the first write.
+    for result in quota_metrics.LEDGER_WRITE_RESULTS:
+        quota_metrics.LEDGER_WRITES.labels(result)
+    nodes = NodeState(nodes_path(path))
+    if state_path is not None:
+        serve(state, path, events=start_event_service(state, LogSink()))
+        load_state_file(state, state_path, nodes)
+    else:
+        from kubeaccess.kube import connect
+        from webhook.quota.cluster_state import start_live_sync
+
+        api = connect(str(kubeconfig) if kubeconfig else None, context)
+        admitter: PodAdmitter | None = None
+        if accounting == STRICT:
+            from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
+
+            strict = StrictAccounting(state, LedgerStore(api, ledger_namespace))
+            threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
+                                                                threading.Event()),
+                             daemon=True, name="ledger-reconciler").start()
+            admitter = strict
+        serve(state, path, admitter=admitter,
+              events=start_event_service(state, ApiEventSink(api, reporting_instance())))
+        start_live_sync(state, api, nodes=nodes)
+    # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
+    # SIGTERM exits through the same cleanup as the parent's end.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    stopped = threading.Event()
+    try:
+        while os.getppid() == parent_pid:
+            stopped.wait(1.0)
+    finally:
+        remove_private_files(path)
+
+
+def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> None:
+    """Remove what this service created beside its socket, then the directory if nothing else is there
+    (kept for the service that replaces a dead one).
+
+    Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
+    """
+    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path)),
+                    *node_view_files(nodes_path(socket_path))):
+        created.unlink(missing_ok=True)
+    if not keep_directory:
+        with contextlib.suppress(OSError):  # not empty, or gone already
+            socket_path.parent.rmdir()
+
+
+def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,
+                          kube_context: str | None = None, accounting: str = LOCAL,
+                          ledger_namespace: str = "",
+                          stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+                          reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                          max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER,
+                          ) -> subprocess.Popen[bytes]:
+    """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one).
+
+    A fresh interpreter rather than multiprocessing: gunicorn forks its workers from this
+    process, and multiprocessing's bookkeeping of children would be copied into every worker
+    (whose exit hook then tries to join a process that is not its own).
+    """
+    command = [sys.executable, "-m", "webhook.quota.service", "--socket", str(path), "--parent-pid", str(os.getpid())]
+    if state_path is not None:
+        command += ["--state", str(state_path)]
+    if kubeconfig is not None:
+        command += ["--kubeconfig", str(kubeconfig)]
+    if kube_context is not None:
+        command += ["--context", kube_context]
+    command += ["--accounting", accounting, "--ledger-namespace", ledger_namespace,
+                "--stale-after", str(stale_after_seconds), "--reservation-ttl", str(reservation_ttl_seconds),
+                "--max-reservations-per-caller", str(max_reservations_per_caller)]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m webhook.quota.service",
+                                     description="the quota service of one webhook server instance")
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--state", type=Path)
+    parser.add_argument("--kubeconfig", type=Path)
+    parser.add_argument("--context")
+    parser.add_argument("--accounting", choices=(LOCAL, STRICT), default=LOCAL)
+    parser.add_argument("--ledger-namespace", default="")
+    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_SECONDS)
+    parser.add_argument("--reservation-ttl", type=float, default=DEFAULT_TTL_SECONDS)
+    parser.add_argument("--max-reservations-per-caller", type=int, default=DEFAULT_MAX_RESERVATIONS_PER_CALLER)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from kubeaccess.kube import KubeAccessError
+
+    try:
+        run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid, args.accounting,
+                    args.ledger_namespace, args.stale_after, args.reservation_ttl,
+                    args.max_reservations_per_caller)
+    except (ValueError, KubeAccessError) as error:
+        # gpuquota serve loaded the same files before it started; they changed since.
+        log.error("quota service: cannot start: %s", error)
+        remove_private_files(args.socket, keep_directory=True)
+        sys.exit(CANNOT_START_EXIT)
+
+
+if __name__ == "__main__":
+    main()

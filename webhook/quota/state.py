@@ -1,0 +1,356 @@
+"""The one consistent quota view of a server instance: tree, watched usage, reservations, a lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
+from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
+from gpuquota_core.quota_admission import review_quota_object
+from gpuquota_core.quota_decision import decide, needs_check
+from gpuquota_core.quota_integrity import check_tree
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL, QuotaInfo, quota_from_object
+from gpuquota_core.quota_tree import QuotaTree, keeps
+from gpuquota_core.quota_view import quota_figures
+from gpuquota_core.resources import add_lists
+from gpuquota_core.usage_index import UsageIndex
+from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
+from webhook.quota import metrics
+from webhook.quota.publisher import Publisher
+from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
+
+KINDS = ("Pod", "ElasticQuota")
+TOO_MANY_RESERVATIONS = "TooManyReservations"
+
+
+class QuotaState:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                 stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+                 max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER) -> None:
+        self._lock = threading.Lock()  # every decision and every state change is serialised
+        self._clock = clock
+        self.tree = QuotaTree()
+        self.usage = UsageIndex(self.tree)
+        self.ledger = ReservationLedger(ttl_seconds)
+        self.synced = False
+        self.stale_after_seconds = stale_after_seconds
+        self.max_reservations_per_caller = max_reservations_per_caller
+        self._listed_kinds: set[str] = set()
+        self._failing_since: dict[str, float] = {}  # kind -> clock time of the first failure in a row
+        self._published: tuple[int, ...] = ()  # the gauges' last values (see _publish)
+        # Quotas another quota of their name keeps out of the tree (QuotaTree.keeps), by (name,
+        # namespace): when the kept one is deleted, the next takes its place.
+        self._shadowed: dict[tuple[str, str], QuotaInfo] = {}
+        # Local accounting in a server: the totals shared with the webhook workers (webhook.quota.shared_region).
+        self.publisher: Publisher | None = None
+        # Whether self.ledger holds every reservation of this instance: not under strict accounting,
+        # whose reservations live in the ledger objects in the API server.
+        self.reservations_known = True
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """The state lock and, with a publisher, the shared region's lock too.
+
+        What workers reserved is taken into the ledger first, so everything in the section sees
+        it; the totals the section changed are published last, before workers can read again.
+        """
+        with self._lock:
+            publisher = self.publisher
+            if publisher is None:
+                yield
+                return
+            publisher.enter(self.ledger, self._clock())
+            try:
+                yield
+            finally:
+                publisher.leave(self.tree, self.usage, self.ledger, self.synced)
+
+    def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
+        """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""
+        return compact(kind, obj)
+
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the whole state from manifests (offline mode): quotas first, then the pods."""
+        objects = list(objects)
+        # Two quotas of one name or a parent cycle raise QuotaTreeError (a ValueError naming the
+        # quotas) and nothing is replaced: in files they are mistakes to fix before serving (one
+        # copy would be ignored; a cycle has no root), not something a later event settles.
+        quotas = [compact("ElasticQuota", o) for o in objects if o.get("kind") == "ElasticQuota"]
+        check_tree(q for q in quotas if isinstance(q, QuotaInfo))
+        self.replace_compact("ElasticQuota", quotas)
+        self.replace_kind("Pod", (o for o in objects if o.get("kind") == "Pod"))
+
+    def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """A full re-list of one kind (live mode); ready once both kinds have been listed."""
+        self.replace_compact(kind, [compact(kind, obj) for obj in objects])
+
+    def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None]) -> None:
+        """Like replace_kind, from what :func:`compact` kept of each object (None: not counted)."""
+        with self._changing():
+            if self.publisher is not None:
+                self.publisher.usage_rebuilt()
+                if kind != "Pod":
+                    self.publisher.tree_replaced()
+            if kind == "Pod":
+                self.usage = UsageIndex(self.tree)
+                for record in items:
+                    if isinstance(record, PodRecord):
+                        self._count(record)
+            else:
+                records = list(self.usage.pods())
+                quotas = [q for q in items if isinstance(q, QuotaInfo)]
+                self.tree = QuotaTree.build(quotas)
+                self._shadowed = {(q.name, q.namespace): q for q in quotas if self.tree.get(q.name) is not q}
+                self.usage = UsageIndex(self.tree)
+                for record in records:
+                    self.usage.upsert(record)
+            self._listed_kinds.add(kind)
+            self.synced = set(KINDS) <= self._listed_kinds
+            self._contact(kind)
+            self._publish()
+
+    def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """One watch event, applied incrementally (cheap: only the fields the decision needs)."""
+        with self._changing():
+            self._contact(kind)
+            metrics.WATCH_EVENTS.labels(kind, event_type).inc()
+            if event_type == "BOOKMARK":
+                return
+            if kind == "Pod":
+                metadata = obj.get("metadata") or {}
+                key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+                if event_type == "DELETED" or not pod_is_counted(obj):
+                    current = self.usage.get(key)
+                    # Only the pod that is there: a delete of an older pod of the same name must
+                    # not drop a newer one that the watch has already shown.
+                    if current is None or not current.uid or current.uid == str(metadata.get("uid") or ""):
+                        self.usage.discard(key)
+                else:
+                    self._upsert_pod(obj)
+            else:
+                before, after = self._quota_event(quota_from_object(obj), event_type == "DELETED")
+                if self.publisher is not None:
+                    self.publisher.quota_changed(before, after)
+                moved = False
+                if after is None:
+                    moved = before is not None and self.tree.remove(before.name)
+                elif after is not before:
+                    moved = self.tree.upsert(after)
+                if moved:
+                    self.usage.rebuild()
+                    if self.publisher is not None:
+                        self.publisher.usage_rebuilt()
+            self._publish()
+
+    def _quota_event(self, quota: QuotaInfo, deleted: bool) -> tuple[QuotaInfo | None, QuotaInfo | None]:
+        """The tree's quota of this name before and after a watch event of ``quota`` (lock held).
+
+        Two quotas of one name (they can predate Koordinator's webhook): the tree keeps the one
+        ``QuotaTree.keeps`` picks whatever order events come in, so a delete or change of the other
+        leaves it alone, and deleting the kept one brings the next in.
+        """
+        kept = self.tree.get(quota.name)
+        key = (quota.name, quota.namespace)
+        if kept is not None and kept.namespace != quota.namespace:
+            if deleted:
+                self._shadowed.pop(key, None)
+                return kept, kept
+            if not keeps(kept, quota):
+                self._shadowed[key] = quota
+                return kept, kept
+            self._shadowed[(kept.name, kept.namespace)] = kept
+            return kept, quota
+        if not deleted:
+            return kept, quota
+        others = sorted((q for (name, _), q in self._shadowed.items() if name == quota.name),
+                        key=lambda q: q.namespace)
+        if not others:
+            return kept, None
+        del self._shadowed[(others[0].name, others[0].namespace)]
+        return kept, others[0]
+
+    def sync_failed(self, kind: str) -> None:
+        """The list or watch of ``kind`` broke; decisions go on from the last state until it is stale."""
+        with self._lock:
+            self._failing_since.setdefault(kind, self._clock())
+            self._publish()
+
+    def _contact(self, kind: str) -> None:
+        self._failing_since.pop(kind, None)
+        metrics.LAST_CONTACT.labels(kind).set(time.time())
+
+    def _stale_kinds(self) -> list[str]:
+        now = self._clock()
+        return sorted(kind for kind, since in self._failing_since.items() if now - since > self.stale_after_seconds)
+
+    def _upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        record = compact("Pod", obj)
+        if isinstance(record, PodRecord):
+            self._count(record)
+
+    def _count(self, record: PodRecord) -> None:
+        self.usage.upsert(record)
+        # The watched pod now counts instead of its reservation, if it is the admitted one.
+        self.ledger.confirm(record.key, record.uid, self.usage.charged_to(record.key), record.requests)
+
+    def _watched(self, admission: PodAdmission) -> bool:
+        """Whether the pod being updated already counts in the usage (so only growth is new).
+
+        Not yet, when its create is still only a reservation: then the update is charged in full
+        and replaces that reservation, never less than what the pod will end up taking.
+        """
+        record = self.usage.get(f"{admission.namespace}/{admission.name}")
+        return record is not None and (not admission.pod_uid or record.uid in ("", admission.pod_uid))
+
+    def _publish(self) -> None:
+        snapshot = (1 if self.synced else 0, 1 if self._stale_kinds() else 0, len(self.usage),
+                    len(self.tree.quotas), len(self.ledger))
+        # Most watch events (a pod MODIFIED) change none of these, and writing five multiprocess gauges
+        # anyway was a large share of such an event's cost (docs/benchmarks.md).
+        if snapshot == self._published:
+            return
+        self._published = snapshot
+        synced, stale, pods, quotas, reservations = snapshot
+        metrics.SYNCED.set(synced)
+        metrics.STALE.set(stale)
+        metrics.OBJECTS.labels("Pod").set(pods)
+        metrics.OBJECTS.labels("ElasticQuota").set(quotas)
+        metrics.RESERVATIONS.set(reservations)
+
+    def ready(self) -> tuple[bool, str]:
+        with self._lock:
+            if not self.synced:
+                return False, "quota state not synced yet"
+            stale = self._stale_kinds()
+            self._publish()  # staleness grows with time alone: a readiness probe is when it shows
+            if stale:
+                return False, (f"quota state is stale: the list/watch of {', '.join(stale)} has been failing "
+                               f"for more than {self.stale_after_seconds:g}s")
+            return True, "quota state synced"
+
+    def quota_figures(self) -> list[QuotaFigure]:
+        """Per quota and limited GPU resource: used, limit, min and reserved (the per-quota gauges).
+
+        Computed when asked (a scrape), so a deleted quota has no figures from then on.
+        """
+        with self._changing():  # reservations workers made count, as in a decision
+            figures = quota_figures(self.tree, self.usage,
+                                    self.ledger.used if self.reservations_known else lambda _quota: None)
+        return [QuotaFigure(f.quota, f.tree, f.resource, float(f.used.amount),
+                            None if f.limit is None else float(f.limit.amount),
+                            None if f.min is None else float(f.min.amount),
+                            None if f.reserved is None else float(f.reserved.amount)) for f in figures]
+
+    def review_elasticquota(self, quota: Mapping[str, Any]) -> Verdict:
+        """Refuse invalid quotas; warn on legacy names and on a max below current usage."""
+        info = quota_from_object(quota)
+        with self._changing():  # reservations workers made count in the used it compares with
+            used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
+            review = review_quota_object(quota, self.tree, used)
+        if review.problems:
+            return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
+        return Verdict(True, warnings=review.warnings)
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        """Local accounting: decide and reserve in this instance's own ledger."""
+        with self._changing():
+            now = self._clock()
+            expired = self._expire(now)
+            verdict, _ = self._judge(admission, self.ledger, now)
+            if expired or verdict.allowed or self.publisher is not None:  # what changes the count here
+                self._publish()
+            return verdict
+
+    def expire_reservations(self) -> None:
+        """Release what expired and take in what workers reserved (a server's quota service, periodically)."""
+        with self._changing():
+            self._expire(self._clock())
+            self._publish()
+
+    def _expire(self, now: float) -> int:
+        expired = self.ledger.expire(now)
+        if expired:
+            metrics.RESERVATIONS_EXPIRED.inc(len(expired))
+        return len(expired)
+
+    def tree_of(self, admission: PodAdmission) -> str | None:
+        """The quota tree whose shared ledger a pod's admission writes to (strict accounting)."""
+        with self._lock:
+            resolution = self.tree.resolve(admission.namespace, admission.labels.get(POD_QUOTA_LABEL, ""))
+            if resolution.quota is None or resolution.quota not in self.tree.quotas:
+                return None
+            return shared_ledger.tree_of(self.tree, resolution.quota)
+
+    def quota_of(self, namespace: str, quota_label: str) -> QuotaInfo | None:
+        """The ElasticQuota a pod of ``namespace`` with ``quota_label`` resolves to (events' target)."""
+        with self._lock:
+            resolution = self.tree.resolve(namespace, quota_label)
+            return self.tree.quotas.get(resolution.quota) if resolution.quota is not None else None
+
+    def judge_batch(self, admissions: list[PodAdmission], stored: Mapping[str, shared_ledger.StoredReservation],
+                    now: float) -> list[tuple[Verdict, Reservation | None]]:
+        """Strict accounting: decide a batch against the shared ledger as stored (``now`` is wall time).
+
+        Each admission sees the ones before it in the batch, so one write can carry them all.
+        Returns, per admission, the verdict and the reservation to store (None: nothing to write).
+        """
+        with self._lock:
+            ledger = shared_ledger.holding_room(stored, self.usage, now, self.ledger.ttl_seconds)
+            return [self._judge(admission, ledger, now) for admission in admissions]
+
+    def pruned(self, stored: Mapping[str, shared_ledger.StoredReservation],
+               now: float) -> dict[str, shared_ledger.StoredReservation]:
+        with self._lock:
+            return shared_ledger.pruned(stored, self.usage, now)
+
+    def _judge(self, admission: PodAdmission, ledger: ReservationLedger,
+               now: float) -> tuple[Verdict, Reservation | None]:
+        """Decide one admission against ``ledger`` and reserve in it when admitted (lock held)."""
+        new, old = quota_requests(admission)
+        if not self.synced:
+            return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
+        if old is not None and not needs_check(new, old, self.tree):
+            return ALLOW, None
+        pod_key = f"{admission.namespace}/{admission.name}"
+        replay_of = ledger.made_by(pod_key, admission.uid)
+        decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
+                          replay_of=replay_of)
+        if not decision.allowed:
+            return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
+        if admission.dry_run or not decision.quotas:
+            return ALLOW, None
+        held = ledger.held_by(admission.caller)
+        if replay_of is not None and replay_of.caller == admission.caller:
+            held -= 1  # a retry replaces its own reservation, it does not add one
+        if admission.caller and held >= self.max_reservations_per_caller:
+            return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: caller {admission.caller} "
+                           f"already holds {held} quota reservations no created pod has confirmed (limit "
+                           f"{self.max_reservations_per_caller}); retry once they are confirmed or expire",
+                           429, TOO_MANY_RESERVATIONS), None
+        # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
+        # relabel's new leaf, a resize's growth) is held in the ledger.
+        reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
+                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
+                                     caller=admission.caller)
+        return ALLOW, reservation
+
+
+def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
+    """The few fields a decision needs of one listed object, so a page can be dropped at once.
+
+    Pods: their record, or None when they do not count (finished, unreadable). Quotas: QuotaInfo.
+    """
+    if kind != "Pod":
+        return quota_from_object(obj)
+    if not pod_is_counted(obj):
+        return None
+    try:
+        return pod_record(obj)
+    except ValueError:
+        return None  # an unreadable pod cannot be charged; the webhook refused it at admission anyway
+

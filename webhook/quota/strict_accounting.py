@@ -1,0 +1,418 @@
+"""Strict accounting: record each admission in a shared ledger object before answering.
+
+Several replicas each hold their own view of pods and quotas, so room is only ever handed out
+through a write to the API server that carries the resourceVersion the decision was made on
+(``gpuquota_core.shared_ledger`` explains the object and the counting rules). Per quota tree, one
+write is in flight at a time from this replica and it carries every admission that queued up
+behind the previous one (a group commit): under a burst the write rate stays bounded while the
+admission rate grows with the batch size.
+
+On a conflict the whole batch is decided again from the freshly read object: nothing admitted in
+a failed attempt is admitted again without being re-judged, so a request denied in one attempt can
+never pass on a retry because an earlier verdict was reused (kubernetes#141904 in the native
+ResourceQuota plugin). When the write cannot be made (the API is down, conflicts persist) the
+admissions of the batch are refused: the webhook's failure mode, never an unrecorded admission.
+
+When is a reservation's room provably free before its TTL? Only when its pod can never be stored.
+The webhook timeout (5 s) does not prove it: it bounds how long the apiserver waits for our answer,
+not the create. After the validating webhooks the apiserver still writes the pod to etcd, and that
+write is bounded only by the create request's own deadline (kube-apiserver ``--request-timeout``,
+60 s by default; a client may ask for less). With etcd paused, a create admitted just before the
+pause lands when etcd resumes, however late our answer was. And "our answer left after the webhook
+timeout" is no proof either: a paused apiserver that resumes finds both our answer and its expired
+timer ready and may take either. So the rule (``StrictAccounting._lost``, run by the reconciler) is:
+past the create deadline (``create_deadline_seconds``, the apiserver's default), a consistent GET
+of the pod that finds no pod with the reservation's uid proves the create failed, and its room is
+released. Under the default TTL (30 s) the TTL releases first; the rule earns its place with a TTL
+at or above the create deadline, which is also the only setting under which a reservation never
+expires while its create can still land (see docs/reliability.md, "Known limits").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.ledger import Reservation
+from webhook.admission.quota_port import PodAdmission, Verdict
+from webhook.quota import metrics
+from webhook.quota.state import QuotaState
+
+log = logging.getLogger("gpuquota.quota")
+# Conflicts are the normal case under a burst spread over replicas: retry with jittered backoff,
+# within a budget well under the webhook timeout the API server gives us (a few seconds).
+MAX_ATTEMPTS = 40
+RETRY_BUDGET_SECONDS = 3.0
+MAX_BACKOFF_SECONDS = 0.05
+FIELD_MANAGER = "gpuquota-webhook"
+MANAGED_BY_LABEL, MANAGED_BY = "app.kubernetes.io/managed-by", "koord-gpuquota"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+# Quota names are DNS subdomains (up to 253 characters); label values stop at 63, so a tree root
+# longer than that cannot be named in a label and is reconciled only when admissions write to it.
+TREE_LABEL = "gpuquota.koord-gpuquota.io/quota-tree"
+# How long after its admission a pod create can still be written to etcd: kube-apiserver's
+# --request-timeout (its default), which bounds the whole create request, the storage write after
+# the admission webhooks included. Not the webhook timeout: that bounds only the wait for our answer.
+DEFAULT_CREATE_DEADLINE_SECONDS = 60.0
+
+
+class LedgerUnavailable(Exception):
+    """The shared ledger could not be read or written; the message says why."""
+
+
+@dataclass
+class _Job:
+    admission: PodAdmission
+    verdict: Verdict | None = None
+    submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _TreeQueue:
+    condition: threading.Condition = field(default_factory=threading.Condition)
+    pending: list[_Job] = field(default_factory=list)
+    committing: bool = False
+
+
+class LedgerStore:
+    """Reads and writes the ledger ConfigMaps of one namespace; caches the last version seen.
+
+    The object can disappear (an operator deletes it, a namespace cleanup, a restore from an older
+    backup). The reservations this replica last saw in it are then carried over: returned by every
+    read as if still stored, until a write of this replica has put them back (a create when the
+    object is missing, a replace when another replica recreated it first, recognised by its new
+    ``metadata.uid``). Expired or confirmed ones are pruned on that write as usual, so nothing
+    this replica knew to hold room is forgotten and nothing stale is kept.
+
+    What only other replicas knew (reservations they wrote after this replica's last read) is
+    gone with the object. Each of those was admitted before the deletion, so it expires at the
+    latest one TTL after the deletion was noticed: until then the tree is held (``recovering_until``,
+    recorded in the recreated object so that every replica, one that never saw the old object
+    included, holds it too) and its admissions are refused as LedgerUnavailable, never admitted
+    into room that may be taken.
+    """
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        # Any: with _preload_content=False the client returns the raw response, not the model
+        # its annotations promise; the JSON is decoded here directly.
+        self.core: Any = client.CoreV1Api(api)
+        self.namespace = namespace
+        self._cache: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
+        # Per tree: the uid of the object last read or written, and what it held then.
+        self._known: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
+        # Per tree: reservations of a deleted object not yet written back (see the class docstring).
+        self._carried: dict[str, dict[str, shared_ledger.StoredReservation]] = {}
+        # Per tree: wall-clock end of the hold after a deletion (see the class docstring).
+        self._recovering: dict[str, float] = {}
+        self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
+        self.clock: Callable[[], float] = time.time
+        self.hold_seconds = 30.0  # the reservation TTL; StrictAccounting sets both
+
+    def read(self, tree_root: str, fresh: bool) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
+        """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``."""
+        with self._lock:
+            if not fresh and tree_root in self._cache:
+                return self._cache[tree_root]
+        name = shared_ledger.ledger_object_name(tree_root)
+        try:
+            response = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                with self._lock:
+                    self._lost(tree_root)
+                    return "", dict(self._carried.get(tree_root, {}))
+            raise LedgerUnavailable(f"cannot read ConfigMap {self.namespace}/{name}: {error.status} {error.reason}") \
+                from None
+        body = orjson.loads(response.data)
+        try:
+            stored = shared_ledger.decode(body.get("data"))
+            held = shared_ledger.recovering_until(body.get("data"))
+        except shared_ledger.LedgerFormatError as error:
+            raise LedgerUnavailable(f"ConfigMap {self.namespace}/{name}: {error}") from None
+        metadata = body["metadata"]
+        uid = str(metadata.get("uid", ""))
+        with self._lock:
+            known = self._known.get(tree_root)
+            if known is not None and known[0] != uid:
+                # Deleted and recreated by someone else since this replica's last look. The
+                # deletion came before the new object's creation, and before the hold a replica
+                # that noticed it recorded: either bounds when what was lost expires.
+                self._lost(tree_root, min(held or float("inf"), _created(metadata) + self.hold_seconds))
+            self._known[tree_root] = (uid, stored)
+            self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), held)
+            result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
+            self._cache[tree_root] = result
+            return result
+
+    def _lost(self, tree_root: str, hold_until: float | None = None) -> None:
+        """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
+        self._cache.pop(tree_root, None)
+        known = self._known.pop(tree_root, None)
+        if known is not None:  # noticed now; a tree already found missing keeps its first hold
+            until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
+            self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
+        if known is not None and known[1]:
+            carried = self._carried.setdefault(tree_root, {})
+            carried.update({key: item for key, item in known[1].items() if key not in carried})
+            log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s was deleted; carrying the %d "
+                        "reservations this replica knew into its next write", self.namespace,
+                        shared_ledger.ledger_object_name(tree_root), tree_root, len(carried))
+
+    def recovering_until(self, tree_root: str) -> float:
+        """Until when (wall clock) the tree is held after its object was found deleted; 0: not held."""
+        with self._lock:
+            return self._recovering.get(tree_root, 0.0)
+
+    def drop_carried(self, tree_root: str) -> None:
+        with self._lock:
+            self._carried.pop(tree_root, None)
+
+    def carrying(self, tree_root: str) -> bool:
+        """Whether reservations of a deleted object still wait to be written back."""
+        with self._lock:
+            return bool(self._carried.get(tree_root))
+
+    def known_trees(self) -> set[str]:
+        """The trees this replica has read or written, whether or not their object still exists."""
+        with self._lock:
+            return set(self._known) | set(self._carried) | set(self._cache)
+
+    def pod_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the pod stored under that name, None when there is none (a consistent read)."""
+        try:
+            response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise LedgerUnavailable(f"cannot read pod {namespace}/{name}: {error.status} {error.reason}") from None
+        return str(orjson.loads(response.data)["metadata"].get("uid", ""))
+
+    def _hold_to_record(self, tree_root: str) -> float:
+        with self._lock:
+            until = self._recovering.get(tree_root, 0.0)
+            return until if until > self.clock() else 0.0
+
+    def list_trees(self) -> list[str]:
+        """The quota trees that have a ledger object, from their label (any replica may have made them)."""
+        listed = orjson.loads(self.core.list_namespaced_config_map(
+            self.namespace, label_selector=MANAGED_SELECTOR, _preload_content=False).data)
+        return sorted(str(item["metadata"]["labels"][TREE_LABEL]) for item in listed.get("items", [])
+                      if TREE_LABEL in (item["metadata"].get("labels") or {}))
+
+    def write(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation]) -> bool:
+        """Store ``stored`` if the object is still at ``version`` (absent: ""); False on a conflict.
+
+        A replace that finds the object deleted is a conflict too: the caller reads again, finds
+        it missing, and creates it with what this replica carried over.
+        """
+        name = shared_ledger.ledger_object_name(tree_root)
+        labels = {MANAGED_BY_LABEL: MANAGED_BY}
+        if len(tree_root) <= 63:
+            labels[TREE_LABEL] = tree_root
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+            "data": shared_ledger.encode(stored.values(), self._hold_to_record(tree_root)),
+        }
+        try:
+            if version:
+                body["metadata"]["resourceVersion"] = version
+                response = self.core.replace_namespaced_config_map(name, self.namespace, body,
+                                                                   field_manager=FIELD_MANAGER,
+                                                                   _preload_content=False)
+            else:
+                response = self.core.create_namespaced_config_map(self.namespace, body, field_manager=FIELD_MANAGER,
+                                                                  _preload_content=False)
+        except ApiException as error:
+            if error.status == 409 or (error.status == 404 and version):
+                with self._lock:
+                    if error.status == 404:
+                        self._lost(tree_root)
+                    self._cache.pop(tree_root, None)
+                return False
+            raise LedgerUnavailable(f"cannot write ConfigMap {self.namespace}/{name}: {error.status} "
+                                    f"{error.reason}") from None
+        written = orjson.loads(response.data)["metadata"]
+        with self._lock:
+            # What was carried is in the object now (or was pruned from it on purpose).
+            self._carried.pop(tree_root, None)
+            self._known[tree_root] = (str(written.get("uid", "")), stored)
+            self._cache[tree_root] = (str(written["resourceVersion"]), stored)
+        return True
+
+
+def _created(metadata: dict[str, Any]) -> float:
+    """An object's creationTimestamp in wall-clock seconds, rounded up (it is kept to the second)."""
+    try:
+        stamp = datetime.strptime(str(metadata["creationTimestamp"]), "%Y-%m-%dT%H:%M:%SZ")
+    except (KeyError, ValueError):
+        return time.time()  # unknown: no later than now
+    return stamp.replace(tzinfo=UTC).timestamp() + 1.0
+
+
+class StrictAccounting:
+    def __init__(self, state: QuotaState, store: LedgerStore, replica: str | None = None,
+                 clock: Callable[[], float] = time.time,
+                 create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS) -> None:
+        self.state = state
+        self.create_deadline_seconds = create_deadline_seconds
+        store.clock, store.hold_seconds = clock, state.ledger.ttl_seconds
+        self.store = store
+        self.replica = replica or f"{socket.gethostname()}/{os.getpid()}"
+        self.clock = clock
+        self._queues: dict[str, _TreeQueue] = {}
+        self._queues_lock = threading.Lock()
+
+    def admit_pod(self, admission: PodAdmission) -> Verdict:
+        tree_root = self.state.tree_of(admission)
+        if tree_root is None:
+            return self.state.admit_pod(admission)  # no quota: nothing to share
+        queue = self._queue(tree_root)
+        job = _Job(admission)
+        with queue.condition:
+            queue.pending.append(job)
+            while job.verdict is None and queue.committing:
+                queue.condition.wait()
+            if job.verdict is not None:
+                return job.verdict
+            # No commit in flight: this thread commits everything queued so far, its own job included.
+            batch, queue.pending = queue.pending, []
+            queue.committing = True
+        try:
+            self._commit(tree_root, batch)
+        finally:
+            with queue.condition:
+                queue.committing = False
+                queue.condition.notify_all()
+        assert job.verdict is not None
+        return job.verdict
+
+    def _queue(self, tree_root: str) -> _TreeQueue:
+        with self._queues_lock:
+            return self._queues.setdefault(tree_root, _TreeQueue())
+
+    def _commit(self, tree_root: str, batch: list[_Job]) -> None:
+        admissions = [job.admission for job in batch]
+        fresh = False
+        # Counted from the oldest job's arrival: time spent queued behind the previous commit is
+        # part of the budget, so no admission outlives the API server's webhook timeout.
+        give_up_at = min(job.submitted for job in batch) + RETRY_BUDGET_SECONDS
+        held = ""
+        try:
+            for attempt in range(MAX_ATTEMPTS):
+                if attempt and time.monotonic() > give_up_at:
+                    break
+                version, stored = self.store.read(tree_root, fresh)
+                now = self.clock()
+                held_until = self.store.recovering_until(tree_root)
+                if now < held_until:
+                    self._record_hold(tree_root, version, stored, now)
+                    held = (f"the shared quota ledger of tree {tree_root} was deleted; reservations only it held "
+                            f"may still take room for {held_until - now:.1f}s, until they expire")
+                    break
+                results = self.state.judge_batch(admissions, stored, now)
+                new = [r for _, r in results if r is not None]
+                if not new:
+                    self._finish(batch, results)
+                    return
+                keep = self.state.pruned(stored, now)
+                for reservation in new:
+                    keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, now)
+                if self.store.write(tree_root, version, keep):
+                    metrics.LEDGER_WRITES.labels("ok").inc()
+                    metrics.LEDGER_BATCH.observe(len(new))
+                    self._finish(batch, results)
+                    return
+                metrics.LEDGER_WRITES.labels("conflict").inc()
+                fresh = True
+                # Jitter, so the replicas that just collided do not collide again in lockstep.
+                time.sleep(random.uniform(0, min(MAX_BACKOFF_SECONDS, 0.002 * 2 ** attempt)))
+            reason = held or (f"the shared quota ledger of tree {tree_root} kept changing ({attempt + 1} conflicts "
+                              f"in {RETRY_BUDGET_SECONDS:g}s)")
+        except LedgerUnavailable as error:
+            metrics.LEDGER_WRITES.labels("error").inc()
+            reason = str(error)
+        except Exception as error:  # connection errors of every kind: refuse rather than admit unrecorded
+            metrics.LEDGER_WRITES.labels("error").inc()
+            reason = f"the shared quota ledger is unreachable: {error}"
+        log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
+        for job in batch:
+            job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+
+    def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
+                     now: float) -> None:
+        """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
+        if self.store.carrying(tree_root) or not version:
+            self.store.write(tree_root, version, self.state.pruned(stored, now))
+
+    def reconcile_once(self) -> int:
+        """Drop expired, long-confirmed and provably lost reservations from every ledger object.
+
+        Without it, room held by pods that never appeared (a later webhook refused them, the
+        create failed, the replica that admitted them died) would come back only when the next
+        admission of that tree happens to write the object. Trees are those with an object (any
+        replica's) and those this replica wrote to, whose object may have been deleted since: it
+        is recreated with the reservations this replica carried over. Returns how many it dropped.
+        """
+        dropped = 0
+        for tree_root in sorted(set(self.store.list_trees()) | self.store.known_trees()):
+            version, stored = self.store.read(tree_root, fresh=True)
+            now = self.clock()
+            keep = self.state.pruned(stored, now)
+            lost = self._lost(keep, now)
+            for pod_key in lost:
+                del keep[pod_key]
+            changed = len(keep) < len(stored) or self.store.carrying(tree_root)
+            if not version and not keep:
+                self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
+            elif changed and self.store.write(tree_root, version, keep):
+                dropped += len(stored) - len(keep)
+                if lost:
+                    log.info("strict accounting: released %d reservations of creates that can no longer land "
+                             "(tree %s): %s", len(lost), tree_root, ", ".join(sorted(lost)))
+        return dropped
+
+    def _lost(self, stored: dict[str, shared_ledger.StoredReservation], now: float) -> set[str]:
+        """Reservations whose pod provably never landed and never can (see docs/design.md).
+
+        Past its create's deadline, a create can no longer be written to etcd; if a consistent read
+        then finds no pod of that uid, none will ever be stored for this admission.
+        """
+        lost: set[str] = set()
+        for pod_key, item in stored.items():
+            reservation = item.reservation
+            if not reservation.pod_uid or now < item.admitted_at + self.create_deadline_seconds:
+                continue
+            namespace, _, name = pod_key.partition("/")
+            if self.store.pod_uid(namespace, name) != reservation.pod_uid:
+                lost.add(pod_key)
+        return lost
+
+    def run_reconciler(self, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval):
+            try:
+                dropped = self.reconcile_once()
+            except Exception as error:  # the next round tries again; admissions prune as they write
+                log.warning("strict accounting: reconcile failed: %s", error)
+                continue
+            if dropped:
+                metrics.RESERVATIONS_EXPIRED.inc(dropped)
+                log.info("strict accounting: released %d stale reservations", dropped)
+
+    @staticmethod
+    def _finish(batch: list[_Job], results: list[tuple[Verdict, Reservation | None]]) -> None:
+        for job, (verdict, _) in zip(batch, results, strict=True):
+            job.verdict = verdict

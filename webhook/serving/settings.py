@@ -1,0 +1,101 @@
+"""Everything a webhook server instance is configured with, in one immutable value.
+
+The CLI builds it from flags, the gunicorn application hands it to every hook and to the app
+factory, and the quota decider factory receives it too: one object travels through the master and
+(by fork) into every worker, so nothing has to be smuggled through environment variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8443
+DEFAULT_CERT_DIR = Path("certs")
+# File names inside the cert dir; the same names a kubernetes.io/tls Secret mounts (plus the CA).
+CERT_FILE = "tls.crt"
+KEY_FILE = "tls.key"
+CA_FILE = "ca.crt"
+
+# The largest review the API server sends is an UPDATE: it carries object and oldObject, each up
+# to etcd's 1.5 MiB limit on a stored object (protobuf), and their JSON runs about twice the
+# protobuf: 2 objects x 2 x 1.5 MiB = 6 MiB. The envelope (uid, kinds, userInfo, options) is a few
+# KiB; the other 2 MiB are for objects whose JSON is more than twice their protobuf. A larger body
+# can only be an attack or a mistake; a smaller cap would refuse a large pod's label change, which
+# a fail-closed validating webhook turns into a refused update.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+# How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
+# fails. Longer than a control-plane rolling restart, shorter than the time in which a cluster's
+# quota usage drifts far from what was last seen.
+DEFAULT_STALE_AFTER_SECONDS = 120.0
+# Unconfirmed reservations one caller may hold at once. The API server's own admissions are
+# confirmed by the watch within a second, so it holds roughly (creates per second x watch lag),
+# far below this; a caller posting forged reviews is stopped here, and what it holds expires.
+DEFAULT_MAX_RESERVATIONS_PER_CALLER = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    cert_dir: Path = DEFAULT_CERT_DIR
+    # A file or directory of manifests standing in for the cluster (offline mode); None = no state.
+    state_path: Path | None = None
+    # Live mode: the kubeconfig (and context) to watch the cluster with; None with no state_path
+    # means in-cluster config when running in a pod.
+    kubeconfig_path: Path | None = None
+    context: str | None = None
+    # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
+    config_path: Path | None = None
+    # Twice the cores of the machine measured (docs/benchmarks.md): each worker has its own
+    # SO_REUSEPORT socket and keeps every connection the kernel hashes to it, so with as many
+    # workers as cores the API server's few connections could all land on one worker and leave a
+    # core idle (seen in benchmarks). Four make that rare and leave two busy workers even when it
+    # happens, for a small memory cost each; the workers then even the spread out by shedding
+    # connections (webhook.serving.connection_balance).
+    workers: int = 4
+    threads: int = 4
+    # Above the API server's 90 s idle-connection timeout, so it is always the client that closes
+    # an idle connection; if the server closed first, a request racing the close would fail.
+    keepalive: int = 120
+    graceful_timeout: int = 30
+    timeout: int = 30
+    log_level: str = "info"
+    max_body_bytes: int = MAX_BODY_BYTES
+    # Where prometheus_client's multiprocess files live; None = a fresh temporary directory.
+    metrics_dir: Path | None = None
+    # PEM CA(s) that client certificates must chain to (mutual TLS); None = any client may connect.
+    client_ca_path: Path | None = None
+    # Quota accounting across replicas: "local" (each server instance's own ledger; a burst
+    # spread over N replicas can admit up to N times the room) or "strict" (every admission is
+    # recorded in a shared ConfigMap in ledger_namespace first; one API write per admitted batch).
+    accounting: str = "local"
+    ledger_namespace: str = ""
+    # Seconds a failing list/watch may last before /readyz reports the quota view stale.
+    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
+    # How long an admitted pod holds room before the watch must have shown it (see gpuquota_core.ledger).
+    reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS
+    # Unconfirmed reservations one caller (TLS peer) may hold.
+    max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER
+
+    @property
+    def certfile(self) -> Path:
+        return self.cert_dir / CERT_FILE
+
+    @property
+    def keyfile(self) -> Path:
+        return self.cert_dir / KEY_FILE
+
+    @property
+    def ca_file(self) -> Path:
+        return self.cert_dir / CA_FILE
+
+    @property
+    def bind(self) -> str:
+        # IPv6 literals need brackets in a gunicorn bind string.
+        host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
+        return f"{host}:{self.port}"
