@@ -13,6 +13,9 @@ A stored reservation keeps holding room until it expires, even after the pod sho
 replica's watch may lag behind, and only the replica whose own cache already counts the pod may
 skip it. So each replica counts a stored reservation unless its own watch has confirmed it, and
 drops it from the object only once it expired, or was confirmed ``settle_seconds`` ago.
+
+An escrow entry (``ESCROW_KEY_PREFIX``) is room one replica took for pods it has not admitted yet;
+docs/design.md states the rules that keep it as safe as a reservation per pod.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ LEDGER_DATA_KEY = "reservations.json"
 RECOVERING_UNTIL_KEY = "recoveringUntil"
 LEDGER_NAME_PREFIX = "gpuquota-ledger-"
 DEFAULT_SETTLE_SECONDS = 5.0
+# Entries whose key starts so hold room in escrow for the replica that wrote them, not for one pod
+# (no namespace/name starts with "~"). Stored like a reservation that no pod ever confirms, so every
+# replica, one of an earlier release included, counts the whole of it until it expires.
+ESCROW_KEY_PREFIX = "~escrow/"
 
 
 class LedgerFormatError(ValueError):
@@ -50,6 +57,10 @@ def tree_of(tree: QuotaTree, leaf: str) -> str:
     """The quota whose ledger object records reservations of pods charged to ``leaf``."""
     chain = tree.chain(leaf)
     return chain[-1].name if chain else leaf
+
+
+def is_escrow(key: str) -> bool:
+    return key.startswith(ESCROW_KEY_PREFIX)
 
 
 def ledger_object_name(tree_root: str) -> str:

@@ -148,6 +148,9 @@ def test_burst_through_three_replicas_stores_exactly_the_room(api: Api, replicas
                                                                 ("gpuquota_quota_limit", RATIO): 100 * ROOM_PODS},
                    f"replica {server.port} exports the quota's usage", DEADLINE)
     assert sum(_ledger_writes_ok(server) for server in replicas.servers) >= 1
+    # Some were admitted from room a replica held in escrow (no write of their own), and still no
+    # more than the room was stored.
+    assert sum(_escrow_admissions(server) for server in replicas.servers) >= 1
 
 
 def _scraped(server: WebhookProcess) -> list[Any]:
@@ -159,6 +162,11 @@ def _scraped(server: WebhookProcess) -> list[Any]:
 def _ledger_writes_ok(server: WebhookProcess) -> float:
     return sum(sample.value for sample in _scraped(server)
                if sample.name == "gpuquota_ledger_writes_total" and sample.labels["result"] == "ok")
+
+
+def _escrow_admissions(server: WebhookProcess) -> float:
+    return sum(sample.value for sample in _scraped(server)
+               if sample.name == "gpuquota_ledger_escrow_admissions_total")
 
 
 def _quota_gauges(server: WebhookProcess, quota: str) -> dict[tuple[str, str], float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -91,20 +92,23 @@ class FakeCore:
 
 
 class Replica:
+    """One replica's state and strict accounting. Escrow is off unless asked for: most tests here look
+    at the reservation each admitted pod leaves in the object; the escrow tests below turn it on."""
+
     def __init__(self, core: FakeCore, name: str, clock: list[float], room: int = 300,
-                 create_deadline: float = 60.0) -> None:
+                 create_deadline: float = 60.0, escrow: int = 0, leaf_room: int = 1000) -> None:
         self.state = QuotaState(ttl_seconds=TTL)
         self.state.load([
             {"kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team"},
              "spec": {"max": {RATIO: str(room)}}},
             {"kind": "ElasticQuota", "metadata": {"name": "team-a", "namespace": "team",
                                                   "labels": {"quota.scheduling.koordinator.sh/parent": TREE}},
-             "spec": {"max": {RATIO: "1000"}}},
+             "spec": {"max": {RATIO: str(leaf_room)}}},
         ])
         self.store = LedgerStore(client.ApiClient(), NAMESPACE)
         self.store.core = core
         self.accounting = StrictAccounting(self.state, self.store, replica=name, clock=lambda: clock[0],
-                                           create_deadline_seconds=create_deadline)
+                                           create_deadline_seconds=create_deadline, escrow_most_pods=escrow)
 
     def admit(self, pod: str, ratio: str = "100") -> Any:
         return self.accounting.admit_pod(PodAdmission(
@@ -225,3 +229,116 @@ def test_a_missing_ledger_namespace_refuses_instead_of_admitting(core: FakeCore,
     verdict = replica.admit("p1")
     assert not verdict.allowed and verdict.code == 503 and verdict.reason == "LedgerUnavailable"
     assert f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404" in verdict.message
+
+
+def escrow_entries(core: FakeCore) -> dict[str, shared_ledger.StoredReservation]:
+    stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
+    return {key: item for key, item in stored.items() if shared_ledger.is_escrow(key)}
+
+
+def test_pods_of_one_shape_are_admitted_from_escrow_without_a_write_of_their_own(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)  # room for 100 one-card pods
+    assert replica.admit("p1").allowed
+    # The write that admitted p1 also took a quarter of what was left for its shape: 99 // 4.
+    [(key, entry)] = escrow_entries(core).items()
+    assert entry.replica == "r1" and entry.reservation.quotas == ("team-a", TREE)
+    assert entry.reservation.requests == {RATIO: shared_ledger.Quantity.of(2400)}
+    assert entry.reservation.expires_at == clock[0] + 1.0 + TTL  # the window, then a reservation's TTL
+    assert core.calls == ["read", "create"]
+    for n in range(2, 26):
+        assert replica.admit(f"p{n}").allowed
+    assert core.calls == ["read", "create"]  # 24 pods, no write
+    # The 26th is written with the 24 it admitted from escrow; the spent escrow is gone, and a new
+    # one takes a quarter of what is left: 100 - 26 = 74 -> 18.
+    assert replica.admit("p26").allowed
+    assert core.calls[-1] == "replace"
+    assert {key for key in core.stored() if not shared_ledger.is_escrow(key)} == {f"team/p{n}" for n in range(1, 27)}
+    [(new_key, new_entry)] = escrow_entries(core).items()
+    assert new_key != key and new_entry.reservation.requests == {RATIO: shared_ledger.Quantity.of(1800)}
+
+
+def test_escrow_stops_near_the_limit_and_every_pod_is_then_written(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=300, escrow=32)  # room for 3: never a quarter of one
+    for pod in ("p1", "p2", "p3"):
+        assert replica.admit(pod).allowed
+    assert not escrow_entries(core) and core.stored() == {"team/p1", "team/p2", "team/p3"}
+    refused = replica.admit("p4")
+    assert not refused.allowed and refused.reason == "QuotaExceeded"
+
+
+def test_a_lowered_limit_is_not_admitted_past_from_escrow(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    assert replica.admit("p1").allowed and escrow_entries(core)
+    replica.state.apply_event("ElasticQuota", "MODIFIED", {
+        "kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team"}, "spec": {"max": {RATIO: "150"}}})
+    refused = replica.admit("p2")
+    assert not refused.allowed and refused.reason == "QuotaExceeded"
+    assert not escrow_entries(core)  # the write that judged p2 gave the escrow back
+
+
+def test_the_settler_writes_what_an_escrow_admitted_and_gives_back_the_rest(core: FakeCore,
+                                                                            clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    for pod in ("p1", "p2", "p3"):
+        assert replica.admit(pod).allowed
+    replica.accounting.settle_due()
+    assert escrow_entries(core)  # still inside its window: kept
+    clock[0] += 1.0
+    replica.accounting.settle_due()
+    assert core.stored() == {"team/p1", "team/p2", "team/p3"}
+    stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
+    # p2 and p3 hold room for one TTL from their own admission, as a pod written on its own would.
+    assert stored["team/p2"].reservation.expires_at == clock[0] - 1.0 + TTL
+
+
+def test_a_deleted_ledger_keeps_holding_what_an_open_escrow_admitted(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    assert replica.admit("p1").allowed and replica.admit("p2").allowed
+    [key] = escrow_entries(core)
+    del core.config_maps[LEDGER]
+    core.calls.clear()
+    # Inside its window the escrow admits without a write, so the deletion is not seen yet: every
+    # other replica that saw the object holds the tree for an escrow's window plus the TTL from
+    # when it notices, which covers what this escrow admits (docs/design.md, "Known limits").
+    assert replica.admit("p3").allowed and core.calls == []
+    clock[0] += 1.0
+    assert replica.admit("p4").code == 503
+    # The recreated object holds p1 and the escrow p2 and p3 were admitted from, until they expire,
+    # and the tree is held for the longest any lost entry could live.
+    assert core.stored() == {"team/p1", key}
+    assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + 1.0 + TTL
+    # After the hold the next write records p2 and p3 in place of the escrow (p1 has expired too).
+    clock[0] += 1.0 + TTL
+    assert replica.admit("p5").allowed
+    assert "team/p5" in core.stored() and key not in core.stored()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replicas_with_escrow_never_admit_past_the_room_and_lose_none_of_it(
+        core: FakeCore, clock: list[float], seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A refused pod waits for other replicas' escrow only within the retry budget; here the other
+    # replicas run in this thread between admissions, so a short budget keeps the test quick.
+    monkeypatch.setattr("webhook.quota.strict_accounting.RETRY_BUDGET_SECONDS", 0.1)
+    pods_of_room = 40
+    replicas = [Replica(core, f"r{n}", clock, room=100 * pods_of_room, escrow=32, leaf_room=100_000)
+                for n in range(3)]
+    rng = random.Random(seed)
+    admitted = 0
+    for n in range(3 * pods_of_room):
+        clock[0] += rng.choice([0.0, 0.0, 0.1, 0.4])
+        replica = rng.choice(replicas)
+        if rng.random() < 0.2:
+            replica.accounting.settle_due()
+        admitted += replica.admit(f"p{n}").allowed
+        assert admitted <= pods_of_room
+    # Once every window has passed and each replica has settled, the ledger holds exactly the pods
+    # admitted: the room that is left is all there for a replica that never took escrow.
+    clock[0] += 1.0
+    for replica in replicas:
+        replica.accounting.settle_due()
+    assert not escrow_entries(core) and len(core.stored()) == admitted
+    latecomer = Replica(core, "late", clock, room=100 * pods_of_room, leaf_room=100_000)
+    left = pods_of_room - admitted
+    assert all(latecomer.admit(f"late{n}").allowed for n in range(left))
+    assert not latecomer.admit("one-too-many").allowed

@@ -57,6 +57,10 @@ LEDGER_WRITES = Counter(
     "Writes of the shared reservation ledger (strict accounting), by result (ok, conflict, error).",
     ["result"],
 )
+ESCROW_ADMISSIONS = Counter(
+    "gpuquota_ledger_escrow_admissions",
+    "Pods admitted from room this replica holds in escrow in the shared ledger, without a write of their own.",
+)
 LEDGER_BATCH = Histogram(
     "gpuquota_ledger_batch_size",
     "Reservations carried by one successful ledger write (strict accounting's group commit).",

@@ -179,6 +179,8 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
             threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
                                                                 threading.Event()),
                              daemon=True, name="ledger-reconciler").start()
+            threading.Thread(target=strict.run_escrow_settler, args=(threading.Event(),),
+                             daemon=True, name="ledger-escrow-settler").start()
             admitter = strict
         serve(state, path, admitter=admitter,
               events=start_event_service(state, ApiEventSink(api, reporting_instance())))

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
+from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_decision import decide, needs_check
 from gpuquota_core.quota_integrity import check_tree
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL, QuotaInfo, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree, keeps
 from gpuquota_core.quota_view import quota_figures
-from gpuquota_core.resources import add_lists
+from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.usage_index import UsageIndex
 from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from webhook.quota import metrics
@@ -28,6 +32,25 @@ KINDS = ("Pod", "ElasticQuota")
 TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 
+@dataclass(frozen=True, slots=True)
+class EscrowShape:
+    """What a CREATE would charge: its quota chain (leaf first) and its whole request at each.
+
+    Strict accounting admits a CREATE from room held in escrow only when the room was granted for
+    pods of exactly this shape, under the same quota tree (``tree_version``).
+    """
+
+    quotas: tuple[str, ...]
+    requests: tuple[tuple[str, Fraction], ...]  # sorted; exact amounts
+    tree_version: int
+
+    def key(self) -> tuple[tuple[str, ...], tuple[tuple[str, Fraction], ...]]:
+        return self.quotas, self.requests
+
+    def resources(self, count: int = 1) -> ResourceList:
+        return {name: Quantity.of(amount * count) for name, amount in self.requests}
+
+
 class QuotaState:
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = DEFAULT_TTL_SECONDS,
                  stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
@@ -35,6 +58,9 @@ class QuotaState:
         self._lock = threading.Lock()  # every decision and every state change is serialised
         self._clock = clock
         self.tree = QuotaTree()
+        # Bumped on every change of the quotas: room escrowed under one version of the tree is not
+        # admitted from under another (a lowered limit applies to the next admission at once).
+        self.tree_version = 0
         self.usage = UsageIndex(self.tree)
         self.ledger = ReservationLedger(ttl_seconds)
         self.synced = False
@@ -102,6 +128,7 @@ class QuotaState:
                     if isinstance(record, PodRecord):
                         self._count(record)
             else:
+                self.tree_version += 1
                 records = list(self.usage.pods())
                 quotas = [q for q in items if isinstance(q, QuotaInfo)]
                 self.tree = QuotaTree.build(quotas)
@@ -133,6 +160,7 @@ class QuotaState:
                 else:
                     self._upsert_pod(obj)
             else:
+                self.tree_version += 1
                 before, after = self._quota_event(quota_from_object(obj), event_type == "DELETED")
                 if self.publisher is not None:
                     self.publisher.quota_changed(before, after)
@@ -307,6 +335,54 @@ class QuotaState:
                now: float) -> dict[str, shared_ledger.StoredReservation]:
         with self._lock:
             return shared_ledger.pruned(stored, self.usage, now)
+
+    def escrow_shape(self, admission: PodAdmission) -> EscrowShape | None:
+        """The shape of a plain CREATE that room held in escrow could admit, or None.
+
+        None for everything a decision treats specially: UPDATEs, dry runs, pods without a quota
+        or naming one that does not exist or is a parent, gpu-memory without a model mapping.
+        """
+        if admission.operation != "CREATE" or admission.dry_run or admission.unknown_gpu_memory:
+            return None
+        new, old = quota_requests(admission)
+        if old is not None or not new.requests:
+            return None
+        with self._lock:
+            if not self.synced:
+                return None
+            resolution = self.tree.resolve(new.namespace, new.quota_label)
+            leaf = self.tree.quotas.get(resolution.quota) if resolution.quota is not None else None
+            if leaf is None or leaf.is_parent or resolution.rule == "label-not-found":
+                return None
+            chain = tuple(q.name for q in self.tree.chain(leaf.name))
+            amounts = tuple(sorted((name, quantity.amount) for name, quantity in new.requests.items()))
+            return EscrowShape(chain, amounts, self.tree_version)
+
+    def escrow_room(self, admission: PodAdmission, shape: EscrowShape,
+                    stored: Mapping[str, shared_ledger.StoredReservation], now: float, most: int) -> int:
+        """How many more pods of ``shape`` fit (at most ``most``) on top of ``stored`` as stored.
+
+        The same decision as an admission's, for ``count`` times the pod's request: the quotas of
+        the chain, their limits and what the watch and the stored reservations hold.
+        """
+        new, _ = quota_requests(admission)
+        with self._lock:
+            if shape.tree_version != self.tree_version or not self.synced:
+                return 0
+            ledger = shared_ledger.holding_room(stored, self.usage, now, self.ledger.ttl_seconds)
+
+            def fits(count: int) -> bool:
+                scaled = dataclasses.replace(new, requests=shape.resources(count))
+                return decide(self.tree, self.usage, ledger, scaled).allowed
+
+            low, high = 0, most  # fits(low) holds; find the largest count that fits
+            while low < high:
+                middle = (low + high + 1) // 2
+                if fits(middle):
+                    low = middle
+                else:
+                    high = middle - 1
+            return low
 
     def _judge(self, admission: PodAdmission, ledger: ReservationLedger,
                now: float) -> tuple[Verdict, Reservation | None]:

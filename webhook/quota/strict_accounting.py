@@ -7,6 +7,14 @@ write is in flight at a time from this replica and it carries every admission th
 behind the previous one (a group commit): under a burst the write rate stays bounded while the
 admission rate grows with the batch size.
 
+A write that admits a pod may also take room in escrow: an entry holding room for up to
+``escrow_most_pods`` more pods of the same shape (quota chain and request). For
+``ESCROW_WINDOW_SECONDS`` after that write, this replica admits pods of that shape from the escrow
+without writing; every replica counts the whole entry until it expires. The next write of this
+replica to the tree closes the escrow and replaces the entry by a reservation for each pod admitted
+from it (docs/design.md has the invariant). A pod refused only while other replicas hold escrow in
+its tree waits for them to give it back (within the retry budget) and is judged again.
+
 On a conflict the whole batch is decided again from the freshly read object: nothing admitted in
 a failed attempt is admitted again without being re-judged, so a request denied in one attempt can
 never pass on a retry because an earlier verdict was reused (kubernetes#141904 in the native
@@ -30,6 +38,7 @@ expires while its create can still land (see docs/reliability.md, "Known limits"
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -47,9 +56,10 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation
-from webhook.admission.quota_port import PodAdmission, Verdict
+from gpuquota_core.quota_decision import QUOTA_EXCEEDED
+from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
-from webhook.quota.state import QuotaState
+from webhook.quota.state import EscrowShape, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 # Conflicts are the normal case under a burst spread over replicas: retry with jittered backoff,
@@ -67,6 +77,15 @@ TREE_LABEL = "gpuquota.koord-gpuquota.io/quota-tree"
 # --request-timeout (its default), which bounds the whole create request, the storage write after
 # the admission webhooks included. Not the webhook timeout: that bounds only the wait for our answer.
 DEFAULT_CREATE_DEADLINE_SECONDS = 60.0
+# Escrow: how long a replica admits from room it took, the most pods one escrow holds room for, and
+# the share of what is free for a shape one escrow may take. The share keeps most of the free room
+# for the other replicas and makes escrow stop as a quota nears its limit, where every pod is then
+# written on its own; the short window gives back what a replica did not use.
+ESCROW_WINDOW_SECONDS = 1.0
+DEFAULT_ESCROW_MOST_PODS = 32
+ESCROW_SHARE = 4
+# A pod refused while other replicas hold escrow in its tree asks again this often.
+ESCROW_WAIT_SECONDS = 0.05
 
 
 class LedgerUnavailable(Exception):
@@ -76,8 +95,29 @@ class LedgerUnavailable(Exception):
 @dataclass
 class _Job:
     admission: PodAdmission
+    shape: EscrowShape | None = None
     verdict: Verdict | None = None
     submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Escrow:
+    """Room this replica holds in the ledger for pods of one shape, and the pods admitted from it."""
+
+    entry_key: str
+    tree_version: int
+    count: int
+    admits_until: float  # wall clock; the entry itself expires one reservation TTL later
+    admitted: list[Reservation] = field(default_factory=list)
+    open: bool = True
+
+    def admits(self, shape: EscrowShape, now: float) -> bool:
+        return (self.open and shape.tree_version == self.tree_version and len(self.admitted) < self.count
+                and now < self.admits_until)
+
+    def spent(self, now: float, tree_version: int) -> bool:
+        """Nothing more can be admitted from it: time to write what it admitted and give back the rest."""
+        return len(self.admitted) >= self.count or now >= self.admits_until or tree_version != self.tree_version
 
 
 @dataclass
@@ -85,6 +125,17 @@ class _TreeQueue:
     condition: threading.Condition = field(default_factory=threading.Condition)
     pending: list[_Job] = field(default_factory=list)
     committing: bool = False
+    # Open escrows by shape key; closed ones whose pods the next successful write records.
+    escrows: dict[Any, _Escrow] = field(default_factory=dict)
+    settling: list[_Escrow] = field(default_factory=list)
+
+
+@dataclass
+class _OpeningEscrow:
+    """An escrow taken by a write in flight: opened for admissions once the write succeeded."""
+
+    shape_key: Any
+    escrow: _Escrow
 
 
 class LedgerStore:
@@ -266,11 +317,17 @@ def _created(metadata: dict[str, Any]) -> float:
 class StrictAccounting:
     def __init__(self, state: QuotaState, store: LedgerStore, replica: str | None = None,
                  clock: Callable[[], float] = time.time,
-                 create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS) -> None:
+                 create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS,
+                 escrow_most_pods: int = DEFAULT_ESCROW_MOST_PODS) -> None:
         self.state = state
         self.create_deadline_seconds = create_deadline_seconds
-        store.clock, store.hold_seconds = clock, state.ledger.ttl_seconds
+        self.escrow_most_pods = escrow_most_pods
+        self.escrow_window = ESCROW_WINDOW_SECONDS if escrow_most_pods else 0.0
+        # After a deletion, what only the lost object held expires within a reservation TTL, or
+        # for an escrow entry, its window plus that TTL.
+        store.clock, store.hold_seconds = clock, state.ledger.ttl_seconds + self.escrow_window
         self.store = store
+        self._escrow_ids = itertools.count(1)
         self.replica = replica or f"{socket.gethostname()}/{os.getpid()}"
         self.clock = clock
         self._queues: dict[str, _TreeQueue] = {}
@@ -280,9 +337,19 @@ class StrictAccounting:
         tree_root = self.state.tree_of(admission)
         if tree_root is None:
             return self.state.admit_pod(admission)  # no quota: nothing to share
+        shape = self.state.escrow_shape(admission) if self.escrow_most_pods else None
         queue = self._queue(tree_root)
-        job = _Job(admission)
+        job = _Job(admission, shape)
         with queue.condition:
+            if shape is not None:
+                escrow = queue.escrows.get(shape.key())
+                now = self.clock()
+                if escrow is not None and escrow.admits(shape, now):
+                    escrow.admitted.append(Reservation(
+                        f"{admission.namespace}/{admission.name}", admission.uid, shape.quotas, shape.resources(),
+                        now + self.state.ledger.ttl_seconds, admission.pod_uid, {}, admission.caller))
+                    metrics.ESCROW_ADMISSIONS.inc()
+                    return ALLOW
             queue.pending.append(job)
             while job.verdict is None and queue.committing:
                 queue.condition.wait()
@@ -305,15 +372,27 @@ class StrictAccounting:
             return self._queues.setdefault(tree_root, _TreeQueue())
 
     def _commit(self, tree_root: str, batch: list[_Job]) -> None:
-        admissions = [job.admission for job in batch]
+        """Decide ``batch`` and write the ledger of ``tree_root`` (this thread is the tree's committer).
+
+        The write also records the pods admitted from this replica's escrows of the tree, which it
+        closes first, and may take a new escrow for the shape of the batch's last admitted CREATE.
+        """
+        queue = self._queue(tree_root)
+        with queue.condition:
+            for escrow in queue.escrows.values():
+                escrow.open = False  # nothing more is admitted from it once its pods are being written
+                queue.settling.append(escrow)
+            queue.escrows.clear()
+        settling = list(queue.settling)  # only the committer changes it from here
+        conflicts = 0
         fresh = False
         # Counted from the oldest job's arrival: time spent queued behind the previous commit is
         # part of the budget, so no admission outlives the API server's webhook timeout.
-        give_up_at = min(job.submitted for job in batch) + RETRY_BUDGET_SECONDS
+        give_up_at = min((job.submitted for job in batch), default=time.monotonic()) + RETRY_BUDGET_SECONDS
         held = ""
         try:
-            for attempt in range(MAX_ATTEMPTS):
-                if attempt and time.monotonic() > give_up_at:
+            while batch or settling:
+                if conflicts and time.monotonic() > give_up_at:
                     break
                 version, stored = self.store.read(tree_root, fresh)
                 now = self.clock()
@@ -323,24 +402,43 @@ class StrictAccounting:
                     held = (f"the shared quota ledger of tree {tree_root} was deleted; reservations only it held "
                             f"may still take room for {held_until - now:.1f}s, until they expire")
                     break
-                results = self.state.judge_batch(admissions, stored, now)
+                keep = self._settled(self.state.pruned(stored, now), settling, now)
+                results = self.state.judge_batch([job.admission for job in batch], keep, now)
+                waiting = {index for index, (verdict, _) in enumerate(results)
+                           if self._waits_for_escrow(verdict, keep, give_up_at)}
                 new = [r for _, r in results if r is not None]
-                if not new:
-                    self._finish(batch, results)
-                    return
-                keep = self.state.pruned(stored, now)
                 for reservation in new:
                     keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, now)
-                if self.store.write(tree_root, version, keep):
+                taken = None if waiting else self._new_escrow(batch, results, keep, now)
+                if taken is not None:
+                    keep[taken[0].escrow.entry_key] = taken[1]
+                if new or settling or taken is not None:
+                    if not self.store.write(tree_root, version, keep):
+                        metrics.LEDGER_WRITES.labels("conflict").inc()
+                        conflicts += 1
+                        fresh = True
+                        # Jitter, so the replicas that just collided do not collide again in lockstep.
+                        time.sleep(random.uniform(0, min(MAX_BACKOFF_SECONDS, 0.002 * 2 ** conflicts)))
+                        continue
                     metrics.LEDGER_WRITES.labels("ok").inc()
-                    metrics.LEDGER_BATCH.observe(len(new))
-                    self._finish(batch, results)
-                    return
-                metrics.LEDGER_WRITES.labels("conflict").inc()
-                fresh = True
-                # Jitter, so the replicas that just collided do not collide again in lockstep.
-                time.sleep(random.uniform(0, min(MAX_BACKOFF_SECONDS, 0.002 * 2 ** attempt)))
-            reason = held or (f"the shared quota ledger of tree {tree_root} kept changing ({attempt + 1} conflicts "
+                    metrics.LEDGER_BATCH.observe(len(new) + sum(len(e.admitted) for e in settling))
+                    with queue.condition:
+                        queue.settling.clear()
+                        settling = []
+                        if taken is not None:
+                            queue.escrows[taken[0].shape_key] = taken[0].escrow
+                decided = [(job, result) for index, (job, result) in enumerate(zip(batch, results, strict=True))
+                           if index not in waiting]
+                self._finish([job for job, _ in decided], [result for _, result in decided])
+                # Refused only while other replicas hold escrow in the tree: ask again once they may
+                # have given it back, from a fresh read, the verdict judged anew.
+                batch = [job for index, job in enumerate(batch) if index in waiting]
+                if batch:
+                    fresh = True
+                    time.sleep(random.uniform(ESCROW_WAIT_SECONDS / 2, ESCROW_WAIT_SECONDS))
+            else:
+                return
+            reason = held or (f"the shared quota ledger of tree {tree_root} kept changing ({conflicts} conflicts "
                               f"in {RETRY_BUDGET_SECONDS:g}s)")
         except LedgerUnavailable as error:
             metrics.LEDGER_WRITES.labels("error").inc()
@@ -348,9 +446,76 @@ class StrictAccounting:
         except Exception as error:  # connection errors of every kind: refuse rather than admit unrecorded
             metrics.LEDGER_WRITES.labels("error").inc()
             reason = f"the shared quota ledger is unreachable: {error}"
-        log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
+        if batch:
+            log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
         for job in batch:
             job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+
+    def _settled(self, keep: dict[str, shared_ledger.StoredReservation], settling: list[_Escrow],
+                 now: float) -> dict[str, shared_ledger.StoredReservation]:
+        """``keep`` with each closed escrow's entry replaced by a reservation per pod admitted from it."""
+        ttl = self.state.ledger.ttl_seconds
+        for escrow in settling:
+            keep.pop(escrow.entry_key, None)
+            for reservation in escrow.admitted:
+                if reservation.expires_at > now:
+                    keep[reservation.pod_key] = shared_ledger.StoredReservation(
+                        reservation, self.replica, reservation.expires_at - ttl)
+        return keep
+
+    def _waits_for_escrow(self, verdict: Verdict, keep: dict[str, shared_ledger.StoredReservation],
+                          give_up_at: float) -> bool:
+        """Refused for room while another replica holds escrow in the tree, with time left to ask again."""
+        return (verdict.reason == QUOTA_EXCEEDED and time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
+                and any(shared_ledger.is_escrow(key) and item.replica != self.replica for key, item in keep.items()))
+
+    def _new_escrow(self, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
+                    keep: dict[str, shared_ledger.StoredReservation],
+                    now: float) -> tuple[_OpeningEscrow, shared_ledger.StoredReservation] | None:
+        """Room for more pods of the shape of the batch's last admitted CREATE, if a fair share is free."""
+        if not self.escrow_most_pods:
+            return None
+        for job, (_, reservation) in reversed(list(zip(batch, results, strict=True))):
+            if reservation is not None and job.shape is not None:
+                shape, admission = job.shape, job.admission
+                break
+        else:
+            return None
+        room = self.state.escrow_room(admission, shape, keep, now, self.escrow_most_pods * ESCROW_SHARE)
+        count = room // ESCROW_SHARE
+        if count <= 0:
+            return None
+        entry_key = f"{shared_ledger.ESCROW_KEY_PREFIX}{self.replica}/{next(self._escrow_ids)}"
+        entry = Reservation(entry_key, "escrow", shape.quotas, shape.resources(count),
+                            now + self.escrow_window + self.state.ledger.ttl_seconds)
+        return (_OpeningEscrow(shape.key(), _Escrow(entry_key, shape.tree_version, count, now + self.escrow_window)),
+                shared_ledger.StoredReservation(entry, self.replica, now))
+
+    def settle_due(self) -> None:
+        """Write what spent escrows admitted and give back the rest (the escrow settler's round)."""
+        now = self.clock()
+        with self._queues_lock:
+            queues = list(self._queues.items())
+        for tree_root, queue in queues:
+            with queue.condition:
+                due = bool(queue.settling) or any(escrow.spent(now, self.state.tree_version)
+                                                  for escrow in queue.escrows.values())
+                if not due or queue.committing:
+                    continue  # a commit in flight settles them anyway
+                queue.committing = True
+            try:
+                self._commit(tree_root, [])
+            finally:
+                with queue.condition:
+                    queue.committing = False
+                    queue.condition.notify_all()
+
+    def run_escrow_settler(self, stop: threading.Event) -> None:
+        while not stop.wait(max(self.escrow_window / 4, 0.05)):
+            try:
+                self.settle_due()
+            except Exception as error:  # the next round, or the next admission's write, settles them
+                log.warning("strict accounting: settling escrow failed: %s", error)
 
     def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
                      now: float) -> None:
