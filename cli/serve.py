@@ -33,6 +33,9 @@ DEFAULTS = Settings()
               help="Threads per worker (gthread).")
 @click.option("--keepalive", type=click.IntRange(min=1), default=DEFAULTS.keepalive, show_default=True,
               help="Seconds an idle keep-alive connection stays open; keep it above the API server's 90.")
+@click.option("--graceful-timeout", type=click.IntRange(min=1), default=DEFAULTS.graceful_timeout, show_default=True,
+              help="Seconds a stopping server gives its workers to finish the requests in flight; any still "
+                   "running then is killed. Keep it below the pod's terminationGracePeriodSeconds.")
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default=DEFAULTS.log_level, show_default=True)
 # No exists=True: the server's own check says in one line whether the file is missing or not a CA.
 @click.option("--client-ca", "client_ca_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -57,17 +60,25 @@ DEFAULTS = Settings()
                    "forged AdmissionReviews can take (docs/security.md).")
 def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,
           host: str, port: int, config_path: Path | None, workers: int, threads: int, keepalive: int,
-          log_level: str, client_ca_path: Path | None, accounting: str, ledger_namespace: str,
+          graceful_timeout: int, log_level: str, client_ca_path: Path | None, accounting: str, ledger_namespace: str,
           stale_after_seconds: float, reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     # Imported here, not at module level: every gpuquota command imports every command module, and
     # the server (gunicorn, Flask, the kubernetes client) is a third of a second of start-up.
+    # First, before the server's modules import gunicorn's worker: an untested gunicorn may not even import.
+    from webhook.serving.library_check import LibraryMismatch, check_serving_libraries
+
+    try:
+        check_serving_libraries()
+    except LibraryMismatch as error:
+        raise CommandError(str(error)) from None
     from webhook.serving.server import ServeError, run
 
     try:
         run(Settings(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
                      kubeconfig_path=kubeconfig_path, context=context, workers=workers, threads=threads,
-                     keepalive=keepalive, log_level=log_level, client_ca_path=client_ca_path,
+                     keepalive=keepalive, graceful_timeout=graceful_timeout, log_level=log_level,
+                     client_ca_path=client_ca_path,
                      accounting=accounting, ledger_namespace=ledger_namespace,
                      stale_after_seconds=stale_after_seconds, reservation_ttl_seconds=reservation_ttl_seconds,
                      max_reservations_per_caller=max_reservations_per_caller))

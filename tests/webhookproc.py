@@ -59,6 +59,8 @@ class WebhookProcess:
     port: int = 0
     # (cert, key) this harness presents, for a server started with --client-ca.
     client_cert: tuple[Path, Path] | None = None
+    # Set in the server's environment on top of this process's (e.g. TMPDIR, to see what it leaves there).
+    env: dict[str, str] = field(default_factory=dict)
     cert_dir: Path = field(init=False)
     ca_bundle: str = field(init=False, default="")
     log_path: Path = field(init=False)
@@ -97,7 +99,8 @@ class WebhookProcess:
                 "--port", str(self.port), *self.serve_args]
         self._log = self.log_path.open("ab")
         self._popen = subprocess.Popen(args, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=self._log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, **self.env})
         try:
             self.wait_until_serving(ready_path)
         except BaseException:
@@ -138,6 +141,14 @@ class WebhookProcess:
             return error.code, error.read()
         except OSError as error:
             return 0, str(error).encode()
+
+    def wait(self, timeout: float) -> int | None:
+        """The master's exit code once it has exited, waiting ``timeout`` seconds at most; None if still running."""
+        assert self._popen is not None
+        try:
+            return self._popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self) -> int | None:
         """SIGTERM the process group, then SIGKILL stragglers; returns the master's exit code."""

@@ -30,6 +30,9 @@ from cryptography import x509
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from webhook.serving.settings import Settings
+from webhook.serving.supervision import SERVICE_STOP_SECONDS
+
 BASE = REPO_ROOT / "manifests" / "base"
 OVERLAYS = REPO_ROOT / "manifests" / "overlays"
 CERT_MANAGER = OVERLAYS / "cert-manager"
@@ -184,7 +187,8 @@ def test_deployment_is_locked_down(rendered: list[dict[str, Any]]) -> None:
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert pod["terminationGracePeriodSeconds"] > 30  # gunicorn's graceful_timeout
+    # the server's graceful timeout and the quota service's stop after it (webhook.serving.supervision)
+    assert pod["terminationGracePeriodSeconds"] > Settings().graceful_timeout + SERVICE_STOP_SECONDS
     (container,) = pod["containers"]
     security = container["securityContext"]
     assert security["runAsNonRoot"] is True

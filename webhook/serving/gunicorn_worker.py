@@ -299,6 +299,17 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         super().handle_exit(sig, frame)
         self._wake_one(self.cfg.threads)
 
+    def is_parent_alive(self) -> bool:
+        # gthread's main loop asks this every second and, when the master is gone, leaves its loop
+        # to drain, but with ``alive`` still set: threads waiting on their connection would go on
+        # waiting for up to ``keepalive`` seconds, and the worker would outlive its server that long.
+        # Stop as SIGTERM would, so they hand their connections back now.
+        if super().is_parent_alive():
+            return True
+        self.alive = False
+        self._wake_one(self.cfg.threads)
+        return False
+
     def handle(self, conn: Any) -> Any:
         with self._counts:
             self._queued -= 1

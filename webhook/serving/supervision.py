@@ -14,10 +14,19 @@ start: it exits at once with ``webhook.quota.service.CANNOT_START_EXIT`` (its co
 no longer loads), or dies within :data:`QUICK_DEATH_SECONDS` of starting :data:`MAX_QUICK_DEATHS`
 times in a row. A service that was told to stop (SIGTERM: the pod is being stopped) stops the
 server too, with 0.
+
+A stopping master (SIGTERM, SIGINT, or one of the exits above) leaves nothing running behind it:
+the workers get SIGTERM and ``graceful_timeout`` seconds to finish; any still alive then (hung, or
+stopped) is killed with SIGKILL and waited for. Only then is the quota service, which the draining
+workers still ask, sent SIGTERM, and killed too when it has not exited within
+:data:`SERVICE_STOP_SECONDS` or the rest of the graceful timeout, whichever is longer. Every child
+has been waited for before the master's ``on_exit`` hook removes the metrics directory, so no
+process can write into it while or after it is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -34,6 +43,10 @@ log = logging.getLogger("gpuquota.server")
 
 QUICK_DEATH_SECONDS = 10.0
 MAX_QUICK_DEATHS = 3
+# The least time a stopping quota service is given after its SIGTERM: it only closes its socket and
+# removes its files.
+SERVICE_STOP_SECONDS = 5.0
+STOP_POLL_SECONDS = 0.05
 
 
 class ServiceGone(Exception):
@@ -76,6 +89,26 @@ class QuotaServiceSupervisor:
         self.process = self._start_process(self.socket_path)
         self._started_at = self._clock()
 
+    def stop(self, grace_seconds: float) -> None:
+        """SIGTERM the service; SIGKILL it if it is still alive after ``grace_seconds`` or
+        SERVICE_STOP_SECONDS, whichever is longer; return once it is gone. No replacement follows."""
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+        grace = max(grace_seconds, SERVICE_STOP_SECONDS)
+        kill_at = self._clock() + grace
+        while not _reaped(process.pid):
+            if self._clock() >= kill_at:
+                log.error("quota service (pid %s) still running %.1fs after SIGTERM: killing it", process.pid, grace)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                _reaped(process.pid, block=True)
+                break
+            time.sleep(STOP_POLL_SECONDS)
+        process.returncode = -1 if process.returncode is None else process.returncode
+
     def check(self) -> None:
         """Reap a service that has exited and start the next one; ServiceGone when that is futile."""
         process = self.process
@@ -113,6 +146,15 @@ class QuotaServiceSupervisor:
                   pid, how, lived, self.process.pid)
 
 
+def _reaped(pid: int, *, block: bool = False) -> bool:
+    """Whether child ``pid`` has exited (and is now reaped); ``block`` waits for it."""
+    try:
+        reaped, _status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return True  # reaped already (gunicorn's waitpid(-1) takes every child)
+    return reaped != 0
+
+
 class SupervisingArbiter(Arbiter):  # type: ignore[misc]  # gunicorn ships no type hints
     """gunicorn's master, also keeping the quota service running (:class:`QuotaServiceSupervisor`)."""
 
@@ -137,3 +179,19 @@ class SupervisingArbiter(Arbiter):  # type: ignore[misc]  # gunicorn ships no ty
         # Every turn of the master's loop (at least once a second), and once before the first.
         self._supervise()
         super().manage_workers()
+
+    def stop(self, graceful: bool = True) -> None:
+        """gunicorn's stop (SIGTERM, the graceful timeout, then SIGKILL), then make sure: every worker
+        still listed is killed and waited for, and the quota service is stopped the same way."""
+        deadline = time.monotonic() + self.cfg.graceful_timeout
+        super().stop(graceful)
+        for pid, worker in list(self.WORKERS.items()):
+            # gunicorn's last reap does not wait: a worker SIGKILLed just before may still be listed.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _reaped(pid, block=True)
+            self.WORKERS.pop(pid, None)
+            with contextlib.suppress(OSError):
+                worker.tmp.close()
+            self.cfg.child_exit(self, worker)
+        self.supervisor.stop(grace_seconds=max(deadline - time.monotonic(), 0.0))

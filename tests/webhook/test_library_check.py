@@ -1,0 +1,136 @@
+"""The start-up check of the libraries whose internals the server relies on (webhook/serving/library_check.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator
+
+import pytest
+
+from webhook.serving.library_check import (
+    SERVING_LIBRARIES,
+    LibraryMismatch,
+    PinnedLibrary,
+    attributes_missing,
+    check_libraries,
+    check_serving_libraries,
+    not_assigned,
+    parameters_differ,
+    version_key,
+)
+
+
+def versions(**found: str):  # type: ignore[no-untyped-def]
+    def version_of(distribution: str) -> str:
+        if distribution not in found:
+            raise importlib.metadata.PackageNotFoundError(distribution)
+        return found[distribution]
+    return version_of
+
+
+def test_versions_compare_by_their_release_numbers() -> None:
+    assert version_key("27.0.1") == (27, 0, 1)
+    assert version_key("0.7.0rc1") == (0, 7, 0)
+    library = PinnedLibrary("gunicorn", "27.0.1", "27.1")
+    assert [library.admits(v) for v in ("27.0.0", "27.0.1", "27.0.9", "27.1", "27.1.0", "28.0.0", "26.9")] \
+        == [False, True, True, False, False, False, False]
+    assert not library.admits("not-a-version")
+
+
+def test_a_version_outside_the_tested_range_is_refused_naming_library_version_and_range() -> None:
+    with pytest.raises(LibraryMismatch) as refused:
+        check_libraries([PinnedLibrary("gunicorn", "27.0.1", "27.1")], versions(gunicorn="28.0.0"))
+    message = str(refused.value)
+    assert "gunicorn 28.0.0 is installed" in message and "gunicorn>=27.0.1,<27.1" in message
+    assert "\n" not in message
+
+
+def test_a_missing_library_is_refused() -> None:
+    with pytest.raises(LibraryMismatch, match=r"gunicorn_h1c is not installed.*gunicorn_h1c>=0.6.10,<0.7"):
+        check_libraries([PinnedLibrary("gunicorn_h1c", "0.6.10", "0.7")], versions())
+
+
+def test_internals_are_looked_at_only_once_every_version_is_a_tested_one() -> None:
+    looked: list[str] = []
+
+    def internals() -> Iterator[str]:
+        looked.append("gunicorn")
+        yield "gthread.ThreadWorker.handle is missing"
+
+    libraries = [PinnedLibrary("gunicorn", "27.0.1", "27.1", internals),
+                 PinnedLibrary("prometheus_client", "0.26.0", "0.27")]
+    with pytest.raises(LibraryMismatch, match=r"prometheus_client 0\.30\.0 is installed"):
+        check_libraries(libraries, versions(gunicorn="27.0.1", prometheus_client="0.30.0"))
+    assert looked == []
+    with pytest.raises(LibraryMismatch) as refused:
+        check_libraries(libraries, versions(gunicorn="27.0.1", prometheus_client="0.26.0"))
+    assert str(refused.value) == ("gunicorn 27.0.1 is installed and in the tested range >=27.0.1,<27.1, but its "
+                                  "internals differ from the tested ones: gthread.ThreadWorker.handle is missing")
+
+
+def test_a_probe_that_fails_is_a_refusal_not_a_crash() -> None:
+    def internals() -> Iterator[str]:
+        raise ImportError("cannot import name '_DEFER' from 'gunicorn.workers.gthread'")
+
+    with pytest.raises(LibraryMismatch, match="ImportError: cannot import name '_DEFER'"):
+        check_libraries([PinnedLibrary("gunicorn", "27.0.1", "27.1", internals)], versions(gunicorn="27.0.1"))
+
+
+class WorkerAsTested:
+    def __init__(self) -> None:
+        self.nr_conns = 0
+
+    def handle_request(self, req: object, conn: object) -> bool:
+        return True
+
+
+class WorkerChanged:
+    def __init__(self) -> None:
+        self.open_connections = 0
+
+    def handle_request(self, request: object, conn: object, extra: object = None) -> bool:
+        return True
+
+
+def test_the_probes_see_renamed_attributes_and_changed_parameters() -> None:
+    expected = {"handle_request": ("req", "conn"), "handle": ("conn",)}
+    assert list(parameters_differ(WorkerAsTested, {"handle_request": ("req", "conn")}, "W")) == []
+    assert list(parameters_differ(WorkerChanged, expected, "W")) == [
+        "W.handle_request takes (request, conn, extra), tested with (req, conn)", "W.handle is missing"]
+    assert list(not_assigned((WorkerAsTested.__init__,), ("nr_conns",), "W")) == []
+    assert list(not_assigned((WorkerChanged.__init__,), ("nr_conns",), "W")) == ["W no longer sets .nr_conns"]
+    assert list(attributes_missing(WorkerChanged, ("handle_request", "accept"), "W")) == ["W.accept is missing"]
+
+
+def test_the_installed_libraries_are_the_tested_ones() -> None:
+    check_serving_libraries()
+    assert {library.distribution for library in SERVING_LIBRARIES} == {"gunicorn", "gunicorn_h1c", "prometheus_client"}
+
+
+def test_a_method_the_worker_overrides_gone_from_gunicorn_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn.workers.gthread import ThreadWorker
+
+    monkeypatch.delattr(ThreadWorker, "is_parent_alive")
+    with pytest.raises(LibraryMismatch, match=r"gunicorn 27\.0\.\d+ is installed .*ThreadWorker\.is_parent_alive "
+                                              "is missing"):
+        check_serving_libraries()
+
+
+def test_a_setting_gunicorn_does_not_know_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn import config
+
+    monkeypatch.setattr(config, "KNOWN_SETTINGS", [known for known in config.KNOWN_SETTINGS
+                                                   if known.name != "http_parser"])
+    with pytest.raises(LibraryMismatch, match="gunicorn has no setting 'http_parser'"):
+        check_serving_libraries()
+
+
+def test_the_pins_of_pyproject_are_the_ranges_checked() -> None:
+    import tomllib
+
+    from webhookproc import REPO_ROOT
+
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    pinned = {dependency.replace("-", "_") for dependency in dependencies}
+    for library in SERVING_LIBRARIES:
+        assert f"{library.distribution}{library.tested_range}" in pinned
