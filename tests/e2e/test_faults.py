@@ -29,14 +29,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from admissionchain import local_webhook_configurations, register_webhook_configurations, wait_until_webhook_is_called
 from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, admits_quota, create_quota, whole_card_pod
 from controlplane import (
-    ELASTICQUOTA_CRD,
     ELASTICQUOTA_GROUP,
     ELASTICQUOTA_PLURAL,
     ELASTICQUOTA_VERSION,
@@ -44,8 +41,8 @@ from controlplane import (
     Binaries,
     ControlPlane,
     create_canonical_gpu_node,
+    install_elasticquota_crd,
     make_api,
-    wait_for_crd_established,
 )
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -83,9 +80,7 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
     servers: list[WebhookProcess] = []
     balancer: HAProxy | None = None
     try:
-        manifest: dict[str, Any] = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
-        api.apiextensions.create_custom_resource_definition(manifest)
-        wait_for_crd_established(api.apiextensions, manifest["metadata"]["name"])
+        install_elasticquota_crd(api)
         create_canonical_gpu_node(api.core, "faults-canonical")  # so the webhook rewrites (rewrite: auto)
         ledger_namespace = "gpuquota-ledger"
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))
