@@ -14,10 +14,10 @@ import click
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, AuditReport, Finding, Severity, audit_objects
 from gpuquota_core.selector import Selector
 from kubeaccess import collector
-from kubeaccess.manifests import ManifestError, load_objects
 
 from . import output
-from .errors import CommandError, input_names
+from .errors import CommandError
+from .inputs import objects_or_fail
 from .options import colour_option, no_headers_option, selector_option
 from .output import FORMATS, document
 
@@ -102,13 +102,8 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
         # tree spans namespaces.
         objects = _live_objects(kubeconfig, context, namespace, chunk_size)
     else:
-        try:
-            objects = load_objects(paths)
-        except ManifestError as error:
-            raise CommandError(str(error)) from None
-        if not objects:
-            # "No findings." would read as a clean bill of health for files that hold nothing.
-            raise CommandError(f"no objects in {input_names(paths)}: nothing to audit")
+        # "No findings." would read as a clean bill of health for files that hold nothing.
+        objects = objects_or_fail(paths, nothing_to="audit")
     # -n and -l choose what is shown; everything read is judged (a quota's parents live elsewhere).
     report = audit_objects(objects, scope, shared_label=gpu_shared_label, namespace=namespace or None,
                            selector=selector)

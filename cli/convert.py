@@ -16,7 +16,8 @@ from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 
-from .errors import CommandError, input_names
+from .errors import CommandError
+from .inputs import nothing_read
 
 UNSCHEDULABLE_EXIT = 1
 NO_NODES = ("no Node objects in the input: rewrote as `rewrite: always` would; give the cluster's nodes too "
@@ -53,7 +54,7 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
         raise CommandError("input is nested too deeply to read") from None
     objects = [obj for source in sources for obj in source.objects]
     if not objects:
-        raise CommandError(f"no objects in {input_names(paths)}: nothing to convert")
+        raise nothing_read(paths, nothing_to="convert")
     nodes = NodeView.from_objects(objects)
     converted: list[ConvertedObject] = []
     for obj in objects:

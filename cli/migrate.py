@@ -36,7 +36,8 @@ from gpuquota_core.quota_objects import (
 from kubeaccess import collector
 from kubeaccess.manifests import ManifestError, load_objects
 
-from .errors import CommandError, input_names
+from .errors import CommandError
+from .inputs import objects_or_fail
 from .output import document
 
 ALL_AT_ONCE_HELP = ("ElasticQuotaEnableUpdateResourceKey is off: migrate multi-level trees in one maintenance "
@@ -65,7 +66,7 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
     Exits 1 when any step is blocked (what blocks it comes first), as `apply` would write nothing.
     """
     _check_modes(update_resource_key_gate, all_at_once)
-    objects = load_objects_or_fail(paths) if paths else _live_objects(kubeconfig, context)
+    objects = objects_or_fail(paths, nothing_to="plan") if paths else _live_objects(kubeconfig, context)
     result = _plan(objects, update_resource_key_gate, all_at_once)
     nothing = _nothing_to_migrate(result, objects, "the input" if paths else "the cluster")
     if fmt != "diff":
@@ -114,16 +115,6 @@ def _print_window_and_revisit(result: Plan) -> None:
         click.echo(f"WINDOW: {line}")
     for item in result.revisit:
         click.echo(f"REVISIT: {item['kind']} {item['namespace']}/{item['name']}: {item['message']}")
-
-
-def load_objects_or_fail(paths: tuple[str, ...]) -> list[dict[str, Any]]:
-    try:
-        objects = load_objects(paths)
-    except ManifestError as error:
-        raise CommandError(str(error)) from None
-    if not objects:
-        raise CommandError(f"no objects in {input_names(paths)}: nothing to plan")
-    return objects
 
 
 def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False) -> Plan:

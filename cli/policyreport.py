@@ -13,9 +13,9 @@ from typing import Any
 import click
 
 from gpuquota_core.policy_report import REPORT_LABELS, report_key, report_problem, stale_reports
-from kubeaccess.manifests import ManifestError, load_objects
 
-from .errors import CommandError, input_names
+from .errors import CommandError
+from .inputs import objects_or_fail
 
 GROUP, VERSION = "wgpolicyk8s.io", "v1alpha2"
 PLURALS = {"PolicyReport": "policyreports", "ClusterPolicyReport": "clusterpolicyreports"}
@@ -34,13 +34,8 @@ def policyreport() -> None:
 @click.option("--context", default=None, help="Kubeconfig context to use.")
 def apply_reports(paths: tuple[str, ...], kubeconfig: str | None, context: str | None) -> None:
     """Apply the reports server-side, then delete the audit's reports that the file no longer holds."""
-    try:
-        reports = load_objects(paths)
-    except ManifestError as error:
-        raise CommandError(str(error)) from None
-    if not reports:
-        # Pruning against an empty set would delete every report: refuse instead.
-        raise CommandError(f"no reports in {input_names(paths)}")
+    # Pruning against an empty set would delete every report: refused.
+    reports = objects_or_fail(paths, nothing_to=None, what="reports")
     for report in reports:
         problem = report_problem(report)
         if problem:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from kubernetes.client.exceptions import ApiException
 from reviews import body, pod, review
 from webhookproc import WebhookProcess
 
@@ -19,6 +20,8 @@ RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 PARENT_LABEL = "quota.scheduling.koordinator.sh/parent"
 POLL_SECONDS = 0.05
+# What the apiserver puts before the webhook's own message when it refuses a request.
+DENIED_BY = 'admission webhook "gpu-quota.gpuquota.koord-gpuquota.io" denied the request: '
 
 
 def eventually(condition: Callable[[], bool], what: str, deadline: float = 20.0) -> None:
@@ -53,3 +56,19 @@ def admits_quota(server: WebhookProcess, namespace: str, quota: str) -> bool:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=5, context=server.ssl_context()) as response:
         return bool(json.loads(response.read())["response"]["allowed"])
+
+
+def refusal(api: Api, namespace: str, pod: dict[str, Any], dry_run: str | None = None) -> tuple[int, str] | None:
+    """The status and apiserver message that refuse creating ``pod``, or None when it is admitted."""
+    try:
+        api.core.create_namespaced_pod(namespace, pod, dry_run=dry_run)
+    except ApiException as error:
+        return error.status, json.loads(error.body)["message"]
+    return None
+
+
+def wait_until_enforced(api: Api, namespace: str, quota: str, cards: int, deadline: float = 20.0) -> None:
+    """Poll with dry-run creates of a ``cards``-card pod (nothing reserved, no event) until one is
+    refused: the webhook's watch has ``quota``."""
+    eventually(lambda: refusal(api, namespace, whole_card_pod("probe", quota, cards), dry_run="All") is not None,
+               f"quota {quota} enforced", deadline)

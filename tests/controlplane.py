@@ -620,6 +620,17 @@ def create_canonical_gpu_node(core: k8s.CoreV1Api, name: str) -> None:
             raise
 
 
+def install_elasticquota_crd(api: Api) -> k8s.V1CustomResourceDefinition:
+    """The ElasticQuota CRD of manifests/base, created (one already there is kept) and Established."""
+    manifest: dict[str, Any] = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
+    try:
+        api.apiextensions.create_custom_resource_definition(manifest)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return wait_for_crd_established(api.apiextensions, manifest["metadata"]["name"])
+
+
 def wait_for_crd_established(
     apiextensions: k8s.ApiextensionsV1Api, name: str, timeout: float = 60.0
 ) -> k8s.V1CustomResourceDefinition:

@@ -51,4 +51,4 @@ def test_apply_refuses_an_empty_file_rather_than_pruning_everything(tmp_path: Pa
     result = CliRunner().invoke(cli, ["policyreport", "apply", "-f", str(path)])
 
     assert result.exit_code == 2
-    assert result.stderr.startswith("Error: no reports in ")
+    assert result.stderr == f"Error: no reports in {path}\n"

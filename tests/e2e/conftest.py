@@ -17,10 +17,8 @@ import sys
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -36,7 +34,6 @@ from admissionchain import (  # noqa: E402
     wait_until_webhook_is_called,
 )
 from controlplane import (  # noqa: E402
-    ELASTICQUOTA_CRD,
     Api,
     Binaries,
     BuildUnavailableError,
@@ -44,9 +41,9 @@ from controlplane import (  # noqa: E402
     GpuNodeFactory,
     create_canonical_gpu_node,
     create_gpu_node,
+    install_elasticquota_crd,
     locate_binaries,
     make_api,
-    wait_for_crd_established,
 )
 from webhookproc import WebhookProcess  # noqa: E402
 
@@ -117,15 +114,7 @@ def api(kubeconfig_path: Path) -> Iterator[Api]:
 
 @pytest.fixture(scope="session")
 def elasticquota_crd(api: Api) -> k8s.V1CustomResourceDefinition:
-    manifest: dict[str, Any] = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
-    name = manifest["metadata"]["name"]
-    try:
-        api.apiextensions.create_custom_resource_definition(manifest)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    wait_for_crd_established(api.apiextensions, name)
-    return api.apiextensions.read_custom_resource_definition(name)
+    return install_elasticquota_crd(api)
 
 
 @pytest.fixture

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from clusterhelpers import QUOTA_LABEL, RATIO, create_quota, eventually
 from controlplane import (
     ELASTICQUOTA_GROUP,
@@ -21,8 +19,8 @@ from controlplane import (
     Api,
     Binaries,
     ControlPlane,
+    install_elasticquota_crd,
     make_api,
-    wait_for_crd_established,
 )
 
 from gpuquota_core.quantity import Quantity
@@ -31,7 +29,6 @@ from webhook.quota.cluster_state import lister_for, sync_kind
 from webhook.quota.state import KINDS, QuotaState
 
 FINALIZER = "test.koord-gpuquota.io/hold"
-ELASTICQUOTA_CRD = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crd-elasticquota.yaml"
 
 
 class CountingLister:
@@ -141,9 +138,7 @@ def own_control_plane(control_plane_binaries: Binaries, tmp_path_factory: pytest
     plane.start()
     api = make_api(plane.kubeconfig_path)
     try:
-        manifest = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
-        api.apiextensions.create_custom_resource_definition(manifest)
-        wait_for_crd_established(api.apiextensions, manifest["metadata"]["name"])
+        install_elasticquota_crd(api)
         yield plane, api
     finally:
         api.close()

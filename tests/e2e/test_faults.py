@@ -29,14 +29,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from admissionchain import local_webhook_configurations, register_webhook_configurations, wait_until_webhook_is_called
 from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, admits_quota, create_quota, whole_card_pod
 from controlplane import (
-    ELASTICQUOTA_CRD,
     ELASTICQUOTA_GROUP,
     ELASTICQUOTA_PLURAL,
     ELASTICQUOTA_VERSION,
@@ -44,8 +41,8 @@ from controlplane import (
     Binaries,
     ControlPlane,
     create_canonical_gpu_node,
+    install_elasticquota_crd,
     make_api,
-    wait_for_crd_established,
 )
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -83,9 +80,7 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
     servers: list[WebhookProcess] = []
     balancer: HAProxy | None = None
     try:
-        manifest: dict[str, Any] = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
-        api.apiextensions.create_custom_resource_definition(manifest)
-        wait_for_crd_established(api.apiextensions, manifest["metadata"]["name"])
+        install_elasticquota_crd(api)
         create_canonical_gpu_node(api.core, "faults-canonical")  # so the webhook rewrites (rewrite: auto)
         ledger_namespace = "gpuquota-ledger"
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))
@@ -314,20 +309,44 @@ def once_at(index: int, action: Callable[[], None], in_thread: bool = True) -> C
     return hook
 
 
-class Timed:
-    """A fault that starts at one point of the burst and ends ``seconds`` later (its length, not a wait)."""
+class Fault:
+    """One fault struck during a burst; recovery is measured from when it is over (``ended_at``)."""
 
-    def __init__(self, start: Callable[[], None], end: Callable[[], None], seconds: float) -> None:
-        self.start, self.end, self.seconds = start, end, seconds
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
         self.over = threading.Event()
         self.ended_at = 0.0
 
     def __call__(self) -> None:
-        self.start()
-        self.over.wait(self.seconds)  # the fault's duration
-        self.end()
+        self.action()
         self.ended_at = time.monotonic()
         self.over.set()
+
+
+def timed(start: Callable[[], None], end: Callable[[], None], seconds: float) -> Fault:
+    """A fault that starts at one point of the burst and ends ``seconds`` later (its length, not a wait)."""
+    def strike() -> None:
+        start()
+        threading.Event().wait(seconds)  # the fault's duration
+        end()
+
+    return Fault(strike)
+
+
+def burst_under(cluster: Cluster, tree: Tree, figures: Figures, fault: Fault, at: int, in_thread: bool = True) -> int:
+    """A burst with ``fault`` struck at create ``at`` (see :func:`once_at`); once it is over, no quota
+    is over-admitted. The pods stored."""
+    burst(cluster, tree, figures, once_at(at, fault, in_thread))
+    assert fault.over.wait(RECOVERY_DEADLINE), "the fault never ended"
+    return assert_within_room(cluster.api, tree)
+
+
+def recover(cluster: Cluster, tree: Tree, figures: Figures, run: int, fault_over: float,
+            parent_room: int = ROOM, room: int = ROOM) -> None:
+    """After the fault: the room left is usable, every replica counts every stored pod; figures reported."""
+    refill(cluster, tree, figures, fault_over, parent_room)
+    assert_nothing_lost(cluster, tree)
+    report(figures, tree, cluster, run, room)
 
 
 RUN_IDS = [pytest.param(run, id=f"run{run}") for run in range(1, RUNS + 1)]
@@ -339,24 +358,15 @@ def test_decider_killed_mid_burst(cluster_ok: Cluster, run: int) -> None:
     tree = make_tree(cluster)
     # Another replica each run: a supervisor rightly gives up on a service that keeps dying young.
     victim = cluster.replicas[(run - 1) % len(cluster.replicas)]
-    killed_at: list[float] = []
-
-    def kill() -> None:
-        os.kill(quota_service_pid(victim.pid), signal.SIGKILL)
-        killed_at.append(time.monotonic())
-
-    burst(cluster, tree, figures, once_at(BURST // 4, kill))
-    assert killed_at
-    assert_within_room(cluster.api, tree)
+    kill = Fault(lambda: os.kill(quota_service_pid(victim.pid), signal.SIGKILL))
+    burst_under(cluster, tree, figures, kill, at=BURST // 4)
     # Healed: the server restarted its quota service (ready again) or exited for its supervisor.
     poll(lambda: not victim.alive() or victim.get("/readyz")[0] == 200,
          "the replica whose quota service died restarts it or exits")
     if not victim.alive():
         victim.stop()
         victim.start()
-    refill(cluster, tree, figures, killed_at[0])
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    recover(cluster, tree, figures, run, kill.ended_at)
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
@@ -364,36 +374,21 @@ def test_replica_paused_longer_than_the_reservation_ttl(cluster_ok: Cluster, run
     cluster, figures = cluster_ok, Figures("replica paused")
     tree = make_tree(cluster)
     victim = cluster.replicas[1]
-    pause = Timed(lambda: os.killpg(victim.pid, signal.SIGSTOP), lambda: os.killpg(victim.pid, signal.SIGCONT),
+    pause = timed(lambda: os.killpg(victim.pid, signal.SIGSTOP), lambda: os.killpg(victim.pid, signal.SIGCONT),
                   seconds=2 * RESERVATION_TTL + 1)
-    burst(cluster, tree, figures, once_at(BURST // 4, pause))
-    assert pause.over.wait(RECOVERY_DEADLINE)
     # What the paused replica decided before it stopped is written, if at all, only on a fresh
     # read after it resumed: the burst's creates and its stale decisions never exceed the room.
-    assert_within_room(cluster.api, tree)
-    refill(cluster, tree, figures, pause.ended_at)
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    burst_under(cluster, tree, figures, pause, at=BURST // 4)
+    recover(cluster, tree, figures, run, pause.ended_at)
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
 def test_apiserver_restarted_mid_burst(cluster_ok: Cluster, run: int) -> None:
     cluster, figures = cluster_ok, Figures("apiserver restarted")
     tree = make_tree(cluster)
-    restarted = threading.Event()
-    ended: list[float] = []
-
-    def restart() -> None:
-        cluster.plane.restart_apiserver()
-        ended.append(time.monotonic())
-        restarted.set()
-
-    burst(cluster, tree, figures, once_at(BURST // 4, restart))
-    assert restarted.wait(RECOVERY_DEADLINE)
-    assert_within_room(cluster.api, tree)
-    refill(cluster, tree, figures, ended[0])
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    restart = Fault(cluster.plane.restart_apiserver)
+    burst_under(cluster, tree, figures, restart, at=BURST // 4)
+    recover(cluster, tree, figures, run, restart.ended_at)
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
@@ -401,13 +396,9 @@ def test_etcd_paused_mid_burst(cluster_ok: Cluster, run: int) -> None:
     cluster, figures = cluster_ok, Figures("etcd paused")
     tree = make_tree(cluster)
     # Longer than the webhook timeout (5s): answers decided during the pause reach nobody.
-    pause = Timed(cluster.plane.pause_etcd, cluster.plane.resume_etcd, seconds=7.0)
-    burst(cluster, tree, figures, once_at(BURST // 4, pause))
-    assert pause.over.wait(RECOVERY_DEADLINE)
-    assert_within_room(cluster.api, tree)
-    refill(cluster, tree, figures, pause.ended_at)
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    pause = timed(cluster.plane.pause_etcd, cluster.plane.resume_etcd, seconds=7.0)
+    burst_under(cluster, tree, figures, pause, at=BURST // 4)
+    recover(cluster, tree, figures, run, pause.ended_at)
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
@@ -415,20 +406,15 @@ def test_ledger_deleted_mid_burst(cluster_ok: Cluster, run: int) -> None:
     cluster, figures = cluster_ok, Figures("ledger deleted")
     tree = make_tree(cluster)
     name = shared_ledger.ledger_object_name(tree.parent)
-    deleted: list[float] = []
 
     def delete() -> None:
         poll(lambda: bool(cluster.api.core.read_namespaced_config_map(name, cluster.ledger_namespace)),
              "the burst wrote the ledger")
         cluster.api.core.delete_namespaced_config_map(name, cluster.ledger_namespace)
-        deleted.append(time.monotonic())
 
-    burst(cluster, tree, figures, once_at(ROOM // 2, delete, in_thread=False))
-    assert deleted
-    assert_within_room(cluster.api, tree)
-    refill(cluster, tree, figures, deleted[0])
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    deleted = Fault(delete)
+    burst_under(cluster, tree, figures, deleted, at=ROOM // 2, in_thread=False)
+    recover(cluster, tree, figures, run, deleted.ended_at)
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
@@ -436,25 +422,16 @@ def test_quota_max_lowered_mid_burst(cluster_ok: Cluster, run: int) -> None:
     cluster, figures = cluster_ok, Figures("max lowered")
     tree = make_tree(cluster)
     lowered_room = ROOM // 2
-    lowered: list[float] = []
-
-    def lower() -> None:
-        cluster.api.custom.patch_namespaced_custom_object(
-            ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, tree.namespace, ELASTICQUOTA_PLURAL, tree.parent,
-            {"spec": {"max": {RATIO: str(100 * lowered_room)}}})
-        lowered.append(time.monotonic())
-
-    burst(cluster, tree, figures, once_at(ROOM // 4, lower, in_thread=False))
-    assert lowered
+    lower = Fault(lambda: cluster.api.custom.patch_namespaced_custom_object(
+        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, tree.namespace, ELASTICQUOTA_PLURAL, tree.parent,
+        {"spec": {"max": {RATIO: str(100 * lowered_room)}}}))
     # Creates decided before every replica saw the new max may fill the old room, never more.
-    stored = assert_within_room(cluster.api, tree)
+    stored = burst_under(cluster, tree, figures, lower, at=ROOM // 4, in_thread=False)
     # Once they all see it, nothing more is admitted above the new max; below it, exactly up to it.
     for server in cluster.replicas:
         poll(lambda s=server: not admits_quota_of(s, tree, 100 * (lowered_room - stored) + 100),
              f"replica {server.port} sees the lowered max")
-    refill(cluster, tree, figures, lowered[0], parent_room=max(stored, lowered_room))
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run, room=lowered_room)
+    recover(cluster, tree, figures, run, lower.ended_at, parent_room=max(stored, lowered_room), room=lowered_room)
 
 
 def admits_quota_of(server: WebhookProcess, tree: Tree, ratio: int) -> bool:
@@ -492,9 +469,7 @@ def test_pods_moved_between_quotas_during_a_burst(cluster_ok: Cluster, run: int)
     assert sum(moved.values()) == len(movers)
     # A move is an admission to the new leaf: with the moves, neither leaf nor the parent is over.
     assert_within_room(cluster.api, tree)
-    refill(cluster, tree, figures, started)
-    assert_nothing_lost(cluster, tree)
-    report(figures, tree, cluster, run)
+    recover(cluster, tree, figures, run, started)
 
 
 def test_a_refusal_says_how_much_of_used_is_held_by_admissions_not_yet_seen(cluster_ok: Cluster) -> None:

@@ -3,35 +3,24 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
-from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, create_quota, whole_card_pod
+from clusterhelpers import (
+    DENIED_BY,
+    PARENT_LABEL,
+    QUOTA_LABEL,
+    RATIO,
+    create_quota,
+    refusal,
+    wait_until_enforced,
+    whole_card_pod,
+)
 from controlplane import Api
 from kubernetes.client.exceptions import ApiException
 from webhookproc import WebhookProcess
 
 IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
-DENIED_BY = 'admission webhook "gpu-quota.gpuquota.koord-gpuquota.io" denied the request: '
-WATCH_DEADLINE = 20.0
-
-
-def refusal(api: Api, namespace: str, pod: dict[str, Any], dry_run: str | None = None) -> tuple[int, str] | None:
-    try:
-        api.core.create_namespaced_pod(namespace, pod, dry_run=dry_run)
-    except ApiException as error:
-        return error.status, json.loads(error.body)["message"]
-    return None
-
-
-def wait_until_enforced(api: Api, namespace: str, quota: str, cards: int) -> None:
-    """Poll (dry run, so nothing is reserved) until the webhook's watch has seen ``quota``."""
-    deadline = time.monotonic() + WATCH_DEADLINE
-    while refusal(api, namespace, whole_card_pod("probe", quota, cards), dry_run="All") is None:
-        assert time.monotonic() < deadline, f"quota {quota} not enforced after {WATCH_DEADLINE:.0f}s"
-        time.sleep(0.1)  # polling a condition with a deadline
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusterhelpers import RATIO, create_quota, eventually, whole_card_pod
+from clusterhelpers import DENIED_BY, RATIO, create_quota, eventually, refusal, wait_until_enforced, whole_card_pod
 from controlplane import Api
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -33,21 +33,6 @@ from webhook.quota.events import ApiEventSink, event_name
 
 COMPONENT = "koord-gpuquota"
 EVENT_DEADLINE = 20.0
-DENIED_BY = 'admission webhook "gpu-quota.gpuquota.koord-gpuquota.io" denied the request: '
-
-
-def refusal(api: Api, namespace: str, pod: dict[str, Any], dry_run: str | None = None) -> tuple[int, str] | None:
-    try:
-        api.core.create_namespaced_pod(namespace, pod, dry_run=dry_run)
-    except ApiException as error:
-        return error.status, json.loads(error.body)["message"]
-    return None
-
-
-def wait_until_enforced(api: Api, namespace: str, quota: str, cards: int) -> None:
-    """Poll with dry-run creates (which must leave no event) until the webhook's watch has the quota."""
-    eventually(lambda: refusal(api, namespace, whole_card_pod("probe", quota, cards), dry_run="All") is not None,
-               f"quota {quota} enforced")
 
 
 def events_on(api: Api, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:

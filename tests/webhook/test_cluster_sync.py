@@ -8,61 +8,16 @@ real one in tests/e2e/test_cluster_state.py.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from prometheus_client import REGISTRY
+from scriptedapi import ScriptedApi, events, listing
 
 from webhook.quota.cluster_state import sync_kind
 from webhook.quota.state import QuotaState
 
 QUOTA = {"metadata": {"name": "team-a", "namespace": "team", "resourceVersion": "5"},
          "spec": {"max": {"koordinator.sh/gpu-memory-ratio": "100"}}}
-
-
-class Response:
-    def __init__(self, body: bytes) -> None:
-        self.data = body
-
-    def stream(self, _size: int) -> Iterator[bytes]:
-        # Split mid-line on purpose: events may arrive in any chunking.
-        yield self.data[:7]
-        yield self.data[7:]
-
-    def release_conn(self) -> None:
-        pass
-
-
-class ScriptedApi:
-    """Answers lists and watches from a script; each entry is bytes, or an exception to raise."""
-
-    def __init__(self, script: list[Any], stop: threading.Event) -> None:
-        self.script = script
-        self.stop = stop
-        self.calls: list[str] = []
-
-    def __call__(self, **kwargs: Any) -> Response:
-        if kwargs.get("watch"):
-            self.calls.append(f"watch@{kwargs['resource_version']}")
-        else:
-            self.calls.append(f"list+{kwargs['_continue']}" if kwargs.get("_continue") else "list")
-        if not self.script:
-            self.stop.set()
-            raise ConnectionError("script finished")
-        step = self.script.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        return Response(step)
-
-
-def listing(version: str, *items: dict[str, Any], more: str = "") -> bytes:
-    metadata = {"resourceVersion": version, **({"continue": more} if more else {})}
-    return orjson.dumps({"metadata": metadata, "items": list(items)})
-
-
-def events(*pairs: tuple[str, dict[str, Any]]) -> bytes:
-    return b"\n".join(orjson.dumps({"type": kind, "object": obj}) for kind, obj in pairs) + b"\n"
 
 
 def run(state: QuotaState, script: list[Any]) -> ScriptedApi:

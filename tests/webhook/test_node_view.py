@@ -7,55 +7,15 @@ paged list, a 410 re-list and events; the real apiserver path is in tests/e2e/te
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
+from scriptedapi import Response, ScriptedApi, events, listing
 
 from webhook.quota.cluster_state import sync_kind
 from webhook.quota.node_view import NodeState, NodeViewReader
 
 NVIDIA, CORE = "nvidia.com/gpu", "koordinator.sh/gpu-core"
-
-
-class Response:
-    def __init__(self, body: bytes) -> None:
-        self.data = body
-
-    def stream(self, _size: int) -> Iterator[bytes]:
-        yield self.data
-
-    def release_conn(self) -> None:
-        pass
-
-
-class ScriptedApi:
-    """Answers the loop's lists and watches from a script, then stops it."""
-
-    def __init__(self, script: list[bytes], stop: threading.Event) -> None:
-        self.script = script
-        self.stop = stop
-        self.calls: list[str] = []
-
-    def __call__(self, **kwargs: Any) -> Response:
-        if kwargs.get("watch"):
-            self.calls.append(f"watch@{kwargs['resource_version']}")
-        else:
-            self.calls.append(f"list+{kwargs['_continue']}" if kwargs.get("_continue") else "list")
-        if not self.script:
-            self.stop.set()
-            raise ConnectionError("script finished")
-        return Response(self.script.pop(0))
-
-
-def listing(version: str, *items: dict[str, Any], more: str = "") -> bytes:
-    return orjson.dumps({"metadata": {"resourceVersion": version, **({"continue": more} if more else {})},
-                         "items": list(items)})
-
-
-def events(*pairs: tuple[str, dict[str, Any]]) -> bytes:
-    return b"\n".join(orjson.dumps({"type": kind, "object": obj}) for kind, obj in pairs) + b"\n"
 
 
 def node(name: str, version: str, allocatable: dict[str, str], **extra: Any) -> dict[str, Any]:
