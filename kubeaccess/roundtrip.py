@@ -11,6 +11,7 @@ differently) the objects are written plainly instead, with a note saying so.
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import re
 from collections.abc import Sequence
@@ -35,8 +36,30 @@ _MARKER = re.compile(r"---(\s+#.*)?\s*")
 _BLOCK_KEY = re.compile(r"(\s*)(- )?[^#\s][^#]*:\s*(#.*)?")
 
 
+# The ruamel.yaml releases this module is tested with (pyproject.toml pins the same): it moves
+# comments through ruamel's comment table, which is not public API and may change in any release.
+RUAMEL_TESTED = ((0, 19, 1), (0, 20))
+
+
 class RoundTripError(ValueError):
     """The input's layout cannot be kept for this file; the message says why."""
+
+
+def untested_ruamel(version_of: Any = importlib.metadata.version) -> str | None:
+    """Why the installed ruamel.yaml cannot be trusted to keep a layout, or None when it is as tested."""
+    version = version_of("ruamel.yaml")
+    try:
+        release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    except ValueError:
+        release = ()
+    lowest, below = RUAMEL_TESTED
+    tested = f">={'.'.join(map(str, lowest))},<{'.'.join(map(str, below))}"
+    if not lowest <= release < below:
+        return f"ruamel.yaml {version} is installed, but the layout is kept only with ruamel.yaml{tested}"
+    comments = getattr(CommentedMap(), "ca", None)
+    if not isinstance(getattr(comments, "items", None), dict):
+        return f"ruamel.yaml {version} keeps comments where this version does not read them"
+    return None
 
 
 def render_yaml(sources: Sequence[ManifestSource], patches: Sequence[list[Operation]],
@@ -48,6 +71,7 @@ def render_yaml(sources: Sequence[ManifestSource], patches: Sequence[list[Operat
     parts: list[str] = []
     notes: list[str] = []
     position = 0
+    untested = untested_ruamel()
     for source in sources:
         count = len(source.objects)
         wanted = list(expected[position:position + count])
@@ -59,6 +83,8 @@ def render_yaml(sources: Sequence[ManifestSource], patches: Sequence[list[Operat
             parts.append(_plain(wanted))  # JSON has no comments to keep; YAML out, as before
             continue
         try:
+            if untested:
+                raise RoundTripError(untested)
             parts.append(_patched(source, operations, wanted))
         except RoundTripError as error:
             notes.append(f"{source.source}: written without its comments and layout: {error}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
+from kubeaccess.roundtrip import untested_ruamel
 
 # Comments everywhere, keys out of the usual order, flow maps, an indented block sequence, both
 # quote styles, a YAML 1.1 boolean and a long line.
@@ -179,3 +181,29 @@ def test_a_yaml_directive_stays_with_its_document(tmp_path: Path) -> None:
 
     assert "without its comments" not in err
     assert out.startswith("%YAML 1.1\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: x, annotations: {")
+
+
+def test_an_untested_ruamel_release_writes_plainly_with_a_note_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The layout is kept through ruamel.yaml's comment table, not public API: outside the releases
+    # it is tested with, convert does not trust it and says so, but still converts.
+    monkeypatch.setattr("kubeaccess.roundtrip.RUAMEL_TESTED", ((0, 20), (0, 21)))
+    path = tmp_path / "trainer.yaml"
+    path.write_text(MANIFEST)
+
+    code, out, err = convert("-f", str(path))
+
+    installed = importlib.metadata.version("ruamel.yaml")
+    assert code == 0
+    assert (f"{path}: written without its comments and layout: ruamel.yaml {installed} is installed, but the "
+            f"layout is kept only with ruamel.yaml>=0.20,<0.21") in err
+    assert "# cards for training" not in out
+    deployment = next(doc for doc in yaml.safe_load_all(out) if doc["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] == {
+        "cpu": "4", "koordinator.sh/gpu-core": "200", "koordinator.sh/gpu-memory-ratio": "200"}
+
+
+def test_the_installed_ruamel_is_a_tested_release() -> None:
+    assert untested_ruamel() is None
+    assert untested_ruamel(lambda _: "0.18.6") == (
+        "ruamel.yaml 0.18.6 is installed, but the layout is kept only with ruamel.yaml>=0.19.1,<0.20")
