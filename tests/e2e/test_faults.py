@@ -49,10 +49,10 @@ from controlplane import (
 )
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from loadbalancer import HAProxy
+from loadbalancer import HAProxy, start_replicas_behind_haproxy
 from prometheus_client.parser import text_string_to_metric_families
 from reviews import body, pod, review
-from webhookproc import WebhookProcess, generate_certs, quota_service_pid
+from webhookproc import WebhookProcess, quota_service_pid
 
 from gpuquota_core import shared_ledger
 
@@ -92,16 +92,8 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
         serve_args = ["--kubeconfig", str(plane.kubeconfig_path), "--workers", "1", "--threads", "8",
                       "--accounting", "strict", "--ledger-namespace", ledger_namespace,
                       "--reservation-ttl", str(RESERVATION_TTL)]
-        cert_dir = base / "certs"
-        ca_bundle = generate_certs(cert_dir)
-        for index in range(3):
-            server = WebhookProcess(base / f"r{index}", serve_args=serve_args)
-            server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
-            servers.append(server)
-            server.start()
-        balancer = HAProxy(base, [server.port for server in servers])
-        poll(lambda: _healthy_through(balancer, servers[0]), "HAProxy forwards to the replicas")
-        register_webhook_configurations(api, local_webhook_configurations(balancer.url, ca_bundle))
+        servers, balancer = start_replicas_behind_haproxy(base, serve_args)
+        register_webhook_configurations(api, local_webhook_configurations(balancer.url, servers[0].ca_bundle))
         probe = "webhook-probe"
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=probe)))
         wait_until_webhook_is_called(api, probe)
@@ -113,11 +105,6 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
             server.stop()
         api.close()
         plane.stop()
-
-
-def _healthy_through(balancer: HAProxy, server: WebhookProcess) -> bool:
-    with urllib.request.urlopen(balancer.url + "/healthz", timeout=2, context=server.ssl_context()) as response:
-        return bool(response.status == 200)
 
 
 @pytest.fixture
