@@ -58,7 +58,15 @@ from admissionchain import (  # noqa: E402
     wait_until_webhook_is_called,
 )
 from apiserver_overhead import create_pod  # noqa: E402
-from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, admits_quota, create_quota, whole_card_pod  # noqa: E402
+from clusterhelpers import (  # noqa: E402
+    PARENT_LABEL,
+    QUOTA_LABEL,
+    RATIO,
+    admits_quota,
+    create_quota,
+    refusal_reason,
+    whole_card_pod,
+)
 from controlplane import (  # noqa: E402
     ELASTICQUOTA_CRD,
     Api,
@@ -286,7 +294,7 @@ def create_one(core: k8s.CoreV1Api, namespace: str, body: dict[str, Any]) -> str
     except ApiException as error:
         if error.status == 403 and "exceeded quota" in str(error.body):
             return "403 exceeded quota"
-        return f"{error.status} {error.reason}"
+        return f"{error.status} {refusal_reason(error)}"
     return "stored"
 
 

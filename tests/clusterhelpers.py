@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from kubernetes.client.exceptions import ApiException
 from reviews import body, pod, review
 from webhookproc import WebhookProcess
 
@@ -53,3 +54,17 @@ def admits_quota(server: WebhookProcess, namespace: str, quota: str) -> bool:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=5, context=server.ssl_context()) as response:
         return bool(json.loads(response.read())["response"]["allowed"])
+
+
+def refusal_reason(error: ApiException) -> str:
+    """Why the apiserver refused a create, in a few words: the webhook's reason when its message names a known one
+    (an outage of ours, or the apiserver's webhook call timing out), else the Status reason."""
+    try:
+        status = json.loads(error.body)
+    except (TypeError, ValueError):
+        return str(error.reason)
+    message = str(status.get("message", ""))
+    for known in ("LedgerUnavailable", "NotReady", "QuotaServiceDown", "context deadline exceeded", "timeout"):
+        if known in message:
+            return known
+    return str(status.get("reason", "")) or message[:60]

@@ -34,7 +34,15 @@ from typing import Any
 import pytest
 import yaml
 from admissionchain import local_webhook_configurations, register_webhook_configurations, wait_until_webhook_is_called
-from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, admits_quota, create_quota, whole_card_pod
+from clusterhelpers import (
+    PARENT_LABEL,
+    QUOTA_LABEL,
+    RATIO,
+    admits_quota,
+    create_quota,
+    refusal_reason,
+    whole_card_pod,
+)
 from controlplane import (
     ELASTICQUOTA_CRD,
     ELASTICQUOTA_GROUP,
@@ -170,22 +178,10 @@ def create(api: Api, tree: Tree, name: str, leaf: str) -> str:
     except ApiException as error:
         if error.status == 403 and "exceeded quota: " in error.body:
             return "403 exceeded"
-        return f"{error.status} {_reason(error)}"
+        return f"{error.status} {refusal_reason(error)}"
     except Exception:  # the apiserver away: refused connections, resets, timeouts
         return "connection"
     return "stored"
-
-
-def _reason(error: ApiException) -> str:
-    try:
-        body = json.loads(error.body)
-    except (TypeError, ValueError):
-        return str(error.reason)
-    message = str(body.get("message", ""))
-    for known in ("LedgerUnavailable", "NotReady", "QuotaServiceDown", "context deadline exceeded", "timeout"):
-        if known in message:
-            return known
-    return str(body.get("reason", "")) or message[:60]
 
 
 def burst(cluster: Cluster, tree: Tree, figures: Figures, fault: Callable[[int], None] | None = None) -> None:
