@@ -72,7 +72,8 @@ fuzz-atheris: $(STAMP)
 	  $(BIN)/python hack/fuzz-atheris.py -runs=$(RUNS) -seed=1 -max_len=8192 "$$corpus"; \
 	  status=$$?; rm -rf "$$corpus"; exit $$status
 
-bench: $(STAMP)
+## bench: the production shape against native ResourceQuota (bench/production_shape.py), then admission over TLS (bench/run.py)
+bench: $(STAMP) control-plane test-tools
 	bench/run.sh
 
 clean:

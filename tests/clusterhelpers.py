@@ -72,3 +72,17 @@ def wait_until_enforced(api: Api, namespace: str, quota: str, cards: int, deadli
     refused: the webhook's watch has ``quota``."""
     eventually(lambda: refusal(api, namespace, whole_card_pod("probe", quota, cards), dry_run="All") is not None,
                f"quota {quota} enforced", deadline)
+
+
+def refusal_reason(error: ApiException) -> str:
+    """Why the apiserver refused a create, in a few words: the webhook's reason when its message names a known one
+    (an outage of ours, or the apiserver's webhook call timing out), else the Status reason."""
+    try:
+        status = json.loads(error.body)
+    except (TypeError, ValueError):
+        return str(error.reason)
+    message = str(status.get("message", ""))
+    for known in ("LedgerUnavailable", "NotReady", "QuotaServiceDown", "context deadline exceeded", "timeout"):
+        if known in message:
+            return known
+    return str(status.get("reason", "")) or message[:60]

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from controlplane import LOOPBACK, free_ports
+from webhookproc import WebhookProcess, generate_certs
+
+FORWARDING_DEADLINE = 60.0
 
 
 class HAProxy:
@@ -47,3 +53,42 @@ backend replicas
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+
+    def forwards_to(self, server: WebhookProcess) -> bool:
+        """Whether a /healthz through the balancer reaches a replica (one serving ``server``'s certificate)."""
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2, context=server.ssl_context()) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+
+def start_replicas_behind_haproxy(base: Path, serve_args: Sequence[str], count: int = 3
+                                  ) -> tuple[list[WebhookProcess], HAProxy]:
+    """``count`` ``gpuquota serve`` replicas sharing one certificate (the apiserver trusts one caBundle),
+    each in ``base/r<index>``, and HAProxy in front of them once it forwards; everything started is
+    stopped again if any part fails to come up."""
+    cert_dir = base / "certs"
+    ca_bundle = generate_certs(cert_dir)
+    servers: list[WebhookProcess] = []
+    try:
+        for index in range(count):
+            server = WebhookProcess(base / f"r{index}", serve_args=serve_args)
+            server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
+            servers.append(server)
+            server.start()
+        balancer = HAProxy(base, [server.port for server in servers])
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    deadline = time.monotonic() + FORWARDING_DEADLINE
+    while not balancer.forwards_to(servers[0]):
+        if time.monotonic() >= deadline:
+            balancer.stop()
+            for server in servers:
+                server.stop()
+            raise TimeoutError(f"HAProxy on port {balancer.port} did not forward to the replicas "
+                               f"within {FORWARDING_DEADLINE:.0f}s")
+        time.sleep(0.1)  # polling a condition with a deadline
+    return servers, balancer

@@ -102,3 +102,29 @@ def test_connection_spread_reports_every_row() -> None:
             # wrk's 8 connections, but for one being replaced at that moment after a shed
             assert 7 <= sum(int(n) for n in spread.split("-")) <= 8, row
         assert int(cells[3]) >= 0
+
+
+def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
+    output = run_script(["bench/production_shape.py", "--repetitions", "1", "--bursts", "1", "--cycles", "3",
+                         "--burst-size", "10", "--clients", "4", "--room", "3"])
+    assert "1 repetitions; sequential: 3 cycles per repetition" in output
+    figures, by_group = output.split("CPU per admitted pod by process group")
+    rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    assert len(rows) == 5, output
+    group_rows = [line for line in by_group.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    assert len(group_rows) == 3 and all(line.count("|") == 6 for line in group_rows), by_group
+    cells = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+    overhead, rate, refused, room, cpu = cells
+    assert all(len(row) == 4 for row in cells), output  # the row's title and the three modes
+    for cell in overhead[1:]:
+        assert re.match(r"[+-]\d+\.\d\d", cell), overhead
+    assert all(float(cell.split()[0]) > 0 for cell in rate[1:]), rate
+    # CPU time is counted in clock ticks: ten pods may cost less than one.
+    assert all(float(cell.split()[0]) >= 0 for cell in cpu[1:]), cpu
+    # Our two modes say how they compare with native.
+    assert all(re.search(r"\(\*\*\d+\.\d\dx\*\* native\)", cell) for cell in rate[2:]), rate
+    assert refused[1:] == ["0, 0; 0 of 1 bursts"] * 3, refused  # room for all: nothing refused
+    # Room for 3: exactly 3 stored in every mode; ours at the parent, whose limit is the one that binds.
+    assert room[0] == "room for 3, 10 creates: stored (leaf, and at the ancestor)"
+    assert room[1] == "3 of 3 (the namespace's ResourceQuota)"
+    assert all(cell.startswith("3 of 3 at the ancestor; leaves ") for cell in room[2:]), room

@@ -32,7 +32,15 @@ from pathlib import Path
 
 import pytest
 from admissionchain import local_webhook_configurations, register_webhook_configurations, wait_until_webhook_is_called
-from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, admits_quota, create_quota, whole_card_pod
+from clusterhelpers import (
+    PARENT_LABEL,
+    QUOTA_LABEL,
+    RATIO,
+    admits_quota,
+    create_quota,
+    refusal_reason,
+    whole_card_pod,
+)
 from controlplane import (
     ELASTICQUOTA_GROUP,
     ELASTICQUOTA_PLURAL,
@@ -46,10 +54,10 @@ from controlplane import (
 )
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from loadbalancer import HAProxy
+from loadbalancer import HAProxy, start_replicas_behind_haproxy
 from prometheus_client.parser import text_string_to_metric_families
 from reviews import body, pod, review
-from webhookproc import WebhookProcess, generate_certs, quota_service_pid
+from webhookproc import WebhookProcess, quota_service_pid
 
 from gpuquota_core import shared_ledger
 
@@ -87,16 +95,8 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
         serve_args = ["--kubeconfig", str(plane.kubeconfig_path), "--workers", "1", "--threads", "8",
                       "--accounting", "strict", "--ledger-namespace", ledger_namespace,
                       "--reservation-ttl", str(RESERVATION_TTL)]
-        cert_dir = base / "certs"
-        ca_bundle = generate_certs(cert_dir)
-        for index in range(3):
-            server = WebhookProcess(base / f"r{index}", serve_args=serve_args)
-            server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
-            servers.append(server)
-            server.start()
-        balancer = HAProxy(base, [server.port for server in servers])
-        poll(lambda: _healthy_through(balancer, servers[0]), "HAProxy forwards to the replicas")
-        register_webhook_configurations(api, local_webhook_configurations(balancer.url, ca_bundle))
+        servers, balancer = start_replicas_behind_haproxy(base, serve_args)
+        register_webhook_configurations(api, local_webhook_configurations(balancer.url, servers[0].ca_bundle))
         probe = "webhook-probe"
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=probe)))
         wait_until_webhook_is_called(api, probe)
@@ -108,11 +108,6 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
             server.stop()
         api.close()
         plane.stop()
-
-
-def _healthy_through(balancer: HAProxy, server: WebhookProcess) -> bool:
-    with urllib.request.urlopen(balancer.url + "/healthz", timeout=2, context=server.ssl_context()) as response:
-        return bool(response.status == 200)
 
 
 @pytest.fixture
@@ -178,22 +173,10 @@ def create(api: Api, tree: Tree, name: str, leaf: str) -> str:
     except ApiException as error:
         if error.status == 403 and "exceeded quota: " in error.body:
             return "403 exceeded"
-        return f"{error.status} {_reason(error)}"
+        return f"{error.status} {refusal_reason(error)}"
     except Exception:  # the apiserver away: refused connections, resets, timeouts
         return "connection"
     return "stored"
-
-
-def _reason(error: ApiException) -> str:
-    try:
-        body = json.loads(error.body)
-    except (TypeError, ValueError):
-        return str(error.reason)
-    message = str(body.get("message", ""))
-    for known in ("LedgerUnavailable", "NotReady", "QuotaServiceDown", "context deadline exceeded", "timeout"):
-        if known in message:
-            return known
-    return str(body.get("reason", "")) or message[:60]
 
 
 def burst(cluster: Cluster, tree: Tree, figures: Figures, fault: Callable[[int], None] | None = None) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,9 +23,9 @@ from clusterhelpers import RATIO, admits_quota, create_quota, eventually, whole_
 from controlplane import Api
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from loadbalancer import HAProxy
+from loadbalancer import HAProxy, start_replicas_behind_haproxy
 from prometheus_client.parser import text_string_to_metric_families
-from webhookproc import WebhookProcess, generate_certs
+from webhookproc import WebhookProcess
 
 from gpuquota_core import shared_ledger
 
@@ -56,19 +55,10 @@ def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object, canonica
     servers: list[WebhookProcess] = []
     serve_args = ["--kubeconfig", str(kubeconfig_path), "--workers", "1", "--threads", "8", "--accounting", "strict",
                   "--ledger-namespace", ledger_namespace, "--reservation-ttl", str(RESERVATION_TTL)]
-    cert_dir = base / "certs"
-    ca_bundle = generate_certs(cert_dir)  # one certificate for all three: the apiserver trusts one caBundle
-    for index in range(3):
-        server = WebhookProcess(base / f"r{index}", serve_args=serve_args)
-        server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
-        servers.append(server)
     balancer: HAProxy | None = None
     documents: list[dict[str, Any]] = []
     try:
-        for server in servers:
-            server.start()
-        balancer = HAProxy(base, [server.port for server in servers])
-        eventually(lambda: _healthy_through(balancer, servers[0]), "HAProxy forwards to the replicas", DEADLINE)
+        servers, balancer = start_replicas_behind_haproxy(base, serve_args)
         value = uuid.uuid4().hex[:8]
         documents = local_webhook_configurations(balancer.url, servers[0].ca_bundle, name_suffix=f"-replicas-{value}",
                                                  namespace_selector={"matchLabels": {TEST_LABEL: value}})
@@ -80,14 +70,6 @@ def replicas(api: Api, kubeconfig_path: Path, elasticquota_crd: object, canonica
             balancer.stop()
         for server in servers:
             server.stop()
-
-
-def _healthy_through(balancer: HAProxy, server: WebhookProcess) -> bool:
-    try:
-        with urllib.request.urlopen(balancer.url + "/healthz", timeout=2, context=server.ssl_context()) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def burst_namespace(api: Api, replicas: Replicas) -> tuple[str, str]:

@@ -1,0 +1,497 @@
+"""The production shape against the apiserver's own ResourceQuota admission, in one control plane.
+
+Starts the test control plane (tests/controlplane.py; the binaries of hack/build-control-plane.sh),
+one ``gpuquota serve --accounting local`` and three ``--accounting strict`` replicas behind HAProxy
+(tests/loadbalancer.py, as tests/e2e/test_faults.py runs them), each server with its own defaults
+unless ``--workers`` is given. Every mode has its own namespaces:
+
+- ``none``: nothing applies (the baseline the sequential creates are paired against);
+- ``native``: a ResourceQuota on ``requests.nvidia.com/gpu`` and no webhook;
+- ``local`` / ``strict``: the project's webhook configurations, selected by a namespace label,
+  pointing at the local server or at HAProxy; the pods charge ElasticQuotas.
+
+Every create is the same one-card ``nvidia.com/gpu`` pod (one Node advertises the canonical names,
+so our webhook rewrites it as in a cluster where Koordinator's device plugin runs). It measures:
+
+1. sequential creates over one kept-alive connection, one per mode per cycle in a shuffled order
+   (as bench/apiserver_overhead.py): each mode's cost is the median of its paired differences
+   against ``none`` in the same cycle;
+2. bursts of ``--burst-size`` creates from ``--clients`` threads, each into a fresh namespace:
+   with room for all (pods stored per second, pods refused, and the CPU time every process of the
+   control plane, our servers and HAProxy spent, per admitted pod, from /proc/<pid>/stat), and
+   with room for ``--room`` (pods stored). Ours charge a two-level tree: two leaves of room for
+   the whole burst under a parent of the room, so the parent is the limit that binds and the
+   count at the ancestor is the one checked. Native's room is its namespace's ResourceQuota.
+
+The bursts of a repetition (every mode, both kinds) run in a shuffled order. Prints a Markdown
+table of medians with their ranges and each of ours against native, and where the samples are.
+
+Usage: .venv/bin/python bench/production_shape.py [--repetitions 10] [--bursts 10] [--cycles 300]
+       [--burst-size 300] [--clients 32] [--room 100] [--issue-sizes] [--workers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+import yaml  # noqa: E402
+from admissionchain import (  # noqa: E402
+    local_webhook_configurations,
+    register_webhook_configurations,
+    wait_until_webhook_is_called,
+)
+from apiserver_overhead import create_pod  # noqa: E402
+from clusterhelpers import (  # noqa: E402
+    PARENT_LABEL,
+    QUOTA_LABEL,
+    RATIO,
+    admits_quota,
+    create_quota,
+    refusal_reason,
+    whole_card_pod,
+)
+from controlplane import (  # noqa: E402
+    ELASTICQUOTA_CRD,
+    Api,
+    ControlPlane,
+    create_canonical_gpu_node,
+    locate_binaries,
+    make_api,
+    wait_for_crd_established,
+)
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import config as k8s_config  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+from loadbalancer import HAProxy, start_replicas_behind_haproxy  # noqa: E402
+from webhookproc import WebhookProcess  # noqa: E402
+
+MODES = ("native", "local", "strict")
+BASELINE = "none"
+TITLES = {"native": "native ResourceQuota (`requests.nvidia.com/gpu`)", "local": "ours, local, 1 server",
+          "strict": "ours, strict, 3 replicas + HAProxy"}
+MODE_LABEL = "gpuquota-bench-mode"
+NATIVE_RESOURCE = "requests.nvidia.com/gpu"
+LEDGER_NAMESPACE = "gpuquota-ledger"
+WARMUP_CYCLES = 20
+READY_DEADLINE = 60.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The issue's sizes: 16 repetitions, 20 bursts with room for all per mode.
+ISSUE_REPETITIONS, ISSUE_BURSTS = 16, 20
+
+
+def eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + READY_DEADLINE
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true after {READY_DEADLINE:.0f}s: {what}")
+        time.sleep(0.05)  # polling a condition with a deadline
+
+
+# -- CPU time of a process tree ------------------------------------------------------------------
+
+def process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, utime + stime in clock ticks) of every process readable now."""
+    table: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+        table[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return table
+
+
+def cpu_ticks(groups: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+    """Per group, the CPU ticks of every process in the trees under its root pids (threads count in their
+    process), all from one reading of /proc."""
+    table = process_table()
+    return {group: tree_ticks(table, roots) for group, roots in groups.items()}
+
+
+def tree_ticks(table: dict[int, tuple[int, int]], roots: Iterable[int]) -> dict[int, int]:
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, int] = {}
+    pending = [pid for pid in roots if pid in table]
+    while pending:
+        pid = pending.pop()
+        if pid not in found:
+            found[pid] = table[pid][1]
+            pending.extend(children.get(pid, []))
+    return found
+
+
+def cpu_ms_between(before: dict[int, int], after: dict[int, int]) -> float:
+    """Milliseconds of CPU spent between two readings (a process started between them counts from zero)."""
+    return sum(ticks - before.get(pid, 0) for pid, ticks in after.items()) * 1000 / CLOCK_TICKS
+
+
+# -- the rig ----------------------------------------------------------------------------------------
+
+@dataclass
+class Rig:
+    plane: ControlPlane
+    api: Api
+    burst_core: k8s.CoreV1Api
+    local: WebhookProcess
+    replicas: list[WebhookProcess]
+    balancer: HAProxy
+
+    def servers_of(self, mode: str) -> list[WebhookProcess]:
+        return {"local": [self.local], "strict": self.replicas}.get(mode, [])
+
+    def measured_groups(self) -> dict[str, list[int]]:
+        return {"apiserver + etcd": self.plane.pids, "local server": [self.local.pid],
+                "strict replicas": [server.pid for server in self.replicas], "HAProxy": [self.balancer.process.pid]}
+
+
+def burst_client(kubeconfig: Path, clients: int) -> k8s.CoreV1Api:
+    """A client whose connection pool holds one kept-alive connection per burst thread."""
+    configuration = k8s.Configuration()
+    k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = clients
+    return k8s.CoreV1Api(k8s.ApiClient(configuration))
+
+
+def start_rig(work: Path, clients: int, worker_args: list[str]) -> Rig:
+    plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
+    plane.start()
+    api = make_api(plane.kubeconfig_path)
+    crd = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
+    api.apiextensions.create_custom_resource_definition(crd)
+    wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
+    create_canonical_gpu_node(api.core, "bench-canonical")
+    api.core.create_namespace({"metadata": {"name": LEDGER_NAMESPACE}})
+    kubeconfig = ["--kubeconfig", str(plane.kubeconfig_path)]
+    local = WebhookProcess(work / "local", serve_args=[*kubeconfig, "--accounting", "local", *worker_args]).start()
+    replicas, balancer = start_replicas_behind_haproxy(work / "strict", [
+        *kubeconfig, "--accounting", "strict", "--ledger-namespace", LEDGER_NAMESPACE, *worker_args])
+    for mode, url, ca_bundle in (("local", local.url, local.ca_bundle),
+                                 ("strict", balancer.url, replicas[0].ca_bundle)):
+        register_webhook_configurations(api, local_webhook_configurations(
+            url, ca_bundle, name_suffix=f"-{mode}", namespace_selector={"matchLabels": {MODE_LABEL: mode}}))
+    return Rig(plane, api, burst_client(plane.kubeconfig_path, clients), local, replicas, balancer)
+
+
+def stop_rig(rig: Rig | None, work: Path) -> None:
+    if rig is not None:
+        rig.balancer.stop()
+        for server in [rig.local, *rig.replicas]:
+            server.stop()
+        rig.api.close()
+        rig.plane.stop()
+    for directory in ("cp", "local", "strict"):  # etcd's data, logs, certificates
+        shutil.rmtree(work / directory, ignore_errors=True)
+
+
+def create_namespace(api: Api, name: str, mode: str) -> None:
+    labels = {MODE_LABEL: mode} if mode in ("local", "strict") else {}
+    api.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+
+
+def create_native_quota(api: Api, namespace: str, cards: int) -> None:
+    """A ResourceQuota with its status written as the resourcequota controller (not running here) would:
+    the apiserver's admission refuses every pod of a namespace whose quota has no usage yet."""
+    api.core.create_namespaced_resource_quota(namespace, {
+        "metadata": {"name": "gpu"}, "spec": {"hard": {NATIVE_RESOURCE: str(cards)}}})
+    api.core.patch_namespaced_resource_quota_status("gpu", namespace, {
+        "status": {"hard": {NATIVE_RESOURCE: str(cards)}, "used": {NATIVE_RESOURCE: "0"}}})
+
+
+def refused_for_quota(api: Api, namespace: str, quota: str, cards: int) -> bool:
+    """Whether a dry-run create of ``cards`` cards is refused for exceeding a quota (reserves nothing)."""
+    try:
+        api.core.create_namespaced_pod(namespace, whole_card_pod("probe", quota, cards), dry_run="All")
+    except ApiException as error:
+        return error.status == 403 and "exceeded quota" in str(error.body)
+    return False
+
+
+def admitted_dry_run(api: Api, namespace: str, quota: str) -> bool:
+    try:
+        api.core.create_namespaced_pod(namespace, whole_card_pod("probe", quota), dry_run="All")
+    except ApiException:
+        return False
+    return True
+
+
+@dataclass
+class Target:
+    """Where one burst creates its pods: a namespace and the quotas (ours) its pods charge."""
+
+    namespace: str
+    leaves: tuple[str, ...]
+    room: int
+
+
+def prepare_burst_target(rig: Rig, mode: str, namespace: str, room: int, burst_size: int) -> Target:
+    """A fresh namespace with room for ``room`` one-card pods, admitting (and refusing beyond room) when returned."""
+    create_namespace(rig.api, namespace, mode)
+    if mode == "native":
+        create_native_quota(rig.api, namespace, room)
+        target = Target(namespace, (namespace,), room)  # the label is the same pod's; nothing reads it here
+    else:
+        parent, leaves = f"org-{namespace}", (f"a-{namespace}", f"b-{namespace}")
+        create_quota(rig.api, namespace, parent, {RATIO: str(100 * room)},
+                     labels={"quota.scheduling.koordinator.sh/is-parent": "true"})
+        for leaf in leaves:  # each leaf has room for the whole burst: the parent binds
+            create_quota(rig.api, namespace, leaf, {RATIO: str(100 * burst_size)}, labels={PARENT_LABEL: parent})
+        for server in rig.servers_of(mode):
+            for leaf in leaves:
+                eventually(lambda s=server, q=leaf: admits_quota(s, namespace, q), f"server {server.port} sees {leaf}")
+        target = Target(namespace, leaves, room)
+    eventually(lambda: admitted_dry_run(rig.api, namespace, target.leaves[0]), f"{namespace} admits a pod")
+    eventually(lambda: refused_for_quota(rig.api, namespace, target.leaves[0], room + 1),
+               f"{namespace} refuses {room + 1} cards")
+    return target
+
+
+# -- measurements -------------------------------------------------------------------------------------
+
+@dataclass
+class BurstResult:
+    mode: str
+    kind: str  # "all" (room for every create) or "room" (room for fewer)
+    seconds: float
+    stored: int
+    refused: Counter[str]
+    cpu_ms_by_group: dict[str, float]
+    at_ancestor: int
+    per_leaf: list[int]
+
+    @property
+    def cpu_ms(self) -> float:
+        return sum(self.cpu_ms_by_group.values())
+
+
+def create_one(core: k8s.CoreV1Api, namespace: str, body: dict[str, Any]) -> str:
+    """"stored", or the HTTP status and reason of a refusal."""
+    try:
+        response = core.create_namespaced_pod(namespace, body, _preload_content=False)
+        response.read()
+        response.release_conn()
+    except ApiException as error:
+        if error.status == 403 and "exceeded quota" in str(error.body):
+            return "403 exceeded quota"
+        return f"{error.status} {refusal_reason(error)}"
+    return "stored"
+
+
+def run_burst(rig: Rig, mode: str, kind: str, target: Target, size: int, clients: int) -> BurstResult:
+    bodies = [whole_card_pod(f"p{index}", target.leaves[index % len(target.leaves)]) for index in range(size)]
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        groups = rig.measured_groups()
+        cpu_before = cpu_ticks(groups)
+        started = time.perf_counter()
+        outcomes = Counter(pool.map(lambda body: create_one(rig.burst_core, target.namespace, body), bodies))
+        seconds = time.perf_counter() - started
+        cpu_after = cpu_ticks(groups)
+    pods = rig.api.core.list_namespaced_pod(target.namespace).items
+    by_quota = Counter((pod.metadata.labels or {}).get(QUOTA_LABEL, "") for pod in pods)
+    stored = outcomes.pop("stored", 0)
+    if stored != len(pods):
+        raise SystemExit(f"{target.namespace}: {stored} creates answered stored, {len(pods)} pods listed")
+    cpu_ms = {group: cpu_ms_between(cpu_before[group], cpu_after[group]) for group in groups}
+    return BurstResult(mode, kind, seconds, stored, outcomes, cpu_ms,
+                       len(pods), [by_quota[leaf] for leaf in target.leaves])
+
+
+@dataclass
+class Samples:
+    paired_ms: dict[str, list[list[float]]] = field(default_factory=lambda: {m: [] for m in MODES})
+    bursts: list[BurstResult] = field(default_factory=list)
+
+
+def sequential_namespaces(rig: Rig, room: int) -> None:
+    """One namespace per mode (and the baseline) for the sequential creates, with room for all of them."""
+    for mode in (BASELINE, *MODES):
+        namespace = f"seq-{mode}"
+        create_namespace(rig.api, namespace, mode)
+        if mode == "native":
+            create_native_quota(rig.api, namespace, room)
+        elif mode in ("local", "strict"):
+            # bench/apiserver_overhead.py's pod charges the quota named after its namespace.
+            create_quota(rig.api, namespace, namespace, {RATIO: str(100 * room)})
+            for server in rig.servers_of(mode):
+                eventually(lambda s=server, n=namespace: admits_quota(s, n, n), f"{server.port} sees {namespace}")
+            wait_until_webhook_is_called(rig.api, namespace)
+    eventually(lambda: admitted_dry_run(rig.api, "seq-native", "seq-native"), "seq-native admits a pod")
+    assert not refused_for_quota(rig.api, f"seq-{BASELINE}", "none", room + 1), "a quota applies to the baseline"
+
+
+def sequential_cycles(rig: Rig, cycles: int, first: int, shuffle: random.Random) -> dict[str, list[float]]:
+    """``cycles`` cycles of one create per mode in a shuffled order; each mode's paired differences in ms."""
+    order = [BASELINE, *MODES]
+    paired: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for cycle in range(first, first + cycles):
+        shuffle.shuffle(order)
+        elapsed = {mode: create_pod(rig.api.core, f"seq-{mode}", f"pod-{cycle}") for mode in order}
+        for mode in MODES:
+            paired[mode].append(elapsed[mode] - elapsed[BASELINE])
+    return paired
+
+
+# -- the table --------------------------------------------------------------------------------------
+
+def spread(values: list[float], digits: int) -> str:
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:.{digits}f}"
+    return f"{middle:.{digits}f} [{min(values):.{digits}f} – {max(values):.{digits}f}]"
+
+
+def against_native(mode: str, mine: list[float], native: list[float]) -> str:
+    if mode == "native":
+        return ""
+    if statistics.median(native) <= 0:
+        return " (native's median is not above zero: no ratio)"
+    return f" (**{statistics.median(mine) / statistics.median(native):.2f}x** native)"
+
+
+def table(samples: Samples, args: argparse.Namespace) -> str:
+    def bursts(mode: str, kind: str) -> list[BurstResult]:
+        return [result for result in samples.bursts if result.mode == mode and result.kind == kind]
+
+    overhead = {mode: [value for cycle in samples.paired_ms[mode] for value in cycle] for mode in MODES}
+    per_repetition = {mode: [statistics.median(cycle) for cycle in samples.paired_ms[mode]] for mode in MODES}
+    rate = {mode: [r.stored / r.seconds for r in bursts(mode, "all")] for mode in MODES}
+    cpu = {mode: [r.cpu_ms / r.stored for r in bursts(mode, "all")] for mode in MODES}
+    rows = {
+        "added to a sequential create, p50 ms (paired against a namespace no admission applies to, same cycle;"
+        " range: the repetitions' p50s)":
+            {mode: f"{statistics.median(overhead[mode]):+.2f}" + (
+                f" [{min(per_repetition[mode]):+.2f} – {max(per_repetition[mode]):+.2f}]"
+                if len(per_repetition[mode]) > 1 else "") + against_native(mode, overhead[mode], overhead["native"])
+             for mode in MODES},
+        f"burst of {args.burst_size} creates, {args.clients} clients, room for all: pods/s":
+            {mode: spread(rate[mode], 1) + against_native(mode, rate[mode], rate["native"]) for mode in MODES},
+        "pods refused with room for all (per burst: median, max; bursts with any refusal)":
+            {mode: refusals(bursts(mode, "all")) for mode in MODES},
+        f"room for {args.room}, {args.burst_size} creates: stored (leaf, and at the ancestor)":
+            {mode: stored_cell(bursts(mode, "room"), args.room, mode) for mode in MODES},
+        "CPU per admitted pod, all processes (apiserver, etcd, our servers, HAProxy), ms":
+            {mode: spread(cpu[mode], 2) + against_native(mode, cpu[mode], cpu["native"]) for mode in MODES},
+    }
+    lines = ["| | " + " | ".join(TITLES[mode] for mode in MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
+    lines += [f"| {title} | " + " | ".join(cells[mode] for mode in MODES) + " |" for title, cells in rows.items()]
+    groups = list(samples.bursts[0].cpu_ms_by_group)
+    lines += ["", "CPU per admitted pod by process group, ms (bursts with room for all; medians). Every server "
+              "watches every pod, so each also works for the bursts of the other modes.", "",
+              "| | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+    for mode in MODES:
+        per_pod = {group: [r.cpu_ms_by_group[group] / r.stored for r in bursts(mode, "all")] for group in groups}
+        lines.append(f"| {TITLES[mode]} | " + " | ".join(f"{statistics.median(per_pod[g]):.2f}" for g in groups) + " |")
+    return "\n".join(lines)
+
+
+def refusals(results: list[BurstResult]) -> str:
+    counts = [sum(result.refused.values()) for result in results]
+    reasons: Counter[str] = Counter()
+    for result in results:
+        reasons.update(result.refused)
+    why = f" ({', '.join(f'{reason}: {n}' for reason, n in sorted(reasons.items()))})" if reasons else ""
+    return (f"{statistics.median(counts):g}, {max(counts)}; "
+            f"{sum(1 for count in counts if count)} of {len(counts)} bursts{why}")
+
+
+def stored_cell(results: list[BurstResult], room: int, mode: str) -> str:
+    totals = sorted({result.at_ancestor for result in results})
+    cell = " or ".join(str(total) for total in totals) + f" of {room}"
+    if mode == "native":
+        return cell + " (the namespace's ResourceQuota)"
+    leaves = [count for result in results for count in result.per_leaf]
+    return cell + f" at the ancestor; leaves {min(leaves)} – {max(leaves)} each"
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repetitions", type=int, default=10,
+                        help="rounds, each: a share of the sequential cycles, then every mode's bursts shuffled")
+    parser.add_argument("--bursts", type=int, default=10,
+                        help="bursts with room for all, per mode, spread over the repetitions")
+    parser.add_argument("--cycles", type=int, default=300, help="sequential cycles per repetition")
+    parser.add_argument("--burst-size", type=int, default=300)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--room", type=int, default=100, help="room of the bursts with room for fewer")
+    parser.add_argument("--issue-sizes", action="store_true",
+                        help=f"issue 29's sizes: {ISSUE_REPETITIONS} repetitions, {ISSUE_BURSTS} bursts")
+    parser.add_argument("--workers", type=int, help="workers of every server (default: the server's own)")
+    parser.add_argument("--seed", type=int, default=29)
+    args = parser.parse_args(argv)
+    if args.issue_sizes:
+        args.repetitions, args.bursts = ISSUE_REPETITIONS, ISSUE_BURSTS
+    if args.room >= args.burst_size:
+        parser.error("--room must be less than --burst-size: the room-for-fewer bursts must meet their limit")
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = parse(argv)
+    shuffle = random.Random(args.seed)
+    worker_args = ["--workers", str(args.workers)] if args.workers else []
+    work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-production-"))
+    samples = Samples()
+    rig: Rig | None = None
+    try:
+        rig = start_rig(work, args.clients, worker_args)
+        sequential_namespaces(rig, args.repetitions * args.cycles + WARMUP_CYCLES + 1)
+        sequential_cycles(rig, WARMUP_CYCLES, 0, shuffle)
+        # One unmeasured burst per mode opens the client's connections and warms every server.
+        for mode in MODES:
+            run_burst(rig, mode, "warm-up", prepare_burst_target(rig, mode, f"{mode}-warm", args.clients,
+                                                                 args.clients + 1), args.clients, args.clients)
+        for repetition in range(args.repetitions):
+            paired = sequential_cycles(rig, args.cycles, WARMUP_CYCLES + repetition * args.cycles, shuffle)
+            for mode in MODES:
+                samples.paired_ms[mode].append(paired[mode])
+            full = len(range(repetition, args.bursts, args.repetitions))  # this repetition's share of the bursts
+            jobs = [(mode, "all", index) for mode in MODES for index in range(full)] + \
+                   [(mode, "room", 0) for mode in MODES]
+            shuffle.shuffle(jobs)
+            for mode, kind, index in jobs:
+                room = args.burst_size if kind == "all" else args.room
+                target = prepare_burst_target(rig, mode, f"{mode}-{kind}-r{repetition}-{index}", room, args.burst_size)
+                result = run_burst(rig, mode, kind, target, args.burst_size, args.clients)
+                samples.bursts.append(result)
+                print(f"repetition {repetition + 1}: {mode} {kind}: {result.stored} stored in {result.seconds:.2f}s, "
+                      f"{sum(result.refused.values())} refused, {result.cpu_ms:.0f} ms CPU", file=sys.stderr)
+    finally:
+        stop_rig(rig, work)
+    print(f"{args.repetitions} repetitions; sequential: {args.cycles} cycles per repetition of one create per mode "
+          f"and one into a namespace no admission applies to, shuffled (after {WARMUP_CYCLES} warm-up cycles), "
+          f"one kept-alive connection; bursts: {args.bursts} per mode with room for all and "
+          f"{args.repetitions} with room for {args.room}, {args.burst_size} creates from {args.clients} threads "
+          f"each, every repetition's bursts in a shuffled order; medians [min – max]\n")
+    print(table(samples, args))
+    samples_path = work / "samples.json"
+    samples_path.write_text(json.dumps({
+        "args": vars(args), "paired_ms": samples.paired_ms,
+        "bursts": [{**vars(result), "refused": dict(result.refused)} for result in samples.bursts]}), encoding="utf-8")
+    print(f"\nsamples: {samples_path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
