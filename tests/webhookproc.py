@@ -218,7 +218,7 @@ def quota_service_pid(master: int) -> int:
 
 
 def quota_service_directory(master: int) -> Path:
-    """The private directory of that quota service's socket and shared region."""
+    """The private directory of that quota service's socket and node view."""
     arguments = Path(f"/proc/{quota_service_pid(master)}/cmdline").read_text().split("\0")
     return Path(next(argument for argument in arguments if argument.endswith("quota.sock"))).parent
 
