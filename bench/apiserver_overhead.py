@@ -18,12 +18,20 @@ connection, one create per mode per cycle in a shuffled order, so drift (etcd gr
 on the machine) falls on every mode alike and each mode's overhead is the median of its paired
 differences against ``none`` in the same cycle. Prints a Markdown table.
 
+To weigh a change to the local server, ``--baseline CHECKOUT`` adds the mode ``baseline``: one more
+local server, running the code of another checkout of this repository (say a ``git worktree`` of
+the commit before the change; same virtualenv, run from that checkout's directory with it first on
+PYTHONPATH), timed in the same cycles as ``local``. ``--modes`` limits the run to some modes (``none`` always runs).
+
 Usage: .venv/bin/python bench/apiserver_overhead.py [cycles, default 400] [workers, default the server's]
+       [--baseline CHECKOUT] [--modes none,local,baseline]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import random
 import shutil
 import ssl
@@ -78,7 +86,8 @@ TITLES = {"none": "no webhook", "go-mutating": "mutating only, Go stdlib referen
           "gpuquota-mutating": "mutating only, gpuquota",
           "go-both": "both webhooks, Go stdlib reference (validating: decode and allow)",
           "local": "webhooks, local accounting",
-          "strict": "webhooks, strict accounting"}
+          "strict": "webhooks, strict accounting",
+          "baseline": "webhooks, local accounting, baseline checkout"}
 
 
 def create_pod(core: k8s.CoreV1Api, namespace: str, name: str) -> float:
@@ -135,20 +144,40 @@ def mutated(api: Any, namespace: str) -> bool:
 
 
 def main() -> None:
-    cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cycles", type=int, nargs="?", default=400)
     # Comparing worker counts in the same hour is the only fair comparison on this VM (its speed drifts).
-    worker_args = ["--workers", sys.argv[2]] if len(sys.argv) > 2 else []
+    parser.add_argument("workers", nargs="?")
+    parser.add_argument("--baseline", type=Path, help="another checkout, served as the mode 'baseline'")
+    parser.add_argument("--modes", help="comma-separated modes to time (default: all)")
+    options = parser.parse_args()
+    cycles = options.cycles
+    worker_args = ["--workers", options.workers] if options.workers else []
+    plan = dict(PLAN)
+    if options.baseline is not None:
+        if not (options.baseline / "webhook" / "quota" / "service.py").is_file():
+            raise SystemExit(f"{options.baseline} is not a checkout of this repository")
+        plan["baseline"] = ("baseline", "all")
+    if options.modes:
+        wanted = {"none", *options.modes.split(",")}
+        unknown = wanted - set(plan)
+        if unknown:
+            raise SystemExit(f"unknown modes: {', '.join(sorted(unknown))} (known: {', '.join(plan)})")
+        plan = {mode: target for mode, target in plan.items() if mode in wanted}
+    accountings = {target for target, _ in plan.values() if target in ("local", "strict", "baseline")}
+    if any(target == "go" for target, _ in plan.values()):
+        accountings.add("local")  # the Go reference serves the local server's certificate
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-overhead-"))
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
     servers: dict[str, WebhookProcess] = {}
-    results: dict[str, list[float]] = {mode: [] for mode in PLAN}
+    results: dict[str, list[float]] = {mode: [] for mode in plan}
     try:
         crd = yaml.safe_load((ROOT / "manifests/base/crd-elasticquota.yaml").read_text(encoding="utf-8"))
         api.apiextensions.create_custom_resource_definition(crd)
         wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
-        for mode in PLAN:
+        for mode in plan:
             namespace = f"bench-{mode}"
             api.core.create_namespace({"metadata": {"name": namespace, "labels": {MODE_LABEL: mode}}})
             # Room for every pod: the benchmark times admissions, never a refusal.
@@ -161,12 +190,18 @@ def main() -> None:
         # With ``rewrite: auto`` the webhook rewrites a pod only when a node it can reach advertises
         # the canonical names, as the Go reference always does: one such node makes them comparable.
         create_canonical_gpu_node(api.core, "bench-canonical")
-        for accounting in ("local", "strict"):
-            servers[accounting] = WebhookProcess(work / accounting, serve_args=[
-                "--kubeconfig", str(plane.kubeconfig_path), "--accounting", accounting,
+        for server in sorted(accountings):
+            # The baseline's modules come first on its path, in the server and in the quota service it starts.
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(options.baseline), os.environ.get("PYTHONPATH")]))
+                   } if server == "baseline" else {}
+            checkout = options.baseline.resolve() if server == "baseline" else ROOT
+            servers[server] = WebhookProcess(work / server, env=env, cwd=checkout, serve_args=[
+                "--kubeconfig", str(plane.kubeconfig_path),
+                "--accounting", "strict" if server == "strict" else "local",
                 "--ledger-namespace", "bench-strict", *worker_args]).start()
-        go_url = start_go_reference(work, servers["local"].cert_dir)
-        for mode, (target, which) in PLAN.items():
+        uses_go = any(target == "go" for target, _ in plan.values())
+        go_url = start_go_reference(work, servers["local"].cert_dir) if uses_go else ""
+        for mode, (target, which) in plan.items():
             if not target:
                 continue
             url = go_url if target == "go" else servers[target].url
@@ -178,7 +213,7 @@ def main() -> None:
             register_webhook_configurations(api, documents)
             wait_until_webhook_is_called(api, f"bench-{mode}")
         assert not mutated(api, "bench-none"), "a webhook applies to the no-webhook namespace"
-        order = list(PLAN)
+        order = list(plan)
         shuffle = random.Random(8)
         opened = passive_opens()
         for cycle in range(WARMUP + cycles):
@@ -195,7 +230,7 @@ def main() -> None:
             server.stop()
         api.close()
         plane.stop()
-        for server_dir in (work / "cp", work / "local", work / "strict"):  # etcd's data, logs, certs
+        for server_dir in (work / "cp", *(work / server for server in servers)):  # etcd's data, logs, certs
             shutil.rmtree(server_dir, ignore_errors=True)
     base = results["none"]
     print(f"{cycles} cycles of one create per mode, shuffled order (after {WARMUP} warm-up cycles), one client, "

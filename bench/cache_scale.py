@@ -22,7 +22,7 @@ node view, to size what it costs; ``live-nodepageN`` lists the Nodes N a page (a
 Variant ``served`` measures the whole product instead: ``gpuquota serve --kubeconfig`` as an
 operator starts it (tests/webhookproc.py; gunicorn master, quota service, ``--workers`` workers),
 the time from launch to ``/readyz`` answering 200, then RSS and PSS of every process in its tree
-(PSS shares the pages processes share, such as the totals region, among them, so its sum is what the
+(PSS shares the pages processes share, such as the code forked from the master, among them, so its sum is what the
 tree really costs), once synced and again after 8 keep-alive connections sent 4,000 dry-run
 admission reviews (allowed, or denied by an exceeded quota), so every worker has imported and served what it serves.
 
@@ -350,13 +350,11 @@ def start_sync_paging_nodes(state: Any, api: Any, nodes: Any, page_size: int) ->
     return stop
 
 
-def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = True,
-            with_nodes: bool = True, node_page_size: int = 0) -> dict[str, Any]:
+def measure(kubeconfig: str, events: int, variant: str = "live", with_nodes: bool = True,
+            node_page_size: int = 0) -> dict[str, Any]:
     """Initial sync of a QuotaState (and the node view) from the live cluster, its RSS, and
     apply_event's cost per event.
 
-    ``shared``: as the quota service runs with local accounting (the default), publishing its
-    totals to the workers' shared region on every change (webhook.quota.service.share_with_workers).
     ``with_nodes``: as the service runs, Nodes synced by the same loop into a NodeState that
     publishes nodes.json beside the socket (webhook.quota.service.run_service); the sync counts
     as done when the quota state is ready and the first nodes.json is written.
@@ -366,7 +364,7 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     from kubeaccess import kube
     from webhook.quota.cluster_state import start_live_sync
     from webhook.quota.node_view import NodeState, nodes_path
-    from webhook.quota.service import remove_private_files, share_with_workers
+    from webhook.quota.service import remove_private_files
     from webhook.quota.state import QuotaState
 
     gc.collect()
@@ -374,8 +372,6 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     state = QuotaState()
     socket_path = Path(tempfile.mkdtemp(prefix="gpuquota-bench-")) / "quota.sock"
     nodes = NodeState(nodes_path(socket_path)) if with_nodes else None
-    if shared:
-        share_with_workers(state, socket_path)
     start = time.monotonic()
     if variant == "live":
         if node_page_size and nodes is not None:
@@ -414,7 +410,7 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     sample_pods = orjson.loads(core.list_pod_for_all_namespaces(limit=1000, _preload_content=False).data)["items"]
     sample_quotas = orjson.loads(client.CustomObjectsApi(api).list_cluster_custom_object(
         "scheduling.sigs.k8s.io", "v1alpha1", "elasticquotas", limit=200, _preload_content=False).data)["items"]
-    result: dict[str, Any] = {"variant": variant, "shared_region": shared, "pods_cached": pods_cached,
+    result: dict[str, Any] = {"variant": variant, "pods_cached": pods_cached,
                               "quotas_cached": quotas_cached, "nodes_cached": nodes_cached,
                               "nodes_json_kib": round(nodes_file_kib, 1),
                               "sync_seconds": round(sync_seconds, 2), "rss_before_mib": round(rss_before / 1024, 1),
@@ -444,10 +440,10 @@ def measure(kubeconfig: str, events: int, variant: str = "live", shared: bool = 
     return result
 
 
-def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, shared: bool = True,
-                          with_nodes: bool = True, node_page_size: int = 0) -> dict[str, Any]:
+def measure_in_subprocess(kubeconfig: Path, events: int, variant: str, with_nodes: bool = True,
+                          node_page_size: int = 0) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "measure", str(kubeconfig), "--events", str(events),
-                          "--variant", variant, *([] if shared else ["--no-shared-region"]),
+                          "--variant", variant,
                           *([] if with_nodes else ["--no-nodes"]), "--node-page-size", str(node_page_size)],
                          capture_output=True, text=True, check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -547,7 +543,6 @@ def main() -> None:
     one.add_argument("kubeconfig")
     one.add_argument("--events", type=int, default=20000)
     one.add_argument("--variant", choices=("live", "paged"), default="live")
-    one.add_argument("--no-shared-region", dest="shared", action="store_false")
     one.add_argument("--no-nodes", dest="with_nodes", action="store_false")
     one.add_argument("--node-page-size", type=int, default=0)
     parser.add_argument("--pods", default="10000,100000", help="pod counts to measure at, comma-separated")
@@ -555,18 +550,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--variants", default="live,paged",
-                        help="live: webhook.quota.cluster_state as shipped (local accounting: publishing to the "
-                             "workers' shared region; the node view); live-unshared: the same without the "
-                             "region; live-nodeless: without the node view; live-nodepageN: the what-if of "
-                             "listing the Nodes N a page; paged: the what-if of paged_sync (any of them with "
-                             "-unshared and/or -nodeless); served: the whole gpuquota serve process tree")
+                        help="live: webhook.quota.cluster_state as shipped (with the node view); "
+                             "live-nodeless: without the node view; live-nodepageN: the what-if of listing "
+                             "the Nodes N a page; paged: the what-if of paged_sync (either with -nodeless); "
+                             "served: the whole gpuquota serve process tree")
     parser.add_argument("--create-budget", type=float, default=600.0, help="seconds of pod creation per step")
     parser.add_argument("--workers", default="",
                         help="served: gunicorn worker counts to measure, comma-separated (default: what "
                              "gpuquota serve starts by default)")
     args = parser.parse_args()
     if args.command == "measure":
-        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.shared, args.with_nodes,
+        print(json.dumps(measure(args.kubeconfig, args.events, args.variant, args.with_nodes,
                                  args.node_page_size)))
         return
 
@@ -612,16 +606,15 @@ def main() -> None:
                     continue
                 runs = []
                 sync, *options = variant.split("-")
-                shared, with_nodes = "unshared" not in options, "nodeless" not in options
+                with_nodes = "nodeless" not in options
                 node_page_size = next((int(o.removeprefix("nodepage")) for o in options if o.startswith("nodepage")), 0)
                 for attempt in range(args.repeat):
-                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, shared, with_nodes,
-                                                node_page_size)
+                    run = measure_in_subprocess(plane.kubeconfig_path, args.events, sync, with_nodes, node_page_size)
                     run["variant"] = variant
                     print(json.dumps({"target": target, "attempt": attempt + 1, **run}), flush=True)
                     runs.append(run)
                 median = {key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0]
-                          if key not in ("variant", "shared_region")}
+                          if key != "variant"}
                 rows.append({"target": target, "variant": variant, "created": created,
                              "created_seconds": round(seconds), **median})
         if rows:

@@ -66,7 +66,6 @@ class ReservationLedger:
         # reservation (confirmed, released, or reserved again later); expire() skips those.
         self._expiries: list[tuple[float, int, str]] = []
         self._sequence = itertools.count()  # ties in expiry never compare the pod keys' order
-        self.touched: set[str] = set()  # quotas whose reserved totals changed (see UsageIndex.touched)
 
     def __len__(self) -> int:
         return len(self._by_pod)
@@ -81,7 +80,6 @@ class ReservationLedger:
         self._by_pod[pod_key] = reservation
         heapq.heappush(self._expiries, (reservation.expires_at, next(self._sequence), pod_key))
         self._by_caller[caller] = self._by_caller.get(caller, 0) + 1
-        self.touched.update(quotas)
         for quota in quotas:
             self._used[quota] = add_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation
@@ -92,7 +90,6 @@ class ReservationLedger:
             remaining = self._by_caller.pop(reservation.caller, 1) - 1
             if remaining:
                 self._by_caller[reservation.caller] = remaining
-            self.touched.update(reservation.quotas)
             for quota in reservation.quotas:
                 self._used[quota] = subtract_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation

@@ -39,9 +39,6 @@ class UsageIndex:
         self._pods: dict[str, PodRecord] = {}
         self._charged: dict[str, tuple[str, ...]] = {}  # pod key -> quotas it is charged to
         self._used: dict[str, ResourceList] = {}
-        # Quotas whose totals changed since a reader last cleared this (the quota service publishes
-        # just those to the webhook workers). ``load`` and ``rebuild`` change all and do not record.
-        self.touched: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -64,8 +61,7 @@ class UsageIndex:
 
     def upsert(self, record: PodRecord) -> None:
         # Most watch events of a pod change its status only: the record is the one counted, and
-        # charging it again would rebuild totals (and make the quota service republish them) to
-        # the same values.
+        # charging it again would rebuild totals to the same values.
         counted = self._pods.get(record.key)
         if counted is not None and _counts_alike(counted, record):
             # Moved to the end all the same, where a discard and a charge would put it: the
@@ -80,7 +76,6 @@ class UsageIndex:
     def discard(self, key: str) -> PodRecord | None:
         record = self._pods.pop(key, None)
         for quota in self._charged.pop(key, ()):
-            self.touched.add(quota)
             self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests if record else {})
         return record
 
@@ -91,7 +86,6 @@ class UsageIndex:
     def _charge(self, record: PodRecord) -> None:
         quotas = self._chain_of(record)
         self._charged[record.key] = quotas
-        self.touched.update(quotas)
         for quota in quotas:
             used = self._used.setdefault(quota, {})
             for name, quantity in record.requests.items():

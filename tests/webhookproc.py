@@ -61,6 +61,9 @@ class WebhookProcess:
     client_cert: tuple[Path, Path] | None = None
     # Set in the server's environment on top of this process's (e.g. TMPDIR, to see what it leaves there).
     env: dict[str, str] = field(default_factory=dict)
+    # Where the server runs: another checkout runs that checkout's code (with it first on PYTHONPATH
+    # in ``env``; the quota service, started as ``python -m``, finds its modules in this directory).
+    cwd: Path = REPO_ROOT
     cert_dir: Path = field(init=False)
     ca_bundle: str = field(init=False, default="")
     log_path: Path = field(init=False)
@@ -98,7 +101,7 @@ class WebhookProcess:
         args = [str(GPUQUOTA), "serve", "--cert-dir", str(self.cert_dir), "--host", LOOPBACK,
                 "--port", str(self.port), *self.serve_args]
         self._log = self.log_path.open("ab")
-        self._popen = subprocess.Popen(args, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=self._log,
+        self._popen = subprocess.Popen(args, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=self._log,
                                        stderr=subprocess.STDOUT, start_new_session=True,
                                        env={**os.environ, **self.env})
         try:
@@ -215,7 +218,7 @@ def quota_service_pid(master: int) -> int:
 
 
 def quota_service_directory(master: int) -> Path:
-    """The private directory of that quota service's socket and shared region."""
+    """The private directory of that quota service's socket and node view."""
     arguments = Path(f"/proc/{quota_service_pid(master)}/cmdline").read_text().split("\0")
     return Path(next(argument for argument in arguments if argument.endswith("quota.sock"))).parent
 

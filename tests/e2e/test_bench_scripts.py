@@ -71,6 +71,15 @@ def test_apiserver_overhead_times_every_mode() -> None:
         assert re.fullmatch(r"[+-]\d+\.\d\d", cells[4]), row  # the paired overhead in ms
 
 
+def test_apiserver_overhead_times_a_baseline_checkout_beside_local() -> None:
+    # This checkout as its own baseline: the mode runs a second local server from the given directory.
+    output = run_script(["bench/apiserver_overhead.py", "3", "1", "--baseline", str(REPO), "--modes", "local,baseline"])
+    modes = [line.split("|")[1].strip() for line in output.splitlines()
+             if line.startswith("| ") and not line.startswith(("| mode", "|---"))]
+    assert modes == ["no webhook", "webhooks, local accounting",
+                     "webhooks, local accounting, baseline checkout"], output
+
+
 def test_cli_scale_times_audit_and_plan() -> None:
     output = run_script(["bench/cli_scale.py", "--nodes", "20", "--quotas", "30", "--pods", "300",
                          "--repeat", "1", "--format", "json"])

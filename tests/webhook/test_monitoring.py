@@ -24,7 +24,7 @@ from prometheus_client.samples import Sample
 from reviews import pod, review
 from webhookproc import REPO_ROOT, WebhookProcess, post_review
 
-from webhook.admission.quota_port import NoQuota, QuotaFigure
+from webhook.admission.quota_port import NoQuota, PodAdmission, QuotaFigure
 from webhook.quota.state import QuotaState
 from webhook.serving.metrics import render
 
@@ -113,6 +113,21 @@ def test_a_deleted_quota_has_no_series_from_then_on() -> None:
     state.apply_event("ElasticQuota", "DELETED", elastic_quota("child", {CORE: "400"}, parent="root"))
 
     assert {f.quota for f in state.quota_figures()} == {"root"}
+
+
+def test_an_expired_reservation_leaves_the_reserved_figure_without_another_admission() -> None:
+    now = [1000.0]
+    state = QuotaState(clock=lambda: now[0], ttl_seconds=30)
+    state.load([elastic_quota("root", {CORE: "1000"}), elastic_quota("child", {CORE: "400"}, parent="root")])
+    admitted = state.admit_pod(PodAdmission(uid="adm-p", operation="CREATE", namespace="child", name="p", pod_uid="u-p",
+                                            labels={"quota.scheduling.koordinator.sh/name": "child"},
+                                            canonical_requests={CORE: "100"}))
+    assert admitted.allowed
+    assert {f.quota: f.reserved for f in state.quota_figures()} == {"root": 100, "child": 100}
+
+    now[0] += 31  # past the TTL; no admission since, only the scrape
+
+    assert {f.quota: f.reserved for f in state.quota_figures()} == {"root": 0, "child": 0}
 
 
 def test_strict_accounting_exports_no_reserved_figure() -> None:

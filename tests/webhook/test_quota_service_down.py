@@ -66,7 +66,7 @@ def test_a_dead_quota_service_refuses_decisions_but_not_updates_that_change_noth
         os.kill(service, signal.SIGKILL)
         wait_dead(service)
         refused_while_dead(server, running, relabelled)
-        # A killed service cannot remove its socket and shared region; the master does as it exits.
+        # A killed service cannot remove its socket and node view; the master does as it exits.
         assert directory.exists()
     finally:
         os.kill(server.pid, signal.SIGCONT)

@@ -1,9 +1,8 @@
 """A real ``gpuquota serve`` whose quota service dies: the master starts a new one, or the server exits.
 
-While no service runs, no worker may decide from the shared totals it left behind (local
-accounting; nobody maintains them any more), and liveness fails. To look at that window for as
-long as the test needs, the gunicorn master is stopped (SIGSTOP) before the service is killed, so
-it cannot start the replacement until it is continued.
+While no service runs, no worker admits a pod (none holds quota state of its own), and liveness
+fails. To look at that window for as long as the test needs, the gunicorn master is stopped
+(SIGSTOP) before the service is killed, so it cannot start the replacement until it is continued.
 """
 
 from __future__ import annotations
@@ -85,15 +84,14 @@ def server(tmp_path: Path) -> Iterator[WebhookProcess]:
         process.stop()
 
 
-def test_no_worker_admits_from_frozen_totals_and_liveness_fails_while_the_service_is_dead(
-        server: WebhookProcess) -> None:
-    # Every worker maps the region and admits from it while the service lives.
+def test_no_worker_admits_and_liveness_fails_while_the_service_is_dead(server: WebhookProcess) -> None:
+    # Fresh connections, so every worker has asked the service while it lives.
     assert all(ask(server)["allowed"] for _ in range(24))
     service = quota_service_pid(server.pid)
     with master_stopped(server):
         os.kill(service, signal.SIGKILL)
         wait_dead(service)
-        answers = [ask(server) for _ in range(40)]  # several per worker: a look that lied did so from the third
+        answers = [ask(server) for _ in range(40)]  # several per worker
         assert [(a["allowed"], a.get("status", {}).get("code"), a.get("status", {}).get("reason"))
                 for a in answers] == [(False, 503, "QuotaServiceDown")] * 40
         assert {server.get("/healthz")[0] for _ in range(8)} == {503}

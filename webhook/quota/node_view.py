@@ -10,8 +10,7 @@ thousand. The file does not exist until the first list has completed: the worker
 nodes are not known yet (and ``rewrite: auto`` leaves requests as written).
 
 A worker looks at the file's identity (one ``stat``) per decision and decodes it again only when
-it was replaced. This channel is separate from the quota totals' shared region so that it works
-under strict accounting too, which has no region.
+it was replaced.
 """
 
 from __future__ import annotations

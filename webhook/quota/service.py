@@ -33,17 +33,11 @@ from webhook.quota.events import ApiEventSink, EventService, EventSink, LogSink,
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.node_view import NodeState, nodes_path
 from webhook.quota.node_view import files_of as node_view_files
-from webhook.quota.publisher import Publisher
-from webhook.quota.shared_region import SharedRegion
 from webhook.quota.state import QuotaState
 from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
-REGION_NAME = "quota.region"
-# How often the service takes in the reservations workers made when nothing else happens, and
-# releases expired ones: both only make the shared totals more cautious while they wait.
-EXPIRE_EVERY_SECONDS = 0.25
 # Accounting modes (README "Several replicas"): the reservation ledger in this process's memory,
 # or shared by all replicas through the API server.
 LOCAL, STRICT = "local", "strict"
@@ -55,29 +49,6 @@ CANNOT_START_EXIT = 78
 def private_socket_path() -> Path:
     directory = Path(tempfile.mkdtemp(prefix="gpuquota-quota-"))  # mkdtemp makes it 0700
     return directory / SOCKET_NAME
-
-
-def region_path(socket_path: Path) -> Path:
-    """The memory shared with the workers under local accounting (webhook.quota.shared_region)."""
-    return socket_path.with_name(REGION_NAME)
-
-
-def share_with_workers(state: QuotaState, socket_path: Path) -> None:
-    """Create the shared region, hold its alive mutex (calling thread: the main one, for life)
-    and take in the workers' reservations and expire the ledger's periodically."""
-    publisher = Publisher(SharedRegion.create(region_path(socket_path), state.max_reservations_per_caller))
-    publisher.hold_alive()
-    state.publisher = publisher
-
-    def expire_periodically() -> None:
-        never = threading.Event()
-        while not never.wait(EXPIRE_EVERY_SECONDS):
-            try:
-                state.expire_reservations()
-            except Exception as error:  # a stuck worker (lock timeout): try again next round
-                log.warning("quota service: periodic expiry failed: %s: %s", type(error).__name__, error)
-
-    threading.Thread(target=expire_periodically, daemon=True, name="quota-expiry").start()
 
 
 class PodAdmitter(Protocol):
@@ -155,9 +126,7 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
     """The service process's main: serve, load or start syncing, and exit when the parent does."""
     state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds,
                        max_reservations_per_caller=max_reservations_per_caller)
-    if accounting == LOCAL:
-        share_with_workers(state, path)
-    else:
+    if accounting != LOCAL:
         state.reservations_known = False
     # Every result at zero from the start, so alerts on its rate see a series before the first write.
     for result in quota_metrics.LEDGER_WRITE_RESULTS:
@@ -202,8 +171,7 @@ def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> 
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
-    for created in (socket_path, *SharedRegion.files_of(region_path(socket_path)),
-                    *node_view_files(nodes_path(socket_path))):
+    for created in (socket_path, *node_view_files(nodes_path(socket_path))):
         created.unlink(missing_ok=True)
     if not keep_directory:
         with contextlib.suppress(OSError):  # not empty, or gone already

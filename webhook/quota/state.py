@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -25,7 +24,6 @@ from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.usage_index import UsageIndex
 from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from webhook.quota import metrics
-from webhook.quota.publisher import Publisher
 from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
 
 KINDS = ("Pod", "ElasticQuota")
@@ -72,29 +70,9 @@ class QuotaState:
         # Quotas another quota of their name keeps out of the tree (QuotaTree.keeps), by (name,
         # namespace): when the kept one is deleted, the next takes its place.
         self._shadowed: dict[tuple[str, str], QuotaInfo] = {}
-        # Local accounting in a server: the totals shared with the webhook workers (webhook.quota.shared_region).
-        self.publisher: Publisher | None = None
         # Whether self.ledger holds every reservation of this instance: not under strict accounting,
         # whose reservations live in the ledger objects in the API server.
         self.reservations_known = True
-
-    @contextmanager
-    def _changing(self) -> Iterator[None]:
-        """The state lock and, with a publisher, the shared region's lock too.
-
-        What workers reserved is taken into the ledger first, so everything in the section sees
-        it; the totals the section changed are published last, before workers can read again.
-        """
-        with self._lock:
-            publisher = self.publisher
-            if publisher is None:
-                yield
-                return
-            publisher.enter(self.ledger, self._clock())
-            try:
-                yield
-            finally:
-                publisher.leave(self.tree, self.usage, self.ledger, self.synced)
 
     def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
         """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""
@@ -117,11 +95,7 @@ class QuotaState:
 
     def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None]) -> None:
         """Like replace_kind, from what :func:`compact` kept of each object (None: not counted)."""
-        with self._changing():
-            if self.publisher is not None:
-                self.publisher.usage_rebuilt()
-                if kind != "Pod":
-                    self.publisher.tree_replaced()
+        with self._lock:
             if kind == "Pod":
                 self.usage = UsageIndex(self.tree)
                 for record in items:
@@ -143,7 +117,7 @@ class QuotaState:
 
     def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event, applied incrementally (cheap: only the fields the decision needs)."""
-        with self._changing():
+        with self._lock:
             self._contact(kind)
             metrics.WATCH_EVENTS.labels(kind, event_type).inc()
             if event_type == "BOOKMARK":
@@ -162,8 +136,6 @@ class QuotaState:
             else:
                 self.tree_version += 1
                 before, after = self._quota_event(quota_from_object(obj), event_type == "DELETED")
-                if self.publisher is not None:
-                    self.publisher.quota_changed(before, after)
                 moved = False
                 if after is None:
                     moved = before is not None and self.tree.remove(before.name)
@@ -171,8 +143,6 @@ class QuotaState:
                     moved = self.tree.upsert(after)
                 if moved:
                     self.usage.rebuild()
-                    if self.publisher is not None:
-                        self.publisher.usage_rebuilt()
             self._publish()
 
     def _quota_event(self, quota: QuotaInfo, deleted: bool) -> tuple[QuotaInfo | None, QuotaInfo | None]:
@@ -264,9 +234,12 @@ class QuotaState:
     def quota_figures(self) -> list[QuotaFigure]:
         """Per quota and limited GPU resource: used, limit, min and reserved (the per-quota gauges).
 
-        Computed when asked (a scrape), so a deleted quota has no figures from then on.
+        Computed when asked (a scrape), so a deleted quota has no figures from then on, and an
+        expired reservation no longer counts even when no admission came since.
         """
-        with self._changing():  # reservations workers made count, as in a decision
+        with self._lock:
+            if self._expire(self._clock()):
+                self._publish()
             figures = quota_figures(self.tree, self.usage,
                                     self.ledger.used if self.reservations_known else lambda _quota: None)
         return [QuotaFigure(f.quota, f.tree, f.resource, float(f.used.amount),
@@ -277,7 +250,7 @@ class QuotaState:
     def review_elasticquota(self, quota: Mapping[str, Any]) -> Verdict:
         """Refuse invalid quotas; warn on legacy names and on a max below current usage."""
         info = quota_from_object(quota)
-        with self._changing():  # reservations workers made count in the used it compares with
+        with self._lock:
             used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
             review = review_quota_object(quota, self.tree, used)
         if review.problems:
@@ -286,19 +259,13 @@ class QuotaState:
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         """Local accounting: decide and reserve in this instance's own ledger."""
-        with self._changing():
+        with self._lock:
             now = self._clock()
             expired = self._expire(now)
             verdict, _ = self._judge(admission, self.ledger, now)
-            if expired or verdict.allowed or self.publisher is not None:  # what changes the count here
+            if expired or verdict.allowed:  # what changes the count here
                 self._publish()
             return verdict
-
-    def expire_reservations(self) -> None:
-        """Release what expired and take in what workers reserved (a server's quota service, periodically)."""
-        with self._changing():
-            self._expire(self._clock())
-            self._publish()
 
     def _expire(self, now: float) -> int:
         expired = self.ledger.expire(now)

@@ -107,20 +107,15 @@ def _check_accounting(settings: Settings) -> None:
         raise ServeError("--accounting strict needs --ledger-namespace (outside a pod there is no own namespace)")
 
 
-def build_quota_decider(settings: Settings) -> QuotaDecider:
-    """The quota decider of one worker process: a client of the quota service when one runs."""
+def build_quota_decider() -> QuotaDecider:
+    """The quota decider of one worker process: a client of the quota service when one runs
+    (which decides every pod, against its own ledger or, strict, the one in the API server)."""
     socket_path = os.environ.get(QUOTA_SOCKET_ENV)
     if not socket_path:
         return NoQuota()
     from webhook.quota.client import QuotaClient
 
-    client = QuotaClient(Path(socket_path))
-    if settings.accounting != "local":
-        return client  # strict accounting decides against the ledger in the API server, in the service
-    from webhook.quota.fast_admission import FastAdmission
-    from webhook.quota.service import region_path
-
-    return FastAdmission(region_path(Path(socket_path)), client)
+    return QuotaClient(Path(socket_path))
 
 
 def build_node_view() -> Callable[[], NodeView | None]:
@@ -192,7 +187,7 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
 
     def load(self) -> Flask:
         configure_logging(self.settings.log_level)
-        quota = build_quota_decider(self.settings)
+        quota = build_quota_decider()
         # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.serving.metrics).
         from webhook.admission.handlers import create_app
 
