@@ -342,3 +342,23 @@ def test_replicas_with_escrow_never_admit_past_the_room_and_lose_none_of_it(
     left = pods_of_room - admitted
     assert all(latecomer.admit(f"late{n}").allowed for n in range(left))
     assert not latecomer.admit("one-too-many").allowed
+
+
+def test_pods_of_two_leaves_each_keep_their_escrow_when_they_alternate(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    replica.state.apply_event("ElasticQuota", "ADDED", {
+        "kind": "ElasticQuota", "metadata": {"name": "team-b", "namespace": "team",
+                                             "labels": {"quota.scheduling.koordinator.sh/parent": TREE}},
+        "spec": {"max": {RATIO: "10000"}}})
+
+    def admit(pod: str, leaf: str) -> bool:
+        return replica.accounting.admit_pod(PodAdmission(
+            uid="adm-" + pod, operation="CREATE", namespace="team", name=pod, pod_uid="uid-" + pod,
+            labels={QUOTA_LABEL: leaf}, canonical_requests={RATIO: "100"})).allowed
+
+    assert admit("a1", "team-a") and admit("b1", "team-b")
+    assert len(escrow_entries(core)) == 2  # one per leaf; b1's write left a1's escrow open
+    writes = len(core.calls)
+    for n in range(2, 8):
+        assert admit(f"a{n}", "team-a") and admit(f"b{n}", "team-b")
+    assert len(core.calls) == writes  # twelve pods, alternating leaves, no write

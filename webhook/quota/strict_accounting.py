@@ -379,10 +379,15 @@ class StrictAccounting:
         """
         queue = self._queue(tree_root)
         with queue.condition:
-            for escrow in queue.escrows.values():
-                escrow.open = False  # nothing more is admitted from it once its pods are being written
-                queue.settling.append(escrow)
-            queue.escrows.clear()
+            # Escrows that can admit nothing more are closed and written; open ones of other shapes
+            # stay open, their entries carried through this write as stored (pods of several leaves
+            # of one tree alternate, and each would otherwise close the other's escrow).
+            now = self.clock()
+            for key, escrow in list(queue.escrows.items()):
+                if escrow.spent(now, self.state.tree_version):
+                    escrow.open = False  # nothing more is admitted from it once its pods are being written
+                    queue.settling.append(escrow)
+                    del queue.escrows[key]
         settling = list(queue.settling)  # only the committer changes it from here
         conflicts = 0
         fresh = False
@@ -409,7 +414,7 @@ class StrictAccounting:
                 new = [r for _, r in results if r is not None]
                 for reservation in new:
                     keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, now)
-                taken = None if waiting else self._new_escrow(batch, results, keep, now)
+                taken = None if waiting else self._new_escrow(queue, batch, results, keep, now)
                 if taken is not None:
                     keep[taken[0].escrow.entry_key] = taken[1]
                 if new or settling or taken is not None:
@@ -469,14 +474,16 @@ class StrictAccounting:
         return (verdict.reason == QUOTA_EXCEEDED and time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
                 and any(shared_ledger.is_escrow(key) and item.replica != self.replica for key, item in keep.items()))
 
-    def _new_escrow(self, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
+    def _new_escrow(self, queue: _TreeQueue, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
                     keep: dict[str, shared_ledger.StoredReservation],
                     now: float) -> tuple[_OpeningEscrow, shared_ledger.StoredReservation] | None:
         """Room for more pods of the shape of the batch's last admitted CREATE, if a fair share is free."""
         if not self.escrow_most_pods:
             return None
+        with queue.condition:
+            open_shapes = set(queue.escrows)
         for job, (_, reservation) in reversed(list(zip(batch, results, strict=True))):
-            if reservation is not None and job.shape is not None:
+            if reservation is not None and job.shape is not None and job.shape.key() not in open_shapes:
                 shape, admission = job.shape, job.admission
                 break
         else:
