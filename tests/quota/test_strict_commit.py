@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuquota_core import shared_ledger
 from webhook.admission.quota_port import PodAdmission
 from webhook.quota.state import QuotaState
+from webhook.quota.strict_accounting import ESCROW_WINDOW_SECONDS as WINDOW
 from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -244,7 +245,7 @@ def test_pods_of_one_shape_are_admitted_from_escrow_without_a_write_of_their_own
     [(key, entry)] = escrow_entries(core).items()
     assert entry.replica == "r1" and entry.reservation.quotas == ("team-a", TREE)
     assert entry.reservation.requests == {RATIO: shared_ledger.Quantity.of(2400)}
-    assert entry.reservation.expires_at == clock[0] + 1.0 + TTL  # the window, then a reservation's TTL
+    assert entry.reservation.expires_at == clock[0] + WINDOW + TTL  # the window, then a reservation's TTL
     assert core.calls == ["read", "create"]
     for n in range(2, 26):
         assert replica.admit(f"p{n}").allowed
@@ -284,12 +285,12 @@ def test_the_settler_writes_what_an_escrow_admitted_and_gives_back_the_rest(core
         assert replica.admit(pod).allowed
     replica.accounting.settle_due()
     assert escrow_entries(core)  # still inside its window: kept
-    clock[0] += 1.0
+    clock[0] += WINDOW
     replica.accounting.settle_due()
     assert core.stored() == {"team/p1", "team/p2", "team/p3"}
     stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
     # p2 and p3 hold room for one TTL from their own admission, as a pod written on its own would.
-    assert stored["team/p2"].reservation.expires_at == clock[0] - 1.0 + TTL
+    assert stored["team/p2"].reservation.expires_at == clock[0] - WINDOW + TTL
 
 
 def test_a_deleted_ledger_keeps_holding_what_an_open_escrow_admitted(core: FakeCore, clock: list[float]) -> None:
@@ -302,14 +303,14 @@ def test_a_deleted_ledger_keeps_holding_what_an_open_escrow_admitted(core: FakeC
     # other replica that saw the object holds the tree for an escrow's window plus the TTL from
     # when it notices, which covers what this escrow admits (docs/design.md, "Known limits").
     assert replica.admit("p3").allowed and core.calls == []
-    clock[0] += 1.0
+    clock[0] += WINDOW
     assert replica.admit("p4").code == 503
     # The recreated object holds p1 and the escrow p2 and p3 were admitted from, until they expire,
     # and the tree is held for the longest any lost entry could live.
     assert core.stored() == {"team/p1", key}
-    assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + 1.0 + TTL
+    assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + WINDOW + TTL
     # After the hold the next write records p2 and p3 in place of the escrow (p1 has expired too).
-    clock[0] += 1.0 + TTL
+    clock[0] += WINDOW + TTL
     assert replica.admit("p5").allowed
     assert "team/p5" in core.stored() and key not in core.stored()
 
@@ -334,7 +335,7 @@ def test_replicas_with_escrow_never_admit_past_the_room_and_lose_none_of_it(
         assert admitted <= pods_of_room
     # Once every window has passed and each replica has settled, the ledger holds exactly the pods
     # admitted: the room that is left is all there for a replica that never took escrow.
-    clock[0] += 1.0
+    clock[0] += WINDOW
     for replica in replicas:
         replica.accounting.settle_due()
     assert not escrow_entries(core) and len(core.stored()) == admitted
@@ -362,3 +363,22 @@ def test_pods_of_two_leaves_each_keep_their_escrow_when_they_alternate(core: Fak
     for n in range(2, 8):
         assert admit(f"a{n}", "team-a") and admit(f"b{n}", "team-b")
     assert len(core.calls) == writes  # twelve pods, alternating leaves, no write
+
+
+def test_room_this_replica_holds_in_escrow_for_another_shape_is_given_back_before_a_refusal(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
+
+    def admit(pod: str, cards: int) -> bool:
+        return replica.admit(pod, str(100 * cards)).allowed
+
+    assert admit("one-1", 1)  # and escrow for 2 more one-card pods: (10 - 1) // 4
+    assert admit("two-1", 2) and admit("two-2", 2) and admit("two-3", 2)  # 9 cards taken or held
+    [held] = escrow_entries(core).values()
+    assert held.reservation.requests == {RATIO: shared_ledger.Quantity.of(200)}
+    # 2 of those 9 cards are this replica's unused one-card escrow: the next two-card pod gets them
+    # back rather than a refusal, and the escrow is gone.
+    assert admit("two-4", 2)
+    assert not escrow_entries(core)
+    assert core.stored() == {"team/one-1", "team/two-1", "team/two-2", "team/two-3", "team/two-4"}
+    assert not admit("two-5", 2)  # 9 cards admitted: now the room is really gone

@@ -81,7 +81,7 @@ DEFAULT_CREATE_DEADLINE_SECONDS = 60.0
 # the share of what is free for a shape one escrow may take. The share keeps most of the free room
 # for the other replicas and makes escrow stop as a quota nears its limit, where every pod is then
 # written on its own; the short window gives back what a replica did not use.
-ESCROW_WINDOW_SECONDS = 1.0
+ESCROW_WINDOW_SECONDS = 0.5
 DEFAULT_ESCROW_MOST_PODS = 32
 ESCROW_SHARE = 4
 # A pod refused while other replicas hold escrow in its tree asks again this often.
@@ -409,6 +409,11 @@ class StrictAccounting:
                     break
                 keep = self._settled(self.state.pruned(stored, now), settling, now)
                 results = self.state.judge_batch([job.admission for job in batch], keep, now)
+                if any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results) and self._close_open(queue):
+                    # Refused for room this replica itself holds in escrow for other shapes: give
+                    # all of it back in this write and judge the batch again without it.
+                    settling = list(queue.settling)
+                    continue
                 waiting = {index for index, (verdict, _) in enumerate(results)
                            if self._waits_for_escrow(verdict, keep, give_up_at)}
                 new = [r for _, r in results if r is not None]
@@ -455,6 +460,18 @@ class StrictAccounting:
             log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
         for job in batch:
             job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+
+    @staticmethod
+    def _close_open(queue: _TreeQueue) -> bool:
+        """Close every open escrow of the tree, to be written by the commit in progress; False: none."""
+        with queue.condition:
+            if not queue.escrows:
+                return False
+            for escrow in queue.escrows.values():
+                escrow.open = False
+                queue.settling.append(escrow)
+            queue.escrows.clear()
+            return True
 
     def _settled(self, keep: dict[str, shared_ledger.StoredReservation], settling: list[_Escrow],
                  now: float) -> dict[str, shared_ledger.StoredReservation]:
