@@ -159,8 +159,14 @@ class UsageIndex:
         return tuple(q.name for q in self.tree.chain(resolution.quota))
 
     def rebuild(self) -> None:
-        """Re-resolve every pod after the quota tree changed (labels, parents, namespaces)."""
+        """Re-resolve every pod after the quota tree changed (labels, parents, namespaces).
+
+        Through :meth:`load`, which sums alike pods once: the same totals, formats and order as
+        charging pod by pod, at a fraction of the cost. It runs under the quota service's lock on
+        every ElasticQuota event that moves a quota, so its cost is a pause of every decision.
+        """
+        records = list(self._pods.values())
+        self._pods.clear()
         self._used.clear()
         self._charged.clear()
-        for record in self._pods.values():
-            self._charge(record)
+        self.load(records)

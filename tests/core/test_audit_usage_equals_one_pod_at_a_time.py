@@ -195,3 +195,21 @@ def test_an_equal_amount_in_another_format_is_charged_again() -> None:
     # Totals keep formats, so this one is charged again: every total of the chain takes its format.
     for quota in ("team-1", "org-a"):
         assert usage.used(quota)["memory"].format == Quantity(Fraction(1024)).format
+
+
+@PROFILE
+@given(st.lists(records, max_size=30), alike_records())
+def test_rebuild_after_the_tree_changed_equals_charging_each_pod_again(records_: list[PodRecord],
+                                                                        alike: list[PodRecord]) -> None:
+    usage = UsageIndex(tree())
+    for record in [*records_, *alike]:
+        usage.upsert(record)
+    # team-2 moves under org-b and ns-3's quota goes: pods re-resolve, some to no quota at all.
+    usage.tree.upsert(quota_from_object({"metadata": {"name": "team-2", "namespace": "ns-2",
+                                                      "labels": {PARENT: "org-b"}}, "spec": {"max": {}}}))
+    usage.tree.remove("ns-3")
+    usage.rebuild()
+    again = UsageIndex(usage.tree)
+    for record in list(usage.pods()):
+        again.upsert(record)
+    assert state(usage) == state(again)
