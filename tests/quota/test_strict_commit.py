@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -382,3 +384,24 @@ def test_room_this_replica_holds_in_escrow_for_another_shape_is_given_back_befor
     assert not escrow_entries(core)
     assert core.stored() == {"team/one-1", "team/two-1", "team/two-2", "team/two-3", "team/two-4"}
     assert not admit("two-5", 2)  # 9 cards admitted: now the room is really gone
+
+
+def test_a_pod_refused_while_another_replica_holds_escrow_waits_for_it_and_is_admitted(
+        core: FakeCore, clock: list[float]) -> None:
+    first = Replica(core, "r1", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
+    second = Replica(core, "r2", clock, room=1000, escrow=32, leaf_room=10_000)
+    assert first.admit("small").allowed  # and escrow for 2 more one-card pods: (10 - 1) // 4
+    reads_before = core.calls.count("read")
+    verdicts: list[Any] = []
+    # 8 cards: 7 are free while r1's escrow holds 2, 9 once it gives them back.
+    waiting = threading.Thread(target=lambda: verdicts.append(second.admit("big", "800")))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while core.calls.count("read") < reads_before + 2:  # r2 has judged, been refused, and read again
+        assert time.monotonic() < deadline, "r2 never asked again"
+        time.sleep(0.001)
+    clock[0] += WINDOW
+    first.accounting.settle_due()  # r1's window is over: it writes "small" and gives the rest back
+    waiting.join(timeout=10)
+    assert verdicts and verdicts[0].allowed
+    assert core.stored() == {"team/small", "team/big"}
