@@ -10,10 +10,12 @@ admission rate grows with the batch size.
 A write that admits a pod may also take room in escrow: an entry holding room for up to
 ``escrow_most_pods`` more pods of the same shape (quota chain and request). For
 ``ESCROW_WINDOW_SECONDS`` after that write, this replica admits pods of that shape from the escrow
-without writing; every replica counts the whole entry until it expires. The next write of this
-replica to the tree closes the escrow and replaces the entry by a reservation for each pod admitted
-from it (docs/design.md has the invariant). A pod refused only while other replicas hold escrow in
-its tree waits for them to give it back (within the retry budget) and is judged again.
+without writing; every replica counts the whole entry until it expires. Once the escrow is spent
+(used up, its window over, the tree changed), this replica's next write to the tree, or the
+settler, closes it and replaces the entry by a reservation for each pod admitted from it
+(docs/design.md has the invariant). A pod refused for room this replica itself holds in escrow gets
+it back in that write; one refused only while other replicas hold escrow in its tree waits for them
+to give it back (within the retry budget) and is judged again.
 
 On a conflict the whole batch is decided again from the freshly read object: nothing admitted in
 a failed attempt is admitted again without being re-judged, so a request denied in one attempt can
@@ -374,8 +376,10 @@ class StrictAccounting:
     def _commit(self, tree_root: str, batch: list[_Job]) -> None:
         """Decide ``batch`` and write the ledger of ``tree_root`` (this thread is the tree's committer).
 
-        The write also records the pods admitted from this replica's escrows of the tree, which it
-        closes first, and may take a new escrow for the shape of the batch's last admitted CREATE.
+        The write also records the pods admitted from this replica's spent escrows of the tree
+        (closed first; open ones of other shapes stay open, and all are closed when a pod would
+        otherwise be refused for room they hold), and may take a new escrow for the shape of the
+        batch's last admitted CREATE when none is open for it.
         """
         queue = self._queue(tree_root)
         with queue.condition:
