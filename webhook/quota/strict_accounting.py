@@ -66,7 +66,6 @@ from webhook.quota.state import EscrowShape, QuotaState
 log = logging.getLogger("gpuquota.quota")
 # Conflicts are the normal case under a burst spread over replicas: retry with jittered backoff,
 # within a budget well under the webhook timeout the API server gives us (a few seconds).
-MAX_ATTEMPTS = 40
 RETRY_BUDGET_SECONDS = 3.0
 MAX_BACKOFF_SECONDS = 0.05
 FIELD_MANAGER = "gpuquota-webhook"
@@ -107,19 +106,18 @@ class _Escrow:
     """Room this replica holds in the ledger for pods of one shape, and the pods admitted from it."""
 
     entry_key: str
-    tree_version: int
+    shape: EscrowShape  # the pods it admits, under the tree version it was taken in
     count: int
     admits_until: float  # wall clock; the entry itself expires one reservation TTL later
     admitted: list[Reservation] = field(default_factory=list)
     open: bool = True
 
     def admits(self, shape: EscrowShape, now: float) -> bool:
-        return (self.open and shape.tree_version == self.tree_version and len(self.admitted) < self.count
-                and now < self.admits_until)
+        return self.open and shape == self.shape and len(self.admitted) < self.count and now < self.admits_until
 
     def spent(self, now: float, tree_version: int) -> bool:
         """Nothing more can be admitted from it: time to write what it admitted and give back the rest."""
-        return len(self.admitted) >= self.count or now >= self.admits_until or tree_version != self.tree_version
+        return len(self.admitted) >= self.count or now >= self.admits_until or tree_version != self.shape.tree_version
 
 
 @dataclass
@@ -130,14 +128,6 @@ class _TreeQueue:
     # Open escrows by shape key; closed ones whose pods the next successful write records.
     escrows: dict[Any, _Escrow] = field(default_factory=dict)
     settling: list[_Escrow] = field(default_factory=list)
-
-
-@dataclass
-class _OpeningEscrow:
-    """An escrow taken by a write in flight: opened for admissions once the write succeeded."""
-
-    shape_key: Any
-    escrow: _Escrow
 
 
 class LedgerStore:
@@ -336,10 +326,11 @@ class StrictAccounting:
         self._queues_lock = threading.Lock()
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
-        tree_root = self.state.tree_of(admission)
+        shape = self.state.escrow_shape(admission) if self.escrow_most_pods else None
+        # A shape's chain ends at the tree's root: one resolution of the pod's quota, not two.
+        tree_root = shape.quotas[-1] if shape is not None else self.state.tree_of(admission)
         if tree_root is None:
             return self.state.admit_pod(admission)  # no quota: nothing to share
-        shape = self.state.escrow_shape(admission) if self.escrow_most_pods else None
         queue = self._queue(tree_root)
         job = _Job(admission, shape)
         with queue.condition:
@@ -360,14 +351,18 @@ class StrictAccounting:
             # No commit in flight: this thread commits everything queued so far, its own job included.
             batch, queue.pending = queue.pending, []
             queue.committing = True
+        self._commit_as_committer(tree_root, queue, batch)
+        assert job.verdict is not None
+        return job.verdict
+
+    def _commit_as_committer(self, tree_root: str, queue: _TreeQueue, batch: list[_Job]) -> None:
+        """Commit ``batch`` (the caller has set ``queue.committing``), then hand the role back."""
         try:
             self._commit(tree_root, batch)
         finally:
             with queue.condition:
                 queue.committing = False
                 queue.condition.notify_all()
-        assert job.verdict is not None
-        return job.verdict
 
     def _queue(self, tree_root: str) -> _TreeQueue:
         with self._queues_lock:
@@ -382,16 +377,10 @@ class StrictAccounting:
         batch's last admitted CREATE when none is open for it.
         """
         queue = self._queue(tree_root)
-        with queue.condition:
-            # Escrows that can admit nothing more are closed and written; open ones of other shapes
-            # stay open, their entries carried through this write as stored (pods of several leaves
-            # of one tree alternate, and each would otherwise close the other's escrow).
-            now = self.clock()
-            for key, escrow in list(queue.escrows.items()):
-                if escrow.spent(now, self.state.tree_version):
-                    escrow.open = False  # nothing more is admitted from it once its pods are being written
-                    queue.settling.append(escrow)
-                    del queue.escrows[key]
+        # Escrows that can admit nothing more are closed and written; open ones of other shapes
+        # stay open, their entries carried through this write as stored (pods of several leaves
+        # of one tree alternate, and each would otherwise close the other's escrow).
+        self._close_escrows(queue, only_spent=True)
         settling = list(queue.settling)  # only the committer changes it from here
         conflicts = 0
         fresh = False
@@ -413,19 +402,21 @@ class StrictAccounting:
                     break
                 keep = self._settled(self.state.pruned(stored, now), settling, now)
                 results = self.state.judge_batch([job.admission for job in batch], keep, now)
-                if any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results) and self._close_open(queue):
+                refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
+                if refused_for_room and self._close_escrows(queue, only_spent=False):
                     # Refused for room this replica itself holds in escrow for other shapes: give
                     # all of it back in this write and judge the batch again without it.
                     settling = list(queue.settling)
                     continue
+                may_wait = refused_for_room and self._may_wait_for_escrow(keep, give_up_at)
                 waiting = {index for index, (verdict, _) in enumerate(results)
-                           if self._waits_for_escrow(verdict, keep, give_up_at)}
+                           if may_wait and verdict.reason == QUOTA_EXCEEDED}
                 new = [r for _, r in results if r is not None]
                 for reservation in new:
                     keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, now)
                 taken = None if waiting else self._new_escrow(queue, batch, results, keep, now)
                 if taken is not None:
-                    keep[taken[0].escrow.entry_key] = taken[1]
+                    keep[taken[0].entry_key] = taken[1]
                 if new or settling or taken is not None:
                     if not self.store.write(tree_root, version, keep):
                         metrics.LEDGER_WRITES.labels("conflict").inc()
@@ -439,8 +430,8 @@ class StrictAccounting:
                     with queue.condition:
                         queue.settling.clear()
                         settling = []
-                        if taken is not None:
-                            queue.escrows[taken[0].shape_key] = taken[0].escrow
+                        if taken is not None:  # opened for admissions once its write succeeded
+                            queue.escrows[taken[0].shape.key()] = taken[0]
                 decided = [(job, result) for index, (job, result) in enumerate(zip(batch, results, strict=True))
                            if index not in waiting]
                 self._finish([job for job, _ in decided], [result for _, result in decided])
@@ -465,17 +456,18 @@ class StrictAccounting:
         for job in batch:
             job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
 
-    @staticmethod
-    def _close_open(queue: _TreeQueue) -> bool:
-        """Close every open escrow of the tree, to be written by the commit in progress; False: none."""
+    def _close_escrows(self, queue: _TreeQueue, only_spent: bool) -> bool:
+        """Close this replica's open escrows of the tree (the spent ones, or all), for the commit in
+        progress to write; whether it closed any. Nothing is admitted from an escrow once closed."""
         with queue.condition:
-            if not queue.escrows:
-                return False
-            for escrow in queue.escrows.values():
+            now = self.clock()
+            closing = [key for key, escrow in queue.escrows.items()
+                       if not only_spent or escrow.spent(now, self.state.tree_version)]
+            for key in closing:
+                escrow = queue.escrows.pop(key)
                 escrow.open = False
                 queue.settling.append(escrow)
-            queue.escrows.clear()
-            return True
+            return bool(closing)
 
     def _settled(self, keep: dict[str, shared_ledger.StoredReservation], settling: list[_Escrow],
                  now: float) -> dict[str, shared_ledger.StoredReservation]:
@@ -489,15 +481,15 @@ class StrictAccounting:
                         reservation, self.replica, reservation.expires_at - ttl)
         return keep
 
-    def _waits_for_escrow(self, verdict: Verdict, keep: dict[str, shared_ledger.StoredReservation],
-                          give_up_at: float) -> bool:
-        """Refused for room while another replica holds escrow in the tree, with time left to ask again."""
-        return (verdict.reason == QUOTA_EXCEEDED and time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
+    def _may_wait_for_escrow(self, keep: dict[str, shared_ledger.StoredReservation], give_up_at: float) -> bool:
+        """Whether a pod refused for room may ask again: another replica holds escrow in the tree,
+        and there is time left to."""
+        return (time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
                 and any(shared_ledger.is_escrow(key) and item.replica != self.replica for key, item in keep.items()))
 
     def _new_escrow(self, queue: _TreeQueue, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
                     keep: dict[str, shared_ledger.StoredReservation],
-                    now: float) -> tuple[_OpeningEscrow, shared_ledger.StoredReservation] | None:
+                    now: float) -> tuple[_Escrow, shared_ledger.StoredReservation] | None:
         """Room for more pods of the shape of the batch's last admitted CREATE, if a fair share is free."""
         if not self.escrow_most_pods:
             return None
@@ -516,7 +508,7 @@ class StrictAccounting:
         entry_key = f"{shared_ledger.ESCROW_KEY_PREFIX}{self.replica}/{next(self._escrow_ids)}"
         entry = Reservation(entry_key, "escrow", shape.quotas, shape.resources(count),
                             now + self.escrow_window + self.state.ledger.ttl_seconds)
-        return (_OpeningEscrow(shape.key(), _Escrow(entry_key, shape.tree_version, count, now + self.escrow_window)),
+        return (_Escrow(entry_key, shape, count, now + self.escrow_window),
                 shared_ledger.StoredReservation(entry, self.replica, now))
 
     def settle_due(self) -> None:
@@ -531,12 +523,7 @@ class StrictAccounting:
                 if not due or queue.committing:
                     continue  # a commit in flight settles them anyway
                 queue.committing = True
-            try:
-                self._commit(tree_root, [])
-            finally:
-                with queue.condition:
-                    queue.committing = False
-                    queue.condition.notify_all()
+            self._commit_as_committer(tree_root, queue, [])
 
     def run_escrow_settler(self, stop: threading.Event) -> None:
         while not stop.wait(max(self.escrow_window / 4, 0.05)):
