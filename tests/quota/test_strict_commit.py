@@ -405,3 +405,15 @@ def test_a_pod_refused_while_another_replica_holds_escrow_waits_for_it_and_is_ad
     waiting.join(timeout=10)
     assert verdicts and verdicts[0].allowed
     assert core.stored() == {"team/small", "team/big"}
+
+
+def test_a_quota_event_that_changes_nothing_decisions_read_keeps_the_escrow(core: FakeCore,
+                                                                           clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    assert replica.admit("p1").allowed and escrow_entries(core)
+    writes = len(core.calls)
+    # Koordinator rewrites a quota's status and annotations often: a new resourceVersion, same limits.
+    replica.state.apply_event("ElasticQuota", "MODIFIED", {
+        "kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team", "resourceVersion": "7"},
+        "spec": {"max": {RATIO: "10000"}}, "status": {"used": {RATIO: "100"}}})
+    assert replica.admit("p2").allowed and len(core.calls) == writes  # from the escrow, no write

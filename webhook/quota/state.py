@@ -56,8 +56,8 @@ class QuotaState:
         self._lock = threading.Lock()  # every decision and every state change is serialised
         self._clock = clock
         self.tree = QuotaTree()
-        # Bumped on every change of the quotas: room escrowed under one version of the tree is not
-        # admitted from under another (a lowered limit applies to the next admission at once).
+        # Bumped on every change of the quotas that decisions read: room escrowed under one version
+        # of the tree is not admitted from under another (a lowered limit applies at once).
         self.tree_version = 0
         self.usage = UsageIndex(self.tree)
         self.ledger = ReservationLedger(ttl_seconds)
@@ -134,8 +134,9 @@ class QuotaState:
                 else:
                     self._upsert_pod(obj)
             else:
-                self.tree_version += 1
                 before, after = self._quota_event(quota_from_object(obj), event_type == "DELETED")
+                if not _decides_alike(before, after):
+                    self.tree_version += 1
                 moved = False
                 if after is None:
                     moved = before is not None and self.tree.remove(before.name)
@@ -381,6 +382,16 @@ class QuotaState:
                                      new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
                                      caller=admission.caller)
         return ALLOW, reservation
+
+
+def _decides_alike(before: QuotaInfo | None, after: QuotaInfo | None) -> bool:
+    """Whether a quota event leaves every decision as it was: the same quota, apart from the
+    fields no decision reads (Koordinator writes ElasticQuotas' status and annotations often, and
+    each write would otherwise spend every escrow of strict accounting)."""
+    if before is None or after is None:
+        return before is after
+    return (dataclasses.replace(before, resource_version="", uid="")
+            == dataclasses.replace(after, resource_version="", uid=""))
 
 
 def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
