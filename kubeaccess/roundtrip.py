@@ -48,10 +48,7 @@ class RoundTripError(ValueError):
 def untested_ruamel(version_of: Any = importlib.metadata.version) -> str | None:
     """Why the installed ruamel.yaml cannot be trusted to keep a layout, or None when it is as tested."""
     version = version_of("ruamel.yaml")
-    try:
-        release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-    except ValueError:
-        release = ()
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
     lowest, below = RUAMEL_TESTED
     tested = f">={'.'.join(map(str, lowest))},<{'.'.join(map(str, below))}"
     if not lowest <= release < below:
