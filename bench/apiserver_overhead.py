@@ -48,7 +48,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-import yaml  # noqa: E402
 from admissionchain import (  # noqa: E402
     local_webhook_configurations,
     register_webhook_configurations,
@@ -58,9 +57,9 @@ from controlplane import (  # noqa: E402
     ControlPlane,
     create_canonical_gpu_node,
     free_ports,
+    install_elasticquota_crd,
     locate_binaries,
     make_api,
-    wait_for_crd_established,
 )
 from kubernetes import client as k8s  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
@@ -174,9 +173,7 @@ def main() -> None:
     servers: dict[str, WebhookProcess] = {}
     results: dict[str, list[float]] = {mode: [] for mode in plan}
     try:
-        crd = yaml.safe_load((ROOT / "manifests/base/crd-elasticquota.yaml").read_text(encoding="utf-8"))
-        api.apiextensions.create_custom_resource_definition(crd)
-        wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
+        install_elasticquota_crd(api)
         for mode in plan:
             namespace = f"bench-{mode}"
             api.core.create_namespace({"metadata": {"name": namespace, "labels": {MODE_LABEL: mode}}})

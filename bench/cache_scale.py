@@ -564,17 +564,14 @@ def main() -> None:
                                  args.node_page_size)))
         return
 
-    import yaml
-    from controlplane import ELASTICQUOTA_CRD, ControlPlane, locate_binaries, make_api, wait_for_crd_established
+    from controlplane import ControlPlane, install_elasticquota_crd, locate_binaries, make_api
 
     plane = ControlPlane(locate_binaries())
     served_dir = Path(tempfile.mkdtemp(prefix="gpuquota-bench-served-"))
     plane.start()
     try:
         api = make_api(plane.kubeconfig_path)
-        crd = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
-        api.apiextensions.create_custom_resource_definition(crd)
-        wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
+        install_elasticquota_crd(api)
         for p in range(NAMESPACES):
             api.core.create_namespace({"metadata": {"name": f"team-{p:02d}"}})
         api.close()

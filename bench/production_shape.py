@@ -51,7 +51,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-import yaml  # noqa: E402
 from admissionchain import (  # noqa: E402
     local_webhook_configurations,
     register_webhook_configurations,
@@ -68,13 +67,12 @@ from clusterhelpers import (  # noqa: E402
     whole_card_pod,
 )
 from controlplane import (  # noqa: E402
-    ELASTICQUOTA_CRD,
     Api,
     ControlPlane,
     create_canonical_gpu_node,
+    install_elasticquota_crd,
     locate_binaries,
     make_api,
-    wait_for_crd_established,
 )
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
@@ -178,9 +176,7 @@ def start_rig(work: Path, clients: int, worker_args: list[str]) -> Rig:
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
-    crd = yaml.safe_load(ELASTICQUOTA_CRD.read_text(encoding="utf-8"))
-    api.apiextensions.create_custom_resource_definition(crd)
-    wait_for_crd_established(api.apiextensions, crd["metadata"]["name"])
+    install_elasticquota_crd(api)
     create_canonical_gpu_node(api.core, "bench-canonical")
     api.core.create_namespace({"metadata": {"name": LEDGER_NAMESPACE}})
     kubeconfig = ["--kubeconfig", str(plane.kubeconfig_path)]
