@@ -16,6 +16,14 @@ drops it from the object only once it expired, or was confirmed ``settle_seconds
 
 An escrow entry (``ESCROW_KEY_PREFIX``) is room one replica took for pods it has not admitted yet;
 docs/design.md states the rules that keep it as safe as a reservation per pod.
+
+The whole object is rewritten on every write and read back after every conflict, so its size is
+paid by the API server and every replica on each of them. Pods admitted alike (same replica,
+caller, quota chain and request, charging that request everywhere, the same TTL) are therefore
+stored as one group entry (``GROUP_KEY_PREFIX``) listing each pod's key, uids and admission time,
+instead of one full entry each. A group entry is also a valid plain entry: it holds the sum of its
+pods' requests until the last of them expires, so a replica that reads only plain entries (an
+earlier release, during a rolling update) counts at least the room the pods hold, never less.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .ledger import Reservation, ReservationLedger
 from .quantity import Quantity, QuantityError
@@ -40,6 +49,7 @@ DEFAULT_SETTLE_SECONDS = 5.0
 # (no namespace/name starts with "~"). Stored like a reservation that no pod ever confirms, so every
 # replica, one of an earlier release included, counts the whole of it until it expires.
 ESCROW_KEY_PREFIX = "~escrow/"
+GROUP_KEY_PREFIX = "~pods/"
 
 
 class LedgerFormatError(ValueError):
@@ -69,24 +79,72 @@ def ledger_object_name(tree_root: str) -> str:
 
 
 def encode(reservations: Iterable[StoredReservation], recovering_until: float = 0.0) -> dict[str, str]:
-    entries = {}
-    for stored in sorted(reservations, key=lambda s: s.reservation.pod_key):
+    entries: dict[str, dict[str, object]] = {}
+    groups: dict[tuple[object, ...], list[StoredReservation]] = {}
+    # Members of one decoded group share their request map: format it once (alive for this call).
+    request_texts: dict[int, tuple[tuple[str, str], ...]] = {}
+    for stored in reservations:
         r = stored.reservation
-        entries[r.pod_key] = {
-            "admission": r.admission_uid,
-            "podUID": r.pod_uid,
-            "quotas": list(r.quotas),
-            "requests": _text(r.requests),
-            "charges": _charges_text(r),
-            "admittedAt": round(stored.admitted_at, 3),
-            "expiresAt": round(r.expires_at, 3),
-            "replica": stored.replica,
-            "caller": r.caller,
-        }
+        if r.pod_key.startswith("~") or _charges_text(r):
+            entries[r.pod_key] = _entry(stored)
+        else:
+            text = request_texts.get(id(r.requests))
+            if text is None:
+                text = request_texts[id(r.requests)] = tuple(_text(r.requests).items())
+            alike = (stored.replica, r.caller, r.quotas, text, round(r.expires_at - stored.admitted_at, 3))
+            groups.setdefault(alike, []).append(stored)
+    for members in groups.values():
+        if len(members) == 1:
+            entries[members[0].reservation.pod_key] = _entry(members[0])
+            continue
+        members.sort(key=lambda m: m.reservation.pod_key)
+        key = f"{GROUP_KEY_PREFIX}{members[0].replica}/{members[0].reservation.pod_key}"
+        while key in entries:  # only if an entry of an earlier write kept this name
+            key += "+"
+        entries[key] = _group_entry(members)
     data = {LEDGER_DATA_KEY: json.dumps(entries, separators=(",", ":"), sort_keys=True)}
     if recovering_until:
         data[RECOVERING_UNTIL_KEY] = f"{recovering_until:.3f}"
     return data
+
+
+def _entry(stored: StoredReservation) -> dict[str, object]:
+    r = stored.reservation
+    return {
+        "admission": r.admission_uid,
+        "podUID": r.pod_uid,
+        "quotas": list(r.quotas),
+        "requests": _text(r.requests),
+        "charges": _charges_text(r),
+        "admittedAt": round(stored.admitted_at, 3),
+        "expiresAt": round(r.expires_at, 3),
+        "replica": stored.replica,
+        "caller": r.caller,
+    }
+
+
+def _group_entry(members: list[StoredReservation]) -> dict[str, object]:
+    """One entry for pods admitted alike; read as a plain entry, it holds all of their room."""
+    first = members[0]
+    r = first.reservation
+    ttl = round(r.expires_at - first.admitted_at, 3)
+    return {
+        "admission": "",
+        "podUID": "",
+        "quotas": list(r.quotas),
+        "requests": _text({name: amount.scaled(len(members)) for name, amount in r.requests.items()}),
+        "charges": {},
+        "admittedAt": round(min(m.admitted_at for m in members), 3),
+        "expiresAt": round(max(m.reservation.expires_at for m in members), 3),
+        "replica": first.replica,
+        "caller": r.caller,
+        "pods": {
+            "requests": _text(r.requests),
+            "ttl": ttl,
+            "each": [[m.reservation.pod_key, m.reservation.admission_uid, m.reservation.pod_uid,
+                      round(m.admitted_at, 3)] for m in members],
+        },
+    }
 
 
 def recovering_until(data: Mapping[str, str] | None) -> float:
@@ -118,9 +176,13 @@ def decode(data: Mapping[str, str] | None) -> dict[str, StoredReservation]:
     try:
         entries = json.loads(raw)
         result = {}
-        for pod_key, entry in entries.items():
+        for key, entry in entries.items():
+            if "pods" in entry:
+                for stored in _group_members(entry):
+                    result[stored.reservation.pod_key] = stored
+                continue
             reservation = Reservation(
-                pod_key=str(pod_key),
+                pod_key=str(key),
                 admission_uid=str(entry["admission"]),
                 quotas=tuple(str(q) for q in entry["quotas"]),
                 requests=_quantities(entry["requests"]),
@@ -136,6 +198,24 @@ def decode(data: Mapping[str, str] | None) -> dict[str, StoredReservation]:
         raise LedgerFormatError(f"{LEDGER_DATA_KEY} is not a reservation ledger: {error}") from None
 
 
+def _group_members(entry: Mapping[str, Any]) -> list[StoredReservation]:
+    group = entry["pods"]
+    if not isinstance(group, dict):
+        raise TypeError(f"pods of a group entry is {type(group).__name__}, not an object")
+    quotas = tuple(str(q) for q in entry["quotas"])
+    requests = _quantities(group["requests"])
+    ttl = float(group["ttl"])
+    replica, caller = str(entry.get("replica", "")), str(entry.get("caller", ""))
+    members = []
+    for pod_key, admission_uid, pod_uid, admitted_at in group["each"]:
+        if not isinstance(pod_key, str) or pod_key.startswith("~"):
+            raise ValueError(f"group member {pod_key!r} is not a pod")
+        reservation = Reservation(pod_key, str(admission_uid), quotas, requests,
+                                  float(admitted_at) + ttl, str(pod_uid), {}, caller)
+        members.append(StoredReservation(reservation, replica, float(admitted_at)))
+    return members
+
+
 def confirmed(stored: StoredReservation, usage: UsageIndex) -> bool:
     """Whether this replica's own watch already counts the pod the reservation was made for."""
     r = stored.reservation
@@ -148,10 +228,8 @@ def holding_room(stored: Mapping[str, StoredReservation], usage: UsageIndex, now
     """A ledger of the stored reservations that still take room as this replica sees the cluster."""
     ledger = ReservationLedger(ttl_seconds)
     for item in stored.values():
-        r = item.reservation
-        if r.expires_at > now and not confirmed(item, usage):
-            ledger.reserve(r.pod_key, r.admission_uid, r.quotas, r.requests, r.expires_at - ttl_seconds,
-                           pod_uid=r.pod_uid, charges=r.charges, caller=r.caller)
+        if item.reservation.expires_at > now and not confirmed(item, usage):
+            ledger.hold(item.reservation)
     return ledger
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuquota_core import shared_ledger
@@ -87,3 +89,58 @@ def test_a_create_is_stored_without_repeating_its_request_per_quota() -> None:
     assert [read.charge_of(quota) for quota in read.quotas] == [request, request]
     # A reservation whose charges differ anywhere keeps them all (the relabel case above).
     assert '"charges":{}' not in shared_ledger.encode([stored("p", "u1", 100.0)])[shared_ledger.LEDGER_DATA_KEY]
+
+
+def alike(pod: str, admitted_at: float, replica: str = "replica-1", caller: str = "apiserver") -> \
+        shared_ledger.StoredReservation:
+    """A CREATE's reservation as strict accounting makes it: its request charged to every quota of its chain."""
+    request = requests_of({RATIO: "100", "koordinator.sh/gpu-core": "100"})
+    reservation = Reservation(f"team/{pod}", "adm-" + pod, ("team-a", "org"), request, admitted_at + TTL,
+                              "uid-" + pod, {}, caller)
+    return shared_ledger.StoredReservation(reservation, replica, admitted_at)
+
+
+def test_pods_admitted_alike_are_stored_as_one_entry_and_read_back_one_by_one() -> None:
+    pods = {f"team/p{i}": alike(f"p{i}", 100.0 + i / 8) for i in range(40)}
+    other_replica = {"team/r": alike("r", 100.0, replica="replica-2")}
+    escrow = Reservation("~escrow/replica-1/1", "escrow", ("team-a", "org"), requests_of({RATIO: "800"}), 130.5)
+    entries = {**pods, **other_replica, "team/p": stored("p", "u1", 100.0),
+               escrow.pod_key: shared_ledger.StoredReservation(escrow, "replica-1", 100.0)}
+    data = shared_ledger.encode(entries.values())
+    stored_keys = set(json.loads(data[shared_ledger.LEDGER_DATA_KEY]))
+    # The forty alike pods are one entry; the lone pod of another replica, the pod whose charges
+    # differ per quota, and the escrow are each their own.
+    assert stored_keys == {"~pods/replica-1/team/p0", "team/r", "team/p", escrow.pod_key}
+    read = shared_ledger.decode(data)
+    assert read.keys() == entries.keys()
+    for key, original in entries.items():
+        got = read[key]
+        assert (got.replica, got.admitted_at) == (original.replica, original.admitted_at), key
+        r, o = got.reservation, original.reservation
+        assert (r.pod_key, r.admission_uid, r.pod_uid, r.quotas, r.requests, r.expires_at, r.caller) == \
+               (o.pod_key, o.admission_uid, o.pod_uid, o.quotas, o.requests, o.expires_at, o.caller), key
+        assert [r.charge_of(q) for q in r.quotas] == [o.charge_of(q) for q in o.quotas], key
+
+
+def test_a_reader_of_plain_entries_only_counts_a_group_as_all_of_its_room_until_its_last_pod_expires() -> None:
+    # A replica of an earlier release, during a rolling update, reads the group as one entry.
+    pods = [alike(f"p{i}", 100.0 + i) for i in range(5)]
+    raw = json.loads(shared_ledger.encode(pods)[shared_ledger.LEDGER_DATA_KEY])
+    (entry,) = raw.values()
+    del entry["pods"]
+    (plain,) = shared_ledger.decode({shared_ledger.LEDGER_DATA_KEY: json.dumps(raw)}).values()
+    assert plain.reservation.requests == requests_of({RATIO: "500", "koordinator.sh/gpu-core": "500"})
+    assert plain.reservation.expires_at == 104.0 + TTL and plain.admitted_at == 100.0
+    # No pod confirms it, so it holds that room until then, in every quota of the chain.
+    ledger = shared_ledger.holding_room({"g": plain}, UsageIndex(tree()), now=104.0 + TTL - 1, ttl_seconds=TTL)
+    assert ledger.used("org") == requests_of({RATIO: "500", "koordinator.sh/gpu-core": "500"})
+
+
+@pytest.mark.parametrize("pods", ['[]', '{"requests": {}, "ttl": 30, "each": [["~escrow/x", "a", "u", 1]]}',
+                                  '{"requests": {}, "ttl": 30, "each": [["team/p", "a"]]}',
+                                  '{"requests": {"x": "1e"}, "ttl": 30, "each": []}'])
+def test_an_unreadable_group_is_an_error_not_fewer_reservations(pods: str) -> None:
+    raw = ('{"~pods/r/team/p": {"admission": "", "quotas": ["q"], "requests": {}, "charges": {}, "expiresAt": 1, '
+           f'"admittedAt": 0, "pods": {pods}}}}}')
+    with pytest.raises(shared_ledger.LedgerFormatError):
+        shared_ledger.decode({shared_ledger.LEDGER_DATA_KEY: raw})
