@@ -74,13 +74,19 @@ class ReservationLedger:
                 requests: Mapping[str, Quantity], now: float, *, pod_uid: str = "",
                 charges: Mapping[str, ResourceList] | None = None, caller: str = "") -> Reservation:
         """Charge a pod; a retried admission of the same pod replaces its earlier reservation."""
+        return self.hold(Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds,
+                                     pod_uid, dict(charges or {}), caller))
+
+    def hold(self, reservation: Reservation) -> Reservation:
+        """Charge a reservation made elsewhere (a shared ledger's), as it is: its own expiry.
+
+        Its maps are shared, not copied: nothing here changes them."""
+        pod_key, caller = reservation.pod_key, reservation.caller
         self.release(pod_key)
-        reservation = Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds,
-                                  pod_uid, dict(charges or {}), caller)
         self._by_pod[pod_key] = reservation
         heapq.heappush(self._expiries, (reservation.expires_at, next(self._sequence), pod_key))
         self._by_caller[caller] = self._by_caller.get(caller, 0) + 1
-        for quota in quotas:
+        for quota in reservation.quotas:
             self._used[quota] = add_lists(self._used.get(quota, {}), reservation.charge_of(quota))
         return reservation
 

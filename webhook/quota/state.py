@@ -295,9 +295,15 @@ class QuotaState:
         Each admission sees the ones before it in the batch, so one write can carry them all.
         Returns, per admission, the verdict and the reservation to store (None: nothing to write).
         """
+        return self.judge_batch_holding(admissions, stored, now)[0]
+
+    def judge_batch_holding(self, admissions: list[PodAdmission], stored: Mapping[str, shared_ledger.StoredReservation],
+                            now: float) -> tuple[list[tuple[Verdict, Reservation | None]], ReservationLedger]:
+        """``judge_batch``, and what holds room once the batch's reservations are added: ``stored``
+        as this replica counts it plus those. ``escrow_room`` reads it, so a commit builds it once."""
         with self._lock:
             ledger = shared_ledger.holding_room(stored, self.usage, now, self.ledger.ttl_seconds)
-            return [self._judge(admission, ledger, now) for admission in admissions]
+            return [self._judge(admission, ledger, now) for admission in admissions], ledger
 
     def pruned(self, stored: Mapping[str, shared_ledger.StoredReservation],
                now: float) -> dict[str, shared_ledger.StoredReservation]:
@@ -326,22 +332,22 @@ class QuotaState:
             amounts = tuple(sorted((name, quantity.amount) for name, quantity in new.requests.items()))
             return EscrowShape(chain, amounts, self.tree_version)
 
-    def escrow_room(self, admission: PodAdmission, shape: EscrowShape,
-                    stored: Mapping[str, shared_ledger.StoredReservation], now: float, most: int) -> int:
-        """How many more pods of ``shape`` fit (at most ``most``) on top of ``stored`` as stored.
+    def escrow_room(self, admission: PodAdmission, shape: EscrowShape, holding: ReservationLedger, most: int) -> int:
+        """How many more pods of ``shape`` fit (at most ``most``) on top of what ``holding`` holds.
 
         The same decision as an admission's, for ``count`` times the pod's request: the quotas of
-        the chain, their limits and what the watch and the stored reservations hold.
+        the chain, their limits, what the watch counts and the reservations of ``holding`` (from
+        ``judge_batch_holding``; a pod the watch has shown since then is counted twice, never
+        not at all).
         """
         new, _ = quota_requests(admission)
         with self._lock:
             if shape.tree_version != self.tree_version or not self.synced:
                 return 0
-            ledger = shared_ledger.holding_room(stored, self.usage, now, self.ledger.ttl_seconds)
 
             def fits(count: int) -> bool:
                 scaled = dataclasses.replace(new, requests=shape.resources(count))
-                return decide(self.tree, self.usage, ledger, scaled).allowed
+                return decide(self.tree, self.usage, holding, scaled).allowed
 
             low, high = 0, most  # fits(low) holds; find the largest count that fits
             while low < high:

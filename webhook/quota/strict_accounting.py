@@ -57,7 +57,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.ledger import Reservation
+from gpuquota_core.ledger import Reservation, ReservationLedger
 from gpuquota_core.quota_decision import QUOTA_EXCEEDED
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
@@ -401,7 +401,7 @@ class StrictAccounting:
                             f"may still take room for {held_until - now:.1f}s, until they expire")
                     break
                 keep = self._settled(self.state.pruned(stored, now), settling, now)
-                results = self.state.judge_batch([job.admission for job in batch], keep, now)
+                results, holding = self.state.judge_batch_holding([job.admission for job in batch], keep, now)
                 refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
                 if refused_for_room and self._close_escrows(queue, only_spent=False):
                     # Refused for room this replica itself holds in escrow for other shapes: give
@@ -414,7 +414,7 @@ class StrictAccounting:
                 new = [r for _, r in results if r is not None]
                 for reservation in new:
                     keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, now)
-                taken = None if waiting else self._new_escrow(queue, batch, results, keep, now)
+                taken = None if waiting else self._new_escrow(queue, batch, results, holding, now)
                 if taken is not None:
                     keep[taken[0].entry_key] = taken[1]
                 if new or settling or taken is not None:
@@ -488,8 +488,7 @@ class StrictAccounting:
                 and any(shared_ledger.is_escrow(key) and item.replica != self.replica for key, item in keep.items()))
 
     def _new_escrow(self, queue: _TreeQueue, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
-                    keep: dict[str, shared_ledger.StoredReservation],
-                    now: float) -> tuple[_Escrow, shared_ledger.StoredReservation] | None:
+                    holding: ReservationLedger, now: float) -> tuple[_Escrow, shared_ledger.StoredReservation] | None:
         """Room for more pods of the shape of the batch's last admitted CREATE, if a fair share is free."""
         if not self.escrow_most_pods:
             return None
@@ -501,7 +500,7 @@ class StrictAccounting:
                 break
         else:
             return None
-        room = self.state.escrow_room(admission, shape, keep, now, self.escrow_most_pods * ESCROW_SHARE)
+        room = self.state.escrow_room(admission, shape, holding, self.escrow_most_pods * ESCROW_SHARE)
         count = room // ESCROW_SHARE
         if count <= 0:
             return None
