@@ -154,6 +154,9 @@ def main() -> None:
     worker_args = ["--workers", options.workers] if options.workers else []
     plan = dict(PLAN)
     if options.baseline is not None:
+        # Absolute: the baseline server runs from its directory, and a relative PYTHONPATH would miss it there
+        # (the server would then import this checkout's modules through the editable install).
+        options.baseline = options.baseline.resolve()
         if not (options.baseline / "webhook" / "quota" / "service.py").is_file():
             raise SystemExit(f"{options.baseline} is not a checkout of this repository")
         plan["baseline"] = ("baseline", "all")
@@ -191,7 +194,7 @@ def main() -> None:
             # The baseline's modules come first on its path, in the server and in the quota service it starts.
             env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(options.baseline), os.environ.get("PYTHONPATH")]))
                    } if server == "baseline" else {}
-            checkout = options.baseline.resolve() if server == "baseline" else ROOT
+            checkout = options.baseline if server == "baseline" else ROOT
             servers[server] = WebhookProcess(work / server, env=env, cwd=checkout, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path),
                 "--accounting", "strict" if server == "strict" else "local",

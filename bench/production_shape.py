@@ -26,8 +26,17 @@ so our webhook rewrites it as in a cluster where Koordinator's device plugin run
 The bursts of a repetition (every mode, both kinds) run in a shuffled order. Prints a Markdown
 table of medians with their ranges and each of ours against native, and where the samples are.
 
+To weigh what a change does on this shape, ``--baseline CHECKOUT`` adds the mode ``strict-baseline``:
+three more ``--accounting strict`` replicas behind their own HAProxy and with their own ledger
+namespace, running the code of another checkout of this repository (say a ``git worktree`` with a
+mechanism taken out; same virtualenv, run from that checkout's directory with it first on
+PYTHONPATH, so its webhook/ and gpuquota_core/ are the ones imported), measured exactly as
+``strict`` and shown against native and against ``strict``. ``--modes`` limits the run to some modes
+(``none`` always runs; a server no chosen mode needs is not started).
+
 Usage: .venv/bin/python bench/production_shape.py [--repetitions 10] [--bursts 10] [--cycles 300]
        [--burst-size 300] [--clients 32] [--room 100] [--issue-sizes] [--workers N]
+       [--baseline CHECKOUT] [--modes none,native,strict,strict-baseline]
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,13 +90,21 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from loadbalancer import HAProxy, start_replicas_behind_haproxy  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
-MODES = ("native", "local", "strict")
-BASELINE = "none"
+STRICT_BASELINE = "strict-baseline"
+MODES = ("native", "local", "strict")  # what runs unless --modes or --baseline says otherwise
+KNOWN_MODES = (*MODES, STRICT_BASELINE)
+OURS = ("local", "strict", STRICT_BASELINE)  # the modes our webhook admits
+UNADMITTED = "none"  # the namespace every sequential create is paired against
 TITLES = {"native": "native ResourceQuota (`requests.nvidia.com/gpu`)", "local": "ours, local, 1 server",
-          "strict": "ours, strict, 3 replicas + HAProxy"}
+          "strict": "ours, strict, 3 replicas + HAProxy",
+          STRICT_BASELINE: "baseline checkout: ours, strict, 3 replicas + HAProxy"}
+# Per mode of ours, the names of its process groups in the CPU table: its servers, then its HAProxy.
+GROUPS = {"local": ("local server", ""), "strict": ("strict replicas", "HAProxy"),
+          STRICT_BASELINE: ("baseline strict replicas", "baseline's HAProxy")}
 MODE_LABEL = "gpuquota-bench-mode"
 NATIVE_RESOURCE = "requests.nvidia.com/gpu"
 LEDGER_NAMESPACE = "gpuquota-ledger"
+BASELINE_LEDGER_NAMESPACE = "gpuquota-ledger-baseline"  # the baseline's replicas keep their own ledger
 WARMUP_CYCLES = 20
 READY_DEADLINE = 60.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -152,16 +170,17 @@ class Rig:
     plane: ControlPlane
     api: Api
     burst_core: k8s.CoreV1Api
-    local: WebhookProcess
-    replicas: list[WebhookProcess]
-    balancer: HAProxy
+    servers: dict[str, list[WebhookProcess]] = field(default_factory=dict)  # per mode of ours, once started
+    balancers: dict[str, HAProxy] = field(default_factory=dict)  # per mode behind HAProxy
 
     def servers_of(self, mode: str) -> list[WebhookProcess]:
-        return {"local": [self.local], "strict": self.replicas}.get(mode, [])
+        return self.servers.get(mode, [])
 
     def measured_groups(self) -> dict[str, list[int]]:
-        return {"apiserver + etcd": self.plane.pids, "local server": [self.local.pid],
-                "strict replicas": [server.pid for server in self.replicas], "HAProxy": [self.balancer.process.pid]}
+        groups = {"apiserver + etcd": self.plane.pids}
+        groups |= {GROUPS[mode][0]: [server.pid for server in servers] for mode, servers in self.servers.items()}
+        groups |= {GROUPS[mode][1]: [balancer.process.pid] for mode, balancer in self.balancers.items()}
+        return groups
 
 
 def burst_client(kubeconfig: Path, clients: int) -> k8s.CoreV1Api:
@@ -172,37 +191,59 @@ def burst_client(kubeconfig: Path, clients: int) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(k8s.ApiClient(configuration))
 
 
-def start_rig(work: Path, clients: int, worker_args: list[str]) -> Rig:
+def start_plane(work: Path, clients: int) -> Rig:
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
     install_elasticquota_crd(api)
     create_canonical_gpu_node(api.core, "bench-canonical")
     api.core.create_namespace({"metadata": {"name": LEDGER_NAMESPACE}})
-    kubeconfig = ["--kubeconfig", str(plane.kubeconfig_path)]
-    local = WebhookProcess(work / "local", serve_args=[*kubeconfig, "--accounting", "local", *worker_args]).start()
-    replicas, balancer = start_replicas_behind_haproxy(work / "strict", [
-        *kubeconfig, "--accounting", "strict", "--ledger-namespace", LEDGER_NAMESPACE, *worker_args])
-    for mode, url, ca_bundle in (("local", local.url, local.ca_bundle),
-                                 ("strict", balancer.url, replicas[0].ca_bundle)):
-        register_webhook_configurations(api, local_webhook_configurations(
+    return Rig(plane, api, burst_client(plane.kubeconfig_path, clients))
+
+
+def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: list[str], baseline: Path | None) -> None:
+    """The servers of the chosen modes of ours, each kept in ``rig`` as soon as it serves (so stop_rig stops
+    whatever came up), and the webhook configurations pointing at them."""
+    kubeconfig = ["--kubeconfig", str(rig.plane.kubeconfig_path)]
+    urls: dict[str, tuple[str, str]] = {}
+    if "local" in modes:
+        local = WebhookProcess(work / "local", serve_args=[*kubeconfig, "--accounting", "local", *worker_args])
+        rig.servers["local"] = [local.start()]
+        urls["local"] = (local.url, local.ca_bundle)
+    for mode in ("strict", STRICT_BASELINE):
+        if mode not in modes:
+            continue
+        ledger, env, cwd = LEDGER_NAMESPACE, {}, None
+        if mode == STRICT_BASELINE:
+            assert baseline is not None
+            ledger, cwd = BASELINE_LEDGER_NAMESPACE, baseline
+            rig.api.core.create_namespace({"metadata": {"name": ledger}})
+            # The baseline's modules come first on its path, in the servers and in the quota services they start.
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(baseline), os.environ.get("PYTHONPATH")]))}
+        replicas, balancer = start_replicas_behind_haproxy(work / mode, [
+            *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *worker_args], env=env, cwd=cwd)
+        rig.servers[mode], rig.balancers[mode] = replicas, balancer
+        urls[mode] = (balancer.url, replicas[0].ca_bundle)
+    for mode, (url, ca_bundle) in urls.items():
+        register_webhook_configurations(rig.api, local_webhook_configurations(
             url, ca_bundle, name_suffix=f"-{mode}", namespace_selector={"matchLabels": {MODE_LABEL: mode}}))
-    return Rig(plane, api, burst_client(plane.kubeconfig_path, clients), local, replicas, balancer)
 
 
 def stop_rig(rig: Rig | None, work: Path) -> None:
     if rig is not None:
-        rig.balancer.stop()
-        for server in [rig.local, *rig.replicas]:
-            server.stop()
+        for balancer in rig.balancers.values():
+            balancer.stop()
+        for servers in rig.servers.values():
+            for server in servers:
+                server.stop()
         rig.api.close()
         rig.plane.stop()
-    for directory in ("cp", "local", "strict"):  # etcd's data, logs, certificates
+    for directory in ("cp", *OURS):  # etcd's data, logs, certificates
         shutil.rmtree(work / directory, ignore_errors=True)
 
 
 def create_namespace(api: Api, name: str, mode: str) -> None:
-    labels = {MODE_LABEL: mode} if mode in ("local", "strict") else {}
+    labels = {MODE_LABEL: mode} if mode in OURS else {}
     api.core.create_namespace({"metadata": {"name": name, "labels": labels}})
 
 
@@ -315,36 +356,43 @@ def run_burst(rig: Rig, mode: str, kind: str, target: Target, size: int, clients
 
 @dataclass
 class Samples:
-    paired_ms: dict[str, list[list[float]]] = field(default_factory=lambda: {m: [] for m in MODES})
+    modes: tuple[str, ...]
+    paired_ms: dict[str, list[list[float]]] = field(init=False)
     bursts: list[BurstResult] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.paired_ms = {mode: [] for mode in self.modes}
 
-def sequential_namespaces(rig: Rig, room: int) -> None:
-    """One namespace per mode (and the baseline) for the sequential creates, with room for all of them."""
-    for mode in (BASELINE, *MODES):
+
+def sequential_namespaces(rig: Rig, modes: tuple[str, ...], room: int) -> None:
+    """One namespace per mode (and the unadmitted one) for the sequential creates, with room for all of them."""
+    for mode in (UNADMITTED, *modes):
         namespace = f"seq-{mode}"
         create_namespace(rig.api, namespace, mode)
         if mode == "native":
             create_native_quota(rig.api, namespace, room)
-        elif mode in ("local", "strict"):
+        elif mode in OURS:
             # bench/apiserver_overhead.py's pod charges the quota named after its namespace.
             create_quota(rig.api, namespace, namespace, {RATIO: str(100 * room)})
             for server in rig.servers_of(mode):
                 eventually(lambda s=server, n=namespace: admits_quota(s, n, n), f"{server.port} sees {namespace}")
             wait_until_webhook_is_called(rig.api, namespace)
-    eventually(lambda: admitted_dry_run(rig.api, "seq-native", "seq-native"), "seq-native admits a pod")
-    assert not refused_for_quota(rig.api, f"seq-{BASELINE}", "none", room + 1), "a quota applies to the baseline"
+    if "native" in modes:
+        eventually(lambda: admitted_dry_run(rig.api, "seq-native", "seq-native"), "seq-native admits a pod")
+    assert not refused_for_quota(rig.api, f"seq-{UNADMITTED}", "none", room + 1), \
+        "a quota applies to the unadmitted namespace"
 
 
-def sequential_cycles(rig: Rig, cycles: int, first: int, shuffle: random.Random) -> dict[str, list[float]]:
+def sequential_cycles(rig: Rig, modes: tuple[str, ...], cycles: int, first: int, shuffle: random.Random
+                      ) -> dict[str, list[float]]:
     """``cycles`` cycles of one create per mode in a shuffled order; each mode's paired differences in ms."""
-    order = [BASELINE, *MODES]
-    paired: dict[str, list[float]] = {mode: [] for mode in MODES}
+    order = [UNADMITTED, *modes]
+    paired: dict[str, list[float]] = {mode: [] for mode in modes}
     for cycle in range(first, first + cycles):
         shuffle.shuffle(order)
         elapsed = {mode: create_pod(rig.api.core, f"seq-{mode}", f"pod-{cycle}") for mode in order}
-        for mode in MODES:
-            paired[mode].append(elapsed[mode] - elapsed[BASELINE])
+        for mode in modes:
+            paired[mode].append(elapsed[mode] - elapsed[UNADMITTED])
     return paired
 
 
@@ -357,45 +405,51 @@ def spread(values: list[float], digits: int) -> str:
     return f"{middle:.{digits}f} [{min(values):.{digits}f} – {max(values):.{digits}f}]"
 
 
-def against_native(mode: str, mine: list[float], native: list[float]) -> str:
-    if mode == "native":
-        return ""
-    if statistics.median(native) <= 0:
-        return " (native's median is not above zero: no ratio)"
-    return f" (**{statistics.median(mine) / statistics.median(native):.2f}x** native)"
+def compared(mode: str, values: dict[str, list[float]]) -> str:
+    """How ``mode``'s median compares with native's (every mode of ours) and with strict's (the baseline),
+    for those of them measured in this run."""
+    references = [reference for reference in ("native", "strict") if reference in values and reference != mode
+                  and (reference == "native" or mode == STRICT_BASELINE)]
+    ratios = []
+    for reference in references:
+        theirs = statistics.median(values[reference])
+        ratios.append(f"{reference}'s median is not above zero: no ratio" if theirs <= 0
+                      else f"**{statistics.median(values[mode]) / theirs:.2f}x** {reference}")
+    return f" ({', '.join(ratios)})" if ratios else ""
 
 
 def table(samples: Samples, args: argparse.Namespace) -> str:
     def bursts(mode: str, kind: str) -> list[BurstResult]:
         return [result for result in samples.bursts if result.mode == mode and result.kind == kind]
 
-    overhead = {mode: [value for cycle in samples.paired_ms[mode] for value in cycle] for mode in MODES}
-    per_repetition = {mode: [statistics.median(cycle) for cycle in samples.paired_ms[mode]] for mode in MODES}
-    rate = {mode: [r.stored / r.seconds for r in bursts(mode, "all")] for mode in MODES}
-    cpu = {mode: [r.cpu_ms / r.stored for r in bursts(mode, "all")] for mode in MODES}
+    modes = samples.modes
+    overhead = {mode: [value for cycle in samples.paired_ms[mode] for value in cycle] for mode in modes}
+    per_repetition = {mode: [statistics.median(cycle) for cycle in samples.paired_ms[mode]] for mode in modes}
+    rate = {mode: [r.stored / r.seconds for r in bursts(mode, "all")] for mode in modes}
+    cpu = {mode: [r.cpu_ms / r.stored for r in bursts(mode, "all")] for mode in modes}
     rows = {
         "added to a sequential create, p50 ms (paired against a namespace no admission applies to, same cycle;"
         " range: the repetitions' p50s)":
             {mode: f"{statistics.median(overhead[mode]):+.2f}" + (
                 f" [{min(per_repetition[mode]):+.2f} – {max(per_repetition[mode]):+.2f}]"
-                if len(per_repetition[mode]) > 1 else "") + against_native(mode, overhead[mode], overhead["native"])
-             for mode in MODES},
+                if len(per_repetition[mode]) > 1 else "") + compared(mode, overhead)
+             for mode in modes},
         f"burst of {args.burst_size} creates, {args.clients} clients, room for all: pods/s":
-            {mode: spread(rate[mode], 1) + against_native(mode, rate[mode], rate["native"]) for mode in MODES},
+            {mode: spread(rate[mode], 1) + compared(mode, rate) for mode in modes},
         "pods refused with room for all (per burst: median, max; bursts with any refusal)":
-            {mode: refusals(bursts(mode, "all")) for mode in MODES},
+            {mode: refusals(bursts(mode, "all")) for mode in modes},
         f"room for {args.room}, {args.burst_size} creates: stored (leaf, and at the ancestor)":
-            {mode: stored_cell(bursts(mode, "room"), args.room, mode) for mode in MODES},
+            {mode: stored_cell(bursts(mode, "room"), args.room, mode) for mode in modes},
         "CPU per admitted pod, all processes (apiserver, etcd, our servers, HAProxy), ms":
-            {mode: spread(cpu[mode], 2) + against_native(mode, cpu[mode], cpu["native"]) for mode in MODES},
+            {mode: spread(cpu[mode], 2) + compared(mode, cpu) for mode in modes},
     }
-    lines = ["| | " + " | ".join(TITLES[mode] for mode in MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
-    lines += [f"| {title} | " + " | ".join(cells[mode] for mode in MODES) + " |" for title, cells in rows.items()]
+    lines = ["| | " + " | ".join(TITLES[mode] for mode in modes) + " |", "|---" * (len(modes) + 1) + "|"]
+    lines += [f"| {title} | " + " | ".join(cells[mode] for mode in modes) + " |" for title, cells in rows.items()]
     groups = list(samples.bursts[0].cpu_ms_by_group)
     lines += ["", "CPU per admitted pod by process group, ms (bursts with room for all; medians). Every server "
               "watches every pod, so each also works for the bursts of the other modes.", "",
               "| | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
-    for mode in MODES:
+    for mode in modes:
         per_pod = {group: [r.cpu_ms_by_group[group] / r.stored for r in bursts(mode, "all")] for group in groups}
         lines.append(f"| {TITLES[mode]} | " + " | ".join(f"{statistics.median(per_pod[g]):.2f}" for g in groups) + " |")
     return "\n".join(lines)
@@ -436,36 +490,70 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help=f"issue 29's sizes: {ISSUE_REPETITIONS} repetitions, {ISSUE_BURSTS} bursts")
     parser.add_argument("--workers", type=int, help="workers of every server (default: the server's own)")
     parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument("--baseline", type=Path,
+                        help=f"another checkout of this repository, served as the mode {STRICT_BASELINE}")
+    parser.add_argument("--modes", help=f"comma-separated modes to measure (default: all; {UNADMITTED} always runs; "
+                                        f"known: {', '.join(KNOWN_MODES)})")
     args = parser.parse_args(argv)
     if args.issue_sizes:
         args.repetitions, args.bursts = ISSUE_REPETITIONS, ISSUE_BURSTS
     if args.room >= args.burst_size:
         parser.error("--room must be less than --burst-size: the room-for-fewer bursts must meet their limit")
+    if args.baseline is not None:
+        # Absolute: the baseline's servers run from its directory, and a relative PYTHONPATH would miss it there.
+        args.baseline = args.baseline.resolve()
+        if not (args.baseline / "webhook" / "quota" / "service.py").is_file():
+            parser.error(f"{args.baseline} is not a checkout of this repository")
+    available = (*MODES, STRICT_BASELINE) if args.baseline is not None else MODES
+    if args.modes is None:
+        args.modes = available
+    else:
+        wanted = set(args.modes.split(",")) - {UNADMITTED}
+        if unknown := wanted - set(KNOWN_MODES):
+            parser.error(f"unknown modes: {', '.join(sorted(unknown))} (known: {', '.join(KNOWN_MODES)})")
+        if STRICT_BASELINE in wanted and args.baseline is None:
+            parser.error(f"the mode {STRICT_BASELINE} needs --baseline CHECKOUT")
+        if not wanted:
+            parser.error(f"--modes names no mode besides {UNADMITTED}")
+        args.modes = tuple(mode for mode in KNOWN_MODES if mode in wanted)
     return args
+
+
+def described_checkout(checkout: Path) -> str:
+    """The checkout's path, and its commit and whether it has uncommitted changes when it is a git checkout."""
+    head = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"],
+                          capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return str(checkout)
+    changed = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=False).stdout.strip()
+    return f"{checkout} at {head.stdout.strip()}" + (" with uncommitted changes" if changed else "")
 
 
 def main(argv: list[str]) -> None:
     args = parse(argv)
     shuffle = random.Random(args.seed)
     worker_args = ["--workers", str(args.workers)] if args.workers else []
+    modes: tuple[str, ...] = args.modes
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-production-"))
-    samples = Samples()
+    samples = Samples(modes)
     rig: Rig | None = None
     try:
-        rig = start_rig(work, args.clients, worker_args)
-        sequential_namespaces(rig, args.repetitions * args.cycles + WARMUP_CYCLES + 1)
-        sequential_cycles(rig, WARMUP_CYCLES, 0, shuffle)
+        rig = start_plane(work, args.clients)
+        start_servers(rig, work, modes, worker_args, args.baseline)
+        sequential_namespaces(rig, modes, args.repetitions * args.cycles + WARMUP_CYCLES + 1)
+        sequential_cycles(rig, modes, WARMUP_CYCLES, 0, shuffle)
         # One unmeasured burst per mode opens the client's connections and warms every server.
-        for mode in MODES:
+        for mode in modes:
             run_burst(rig, mode, "warm-up", prepare_burst_target(rig, mode, f"{mode}-warm", args.clients,
                                                                  args.clients + 1), args.clients, args.clients)
         for repetition in range(args.repetitions):
-            paired = sequential_cycles(rig, args.cycles, WARMUP_CYCLES + repetition * args.cycles, shuffle)
-            for mode in MODES:
+            paired = sequential_cycles(rig, modes, args.cycles, WARMUP_CYCLES + repetition * args.cycles, shuffle)
+            for mode in modes:
                 samples.paired_ms[mode].append(paired[mode])
             full = len(range(repetition, args.bursts, args.repetitions))  # this repetition's share of the bursts
-            jobs = [(mode, "all", index) for mode in MODES for index in range(full)] + \
-                   [(mode, "room", 0) for mode in MODES]
+            jobs = [(mode, "all", index) for mode in modes for index in range(full)] + \
+                   [(mode, "room", 0) for mode in modes]
             shuffle.shuffle(jobs)
             for mode, kind, index in jobs:
                 room = args.burst_size if kind == "all" else args.room
@@ -481,10 +569,12 @@ def main(argv: list[str]) -> None:
           f"one kept-alive connection; bursts: {args.bursts} per mode with room for all and "
           f"{args.repetitions} with room for {args.room}, {args.burst_size} creates from {args.clients} threads "
           f"each, every repetition's bursts in a shuffled order; medians [min – max]\n")
+    if STRICT_BASELINE in modes:
+        print(f"{TITLES[STRICT_BASELINE]}: the code of {described_checkout(args.baseline)}\n")
     print(table(samples, args))
     samples_path = work / "samples.json"
     samples_path.write_text(json.dumps({
-        "args": vars(args), "paired_ms": samples.paired_ms,
+        "args": {**vars(args), "baseline": args.baseline and str(args.baseline)}, "paired_ms": samples.paired_ms,
         "bursts": [{**vars(result), "refused": dict(result.refused)} for result in samples.bursts]}), encoding="utf-8")
     print(f"\nsamples: {samples_path}")
 

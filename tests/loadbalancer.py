@@ -6,11 +6,11 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from controlplane import LOOPBACK, free_ports
-from webhookproc import WebhookProcess, generate_certs
+from webhookproc import REPO_ROOT, WebhookProcess, generate_certs
 
 FORWARDING_DEADLINE = 60.0
 
@@ -63,17 +63,20 @@ backend replicas
             return False
 
 
-def start_replicas_behind_haproxy(base: Path, serve_args: Sequence[str], count: int = 3
+def start_replicas_behind_haproxy(base: Path, serve_args: Sequence[str], count: int = 3, *,
+                                  env: Mapping[str, str] | None = None, cwd: Path | None = None
                                   ) -> tuple[list[WebhookProcess], HAProxy]:
     """``count`` ``gpuquota serve`` replicas sharing one certificate (the apiserver trusts one caBundle),
     each in ``base/r<index>``, and HAProxy in front of them once it forwards; everything started is
-    stopped again if any part fails to come up."""
+    stopped again if any part fails to come up. ``env`` and ``cwd`` go to every replica, as
+    WebhookProcess takes them (another checkout's code: that checkout as ``cwd``, first on PYTHONPATH)."""
     cert_dir = base / "certs"
     ca_bundle = generate_certs(cert_dir)
     servers: list[WebhookProcess] = []
     try:
         for index in range(count):
-            server = WebhookProcess(base / f"r{index}", serve_args=serve_args)
+            server = WebhookProcess(base / f"r{index}", serve_args=serve_args, env=dict(env or {}),
+                                    cwd=cwd or REPO_ROOT)
             server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
             servers.append(server)
             server.start()

@@ -137,3 +137,34 @@ def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
     assert room[0] == "room for 3, 10 creates: stored (leaf, and at the ancestor)"
     assert room[1] == "3 of 3 (the namespace's ResourceQuota)"
     assert all(cell.startswith("3 of 3 at the ancestor; leaves ") for cell in room[2:]), room
+
+
+def test_production_shape_measures_a_baseline_checkout_beside_strict(tmp_path: Path) -> None:
+    # This commit as its own baseline, exported (not a worktree: nothing is left registered in the repository).
+    baseline = tmp_path / "baseline"
+    baseline.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
+    output = run_script(["bench/production_shape.py", "--repetitions", "1", "--bursts", "1", "--cycles", "3",
+                         "--burst-size", "10", "--clients", "4", "--room", "3", "--baseline", str(baseline),
+                         "--modes", "none,native,strict,strict-baseline"])
+    assert f"baseline checkout: ours, strict, 3 replicas + HAProxy: the code of {baseline.resolve()}" in output
+    figures, by_group = output.split("CPU per admitted pod by process group")
+    [header] = table_rows(figures, "")
+    # No local server: only the chosen modes, the baseline last.
+    assert header[1:] == ["native ResourceQuota (`requests.nvidia.com/gpu`)", "ours, strict, 3 replicas + HAProxy",
+                          "baseline checkout: ours, strict, 3 replicas + HAProxy"], header
+    rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    overhead, rate, refused, room, cpu = ([cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows)
+    # The baseline against native and against strict (three cycles: an overhead may come out at or below zero).
+    assert re.fullmatch(r"[+-]\d+\.\d\d \(.*native.*, .*strict.*\)", overhead[3]), overhead
+    assert re.fullmatch(r"\d+\.\d \(\*\*\d+\.\d\dx\*\* native, \*\*\d+\.\d\dx\*\* strict\)", rate[3]), rate
+    assert float(rate[3].split()[0]) > 0, rate
+    assert re.fullmatch(r"\d+\.\d\d \(.+, .+\)", cpu[3]), cpu
+    assert refused[3] == "0, 0; 0 of 1 bursts", refused
+    assert room[3].startswith("3 of 3 at the ancestor; leaves "), room
+    [group_header] = table_rows(by_group, "")
+    assert group_header[1:] == ["apiserver + etcd", "strict replicas", "baseline strict replicas", "HAProxy",
+                                "baseline's HAProxy"], group_header
+    [baseline_groups] = table_rows(by_group, "baseline checkout: ours, strict, 3 replicas + HAProxy")
+    assert float(baseline_groups[3]) > 0, baseline_groups  # its own replicas did its admissions
