@@ -29,6 +29,7 @@ earlier release, during a rolling update) counts at least the room the pods hold
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +128,9 @@ def _group_entry(members: list[StoredReservation]) -> dict[str, object]:
     """One entry for pods admitted alike; read as a plain entry, it holds all of their room."""
     first = members[0]
     r = first.reservation
-    ttl = round(r.expires_at - first.admitted_at, 3)
+    # Each member's expiry is read back as its admission time (to the millisecond, as stored) plus
+    # this: rounded up, so that no pod's room is read back as expiring earlier than it was stored.
+    ttl = max(math.ceil((m.reservation.expires_at - round(m.admitted_at, 3)) * 1000 - 1e-6) for m in members) / 1000
     return {
         "admission": "",
         "podUID": "",

@@ -144,3 +144,12 @@ def test_an_unreadable_group_is_an_error_not_fewer_reservations(pods: str) -> No
            f'"admittedAt": 0, "pods": {pods}}}}}')
     with pytest.raises(shared_ledger.LedgerFormatError):
         shared_ledger.decode({shared_ledger.LEDGER_DATA_KEY: raw})
+
+
+@pytest.mark.parametrize("admitted", [100.0004, 100.0006, 1_765_000_000.123456, 1_765_000_000.9999])
+def test_no_pod_of_a_group_is_read_back_expiring_earlier_than_it_was_stored(admitted: float) -> None:
+    pods = [alike(f"p{i}", admitted + i * 0.0137) for i in range(4)]
+    read = shared_ledger.decode(shared_ledger.encode(pods))
+    for original in pods:
+        back = read[original.reservation.pod_key].reservation.expires_at
+        assert original.reservation.expires_at <= back <= original.reservation.expires_at + 0.002
