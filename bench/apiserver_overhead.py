@@ -142,6 +142,23 @@ def mutated(api: Any, namespace: str) -> bool:
     return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
 
 
+def baseline_checkout(path: Path) -> Path:
+    """``path`` made absolute, after checking it is a checkout of this repository (ValueError if not).
+
+    Absolute because a baseline server runs from its own directory, where a relative PYTHONPATH would
+    miss it (the server would then import this checkout's modules through the editable install)."""
+    checkout = path.resolve()
+    if not (checkout / "webhook" / "quota" / "service.py").is_file():
+        raise ValueError(f"{checkout} is not a checkout of this repository")
+    return checkout
+
+
+def baseline_env(checkout: Path) -> dict[str, str]:
+    """The environment of a server run from ``checkout``: its modules come first on the path, in the
+    server and in the quota service it starts."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cycles", type=int, nargs="?", default=400)
@@ -154,11 +171,10 @@ def main() -> None:
     worker_args = ["--workers", options.workers] if options.workers else []
     plan = dict(PLAN)
     if options.baseline is not None:
-        # Absolute: the baseline server runs from its directory, and a relative PYTHONPATH would miss it there
-        # (the server would then import this checkout's modules through the editable install).
-        options.baseline = options.baseline.resolve()
-        if not (options.baseline / "webhook" / "quota" / "service.py").is_file():
-            raise SystemExit(f"{options.baseline} is not a checkout of this repository")
+        try:
+            options.baseline = baseline_checkout(options.baseline)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
         plan["baseline"] = ("baseline", "all")
     if options.modes:
         wanted = {"none", *options.modes.split(",")}
@@ -191,9 +207,7 @@ def main() -> None:
         # the canonical names, as the Go reference always does: one such node makes them comparable.
         create_canonical_gpu_node(api.core, "bench-canonical")
         for server in sorted(accountings):
-            # The baseline's modules come first on its path, in the server and in the quota service it starts.
-            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(options.baseline), os.environ.get("PYTHONPATH")]))
-                   } if server == "baseline" else {}
+            env = baseline_env(options.baseline) if server == "baseline" else {}
             checkout = options.baseline if server == "baseline" else ROOT
             servers[server] = WebhookProcess(work / server, env=env, cwd=checkout, serve_args=[
                 "--kubeconfig", str(plane.kubeconfig_path),

@@ -66,7 +66,7 @@ from admissionchain import (  # noqa: E402
     register_webhook_configurations,
     wait_until_webhook_is_called,
 )
-from apiserver_overhead import create_pod  # noqa: E402
+from apiserver_overhead import baseline_checkout, baseline_env, create_pod  # noqa: E402
 from clusterhelpers import (  # noqa: E402
     PARENT_LABEL,
     QUOTA_LABEL,
@@ -216,10 +216,8 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
         ledger, env, cwd = LEDGER_NAMESPACE, {}, None
         if mode == STRICT_BASELINE:
             assert baseline is not None
-            ledger, cwd = BASELINE_LEDGER_NAMESPACE, baseline
+            ledger, cwd, env = BASELINE_LEDGER_NAMESPACE, baseline, baseline_env(baseline)
             rig.api.core.create_namespace({"metadata": {"name": ledger}})
-            # The baseline's modules come first on its path, in the servers and in the quota services they start.
-            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(baseline), os.environ.get("PYTHONPATH")]))}
         replicas, balancer = start_replicas_behind_haproxy(work / mode, [
             *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *worker_args], env=env, cwd=cwd)
         rig.servers[mode], rig.balancers[mode] = replicas, balancer
@@ -500,11 +498,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.room >= args.burst_size:
         parser.error("--room must be less than --burst-size: the room-for-fewer bursts must meet their limit")
     if args.baseline is not None:
-        # Absolute: the baseline's servers run from its directory, and a relative PYTHONPATH would miss it there.
-        args.baseline = args.baseline.resolve()
-        if not (args.baseline / "webhook" / "quota" / "service.py").is_file():
-            parser.error(f"{args.baseline} is not a checkout of this repository")
-    available = (*MODES, STRICT_BASELINE) if args.baseline is not None else MODES
+        try:
+            args.baseline = baseline_checkout(args.baseline)
+        except ValueError as error:
+            parser.error(str(error))
+    available = KNOWN_MODES if args.baseline is not None else MODES
     if args.modes is None:
         args.modes = available
     else:
