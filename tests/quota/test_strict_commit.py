@@ -79,7 +79,23 @@ class FakeCore:
             raise ApiException(status=409, reason="Conflict")
         body = {**body, "metadata": {**body["metadata"],
                                      "creationTimestamp": current["metadata"]["creationTimestamp"]}}
-        return self._stamp(body, uid=current["metadata"]["uid"])
+        if "deletionTimestamp" in current["metadata"]:  # set by the delete; an update cannot clear it
+            body["metadata"]["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
+        raw = self._stamp(body, uid=current["metadata"]["uid"])
+        if "deletionTimestamp" in body["metadata"] and not body["metadata"].get("finalizers"):
+            del self.config_maps[name]  # the last finalizer gone: the apiserver removes it
+        return raw
+
+    def delete(self, name: str) -> None:
+        """DELETE as the apiserver does it: an object with finalizers only gets its deletionTimestamp."""
+        current = self.config_maps[name]
+        if not current["metadata"].get("finalizers"):
+            del self.config_maps[name]
+            return
+        stamped = json.loads(json.dumps(current))
+        stamped["metadata"]["deletionTimestamp"] = datetime.fromtimestamp(self.clock[0], UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        self._stamp(stamped, uid=current["metadata"]["uid"])
 
     def list_namespaced_config_map(self, namespace: str, **_: Any) -> _Raw:
         return _Raw(json.dumps({"items": list(self.config_maps.values())}).encode())
@@ -417,3 +433,28 @@ def test_a_quota_event_that_changes_nothing_decisions_read_keeps_the_escrow(core
         "kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team", "resourceVersion": "7"},
         "spec": {"max": {RATIO: "10000"}}, "status": {"used": {RATIO: "100"}}})
     assert replica.admit("p2").allowed and len(core.calls) == writes  # from the escrow, no write
+
+
+def test_a_deleted_ledger_stays_readable_and_holds_its_tree_for_every_replica_until_what_it_held_expired(
+        core: FakeCore, clock: list[float]) -> None:
+    knew = Replica(core, "r1", clock, room=100 * 100, escrow=32, leaf_room=100 * 100)
+    first_look_after = Replica(core, "r2", clock, room=100 * 100, escrow=32, leaf_room=100 * 100)
+    assert knew.admit("p1").allowed  # takes escrow for more: room the object holds, not yet any pod
+    assert core.config_maps[LEDGER]["metadata"]["finalizers"] == ["gpuquota.koord-gpuquota.io/ledger"]
+    core.delete(LEDGER)
+    assert LEDGER in core.config_maps  # kept by the finalizer, with everything it held
+    # A replica whose first look at the tree comes after the deletion finds it, and holds.
+    verdict = first_look_after.admit("p2")
+    assert not verdict.allowed and verdict.code == 503 and "was deleted" in verdict.message
+    # The one that knew it may still admit from its open escrow: that room is in the object.
+    assert knew.admit("p3").allowed
+    clock[0] += WINDOW + TTL + 1  # everything the deleted object held has expired
+    assert first_look_after.admit("p4").allowed
+    # The finalizer went, the apiserver removed the object, and a new one was created (no deletion).
+    assert "deletionTimestamp" not in core.config_maps[LEDGER]["metadata"]
+    assert "team/p4" in core.stored()
+    # The one that knew the old object and never saw it terminating cannot tell the new one from a
+    # recreation after a loss: it holds the tree as after a loss, then admits again.
+    assert knew.admit("p5").code == 503
+    clock[0] += WINDOW + TTL + 1
+    assert knew.admit("p6").allowed

@@ -74,6 +74,10 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 # Quota names are DNS subdomains (up to 253 characters); label values stop at 63, so a tree root
 # longer than that cannot be named in a label and is reconciled only when admissions write to it.
 TREE_LABEL = "gpuquota.koord-gpuquota.io/quota-tree"
+# Keeps a deleted ledger object readable, with everything it held, until that has expired: a replica
+# that never saw the object then still finds it (terminating) and holds the tree, instead of finding
+# nothing and starting an empty ledger while other replicas admit from what the old one held.
+LEDGER_FINALIZER = "gpuquota.koord-gpuquota.io/ledger"
 # How long after its admission a pod create can still be written to etcd: kube-apiserver's
 # --request-timeout (its default), which bounds the whole create request, the storage write after
 # the admission webhooks included. Not the webhook timeout: that bounds only the wait for our answer.
@@ -133,8 +137,10 @@ class _TreeQueue:
 class LedgerStore:
     """Reads and writes the ledger ConfigMaps of one namespace; caches the last version seen.
 
-    The object can disappear (an operator deletes it, a namespace cleanup, a restore from an older
-    backup). The reservations this replica last saw in it are then carried over: returned by every
+    A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it: it is read as usual and
+    holds its tree until everything in it has expired, then ``finish_deletion`` lets it go. It can
+    still disappear at once (its finalizer removed by hand, a restore from an older backup). The
+    reservations this replica last saw in it are then carried over: returned by every
     read as if still stored, until a write of this replica has put them back (a create when the
     object is missing, a replace when another replica recreated it first, recognised by its new
     ``metadata.uid``). Expired or confirmed ones are pruned on that write as usual, so nothing
@@ -160,6 +166,9 @@ class LedgerStore:
         self._carried: dict[str, dict[str, shared_ledger.StoredReservation]] = {}
         # Per tree: wall-clock end of the hold after a deletion (see the class docstring).
         self._recovering: dict[str, float] = {}
+        # Per tree whose object was found deleted but kept by its finalizer: when everything it holds
+        # has expired (the finalizer may go then), and its deletionTimestamp (kept in every write).
+        self._terminating: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
         self.clock: Callable[[], float] = time.time
         self.hold_seconds = 30.0  # the reservation TTL; StrictAccounting sets both
@@ -187,6 +196,7 @@ class LedgerStore:
             raise LedgerUnavailable(f"ConfigMap {self.namespace}/{name}: {error}") from None
         metadata = body["metadata"]
         uid = str(metadata.get("uid", ""))
+        deleted_at = metadata.get("deletionTimestamp")
         with self._lock:
             known = self._known.get(tree_root)
             if known is not None and known[0] != uid:
@@ -195,6 +205,16 @@ class LedgerStore:
                 # that noticed it recorded: either bounds when what was lost expires.
                 self._lost(tree_root, min(held or float("inf"), _created(metadata) + self.hold_seconds))
             self._known[tree_root] = (uid, stored)
+            if deleted_at:
+                # Deleted, and kept by the finalizer with all it holds: held until that has expired,
+                # by every replica that reads it, the ones that never saw it before included.
+                until = max([held, *(item.reservation.expires_at for item in stored.values())])
+                if tree_root not in self._terminating:
+                    log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s is being deleted; holding the "
+                                "tree until what it holds has expired (%.1fs)", self.namespace, name, tree_root,
+                                until - self.clock())
+                self._terminating[tree_root] = (until, str(deleted_at))
+                held = max(held, until)
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), held)
             result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
             self._cache[tree_root] = result
@@ -202,6 +222,13 @@ class LedgerStore:
 
     def _lost(self, tree_root: str, hold_until: float | None = None) -> None:
         """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
+        terminating = self._terminating.pop(tree_root, None)
+        if terminating is not None and self.clock() >= terminating[0]:
+            # Gone through its finalizer once everything it held had expired: nothing was lost.
+            self._cache.pop(tree_root, None)
+            self._known.pop(tree_root, None)
+            self._carried.pop(tree_root, None)
+            return
         self._cache.pop(tree_root, None)
         known = self._known.pop(tree_root, None)
         if known is not None:  # noticed now; a tree already found missing keeps its first hold
@@ -243,6 +270,16 @@ class LedgerStore:
             raise LedgerUnavailable(f"cannot read pod {namespace}/{name}: {error.status} {error.reason}") from None
         return str(orjson.loads(response.data)["metadata"].get("uid", ""))
 
+    def finish_deletion(self, tree_root: str, version: str) -> bool:
+        """Once everything a deleted object held has expired, drop its finalizer so the apiserver
+        removes it; True when that was tried (the caller reads again, and may create a new one)."""
+        with self._lock:
+            terminating = self._terminating.get(tree_root)
+        if terminating is None or not version or self.clock() < terminating[0]:
+            return False
+        self.write(tree_root, version, {}, release=True)
+        return True
+
     def _hold_to_record(self, tree_root: str) -> float:
         with self._lock:
             until = self._recovering.get(tree_root, 0.0)
@@ -255,19 +292,26 @@ class LedgerStore:
         return sorted(str(item["metadata"]["labels"][TREE_LABEL]) for item in listed.get("items", [])
                       if TREE_LABEL in (item["metadata"].get("labels") or {}))
 
-    def write(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation]) -> bool:
+    def write(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
+              release: bool = False) -> bool:
         """Store ``stored`` if the object is still at ``version`` (absent: ""); False on a conflict.
 
         A replace that finds the object deleted is a conflict too: the caller reads again, finds
-        it missing, and creates it with what this replica carried over.
+        it missing, and creates it with what this replica carried over. ``release``: the write
+        drops the finalizer of a deleted object, which the apiserver then removes.
         """
         name = shared_ledger.ledger_object_name(tree_root)
         labels = {MANAGED_BY_LABEL: MANAGED_BY}
         if len(tree_root) <= 63:
             labels[TREE_LABEL] = tree_root
+        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels,
+                                    "finalizers": [] if release else [LEDGER_FINALIZER]}
+        with self._lock:
+            terminating = self._terminating.get(tree_root)
+        if terminating is not None:  # a deleted object's deletionTimestamp cannot be taken back
+            metadata["deletionTimestamp"] = terminating[1]
         body: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": shared_ledger.encode(stored.values(), self._hold_to_record(tree_root)),
         }
         try:
@@ -290,6 +334,10 @@ class LedgerStore:
                                     f"{error.reason}") from None
         written = orjson.loads(response.data)["metadata"]
         with self._lock:
+            if release:  # gone now; a read finds it missing, and _lost knows nothing was lost
+                self._cache.pop(tree_root, None)
+                self._known.pop(tree_root, None)
+                return True
             # What was carried is in the object now (or was pruned from it on purpose).
             self._carried.pop(tree_root, None)
             self._known[tree_root] = (str(written.get("uid", "")), stored)
@@ -393,6 +441,9 @@ class StrictAccounting:
                 if conflicts and time.monotonic() > give_up_at:
                     break
                 version, stored = self.store.read(tree_root, fresh)
+                if self.store.finish_deletion(tree_root, version):
+                    fresh = True
+                    continue
                 now = self.clock()
                 held_until = self.store.recovering_until(tree_root)
                 if now < held_until:
@@ -549,6 +600,8 @@ class StrictAccounting:
         dropped = 0
         for tree_root in sorted(set(self.store.list_trees()) | self.store.known_trees()):
             version, stored = self.store.read(tree_root, fresh=True)
+            if self.store.finish_deletion(tree_root, version):
+                continue
             now = self.clock()
             keep = self.state.pruned(stored, now)
             lost = self._lost(keep, now)
