@@ -1,7 +1,7 @@
 """What the mutating webhook answers for a pod: the JSON Patch, the rewrites, the notes.
 
 Computing it means rewriting the pod (:func:`canonical.canonical_view`) and diffing the result
-against the request, about two thirds of a ``/mutate-pods`` call's own work (docs/benchmarks.md).
+against the request, most of a ``/mutate-pods`` call's own work (see docs/benchmarks.md, "Mechanisms kept").
 The replicas of a workload send the same shape again and again, so the answer is remembered by a
 key that holds everything the rewrite and the diff read, and nothing else: the resource maps
 of every container (values with their types, in order), container names, positions and restart
