@@ -8,8 +8,8 @@ of every container (values with their types, in order), container names, positio
 policies, the pod overhead, the order of the fields the patch touches, the pinned GPU model, the
 state of the one annotation written, and the config. Anything outside plain JSON of the usual
 shape takes the uncached path, which raises its own precise error.
-``tests/core/test_rewrite_is_remembered_per_pod_shape.py`` checks, on generated pods, that the remembered answer is the
-computed one.
+``tests/core/test_answers_do_not_depend_on_earlier_pods.py`` checks, on generated pods, that the
+remembered answer is the computed one.
 
 Whether the rewrite is applied depends on the nodes (:func:`admission_mutation`): that decision is
 remembered separately, per node view and scheduling constraints (gpuquota_core.placement), so
