@@ -23,7 +23,7 @@ from .output import FORMATS, document
 
 SEVERITIES = [str(s) for s in Severity]
 # kubeaccess.kube.DEFAULT_PAGE_SIZE (tests/cli/test_startup.py keeps them equal). Not imported:
-# kubeaccess.kube loads the kubernetes client, a third of a second that an audit of files never needs.
+# kubeaccess.kube loads the kubernetes client, a noticeable start-up cost that an audit of files never needs.
 DEFAULT_CHUNK_SIZE = 500
 
 

@@ -31,7 +31,7 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
     """
     if not service and not dns_names and not ip_addresses:
         raise CommandError("give --service/--namespace, --dns or --ip: a certificate needs a name to be valid for")
-    # Imported here: cryptography is a tenth of a second of every gpuquota command's start-up.
+    # Imported here: cryptography would weigh on every gpuquota command's start-up, and only certs needs it.
     from kubeaccess.pki import ExistingCertsError, generate_webhook_certs
 
     try:

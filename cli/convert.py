@@ -41,7 +41,7 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     goes to stderr. Exit 1 when a result would still be refused by /validate-pods (the reason is
     printed), 2 on bad flags or files, or when the input holds no object.
     """
-    # Imported here: the server module is a third of a second of every gpuquota command's start-up.
+    # Imported here: the server module (gunicorn, Flask) would weigh on every gpuquota command's start-up.
     from webhook.serving.server import ServeError, load_conversion_config
 
     try:

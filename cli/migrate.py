@@ -125,7 +125,7 @@ def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False) 
 
 
 def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str, Any]]:
-    # The kubernetes client is imported where it is used: it is a third of a second of start-up
+    # The kubernetes client is imported where it is used: it is a noticeable start-up cost
     # that plan -f (and every other gpuquota command, which imports this module) never needs.
     from kubeaccess.kube import KubeAccessError, list_cluster
 

@@ -62,7 +62,7 @@ def document(data: Any, fmt: str, *, plain: bool = False) -> str:
     ``Infinity``).
     Such a document is written by orjson, byte for byte what ``json.dumps`` writes, since the
     standard library's indenting encoder is pure Python and many times slower on a large audit's
-    report (docs/benchmarks.md).
+    report (docs/benchmarks.md, "Mechanisms kept").
     """
     if fmt == "json":
         fast = _orjson_indented(data) if plain else None

@@ -64,7 +64,7 @@ def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | 
           stale_after_seconds: float, reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     # Imported here, not at module level: every gpuquota command imports every command module, and
-    # the server (gunicorn, Flask, the kubernetes client) is a third of a second of start-up.
+    # the server (gunicorn, Flask, the kubernetes client) would weigh on every command's start-up.
     # First, before the server's modules import gunicorn's worker: an untested gunicorn may not even import.
     from webhook.serving.library_check import LibraryMismatch, check_serving_libraries
 

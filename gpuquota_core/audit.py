@@ -238,7 +238,7 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
                     "quota-unadvertised-resource", Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
                     f"limits {resource}, which no node advertises; pods asking for it are refused",
                     {"resource": resource}))
-    # Children by parent name in one pass (a scan of every quota per quota was 0.5 s at 2,000).
+    # Children by parent name in one pass (a scan of every quota per quota grows with their square).
     children_of: dict[str, list[QuotaInfo]] = {}
     for quota in infos:
         children_of.setdefault(quota.parent, []).append(quota)

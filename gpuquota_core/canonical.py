@@ -117,7 +117,7 @@ def values_key(values: object) -> object:
         raise TypeError("not plain JSON")
     # The pairs and, beside them, the values' types: the same information as a (name, type, value)
     # triple per entry, built by C loops instead of a generator (this runs for every container of
-    # every pod an audit reads, twice: a third of the audit's time went into these keys).
+    # every pod an audit reads, twice, so the cost of these keys shows in a large audit's time).
     return tuple(values.items()), tuple(map(type, values.values()))
 
 
@@ -368,8 +368,9 @@ def canonical_view(pod: object, config: ConversionConfig = DEFAULT_CONFIG) -> Ca
 
     For readers that never modify the result: the webhook diffs it against the request (the
     diff skips shared subtrees by identity, so it walks only what the rewrite touched) and the
-    quota check reads its requests. Copying a 6 KB pod and diffing all of it was most of a
-    ``/mutate-pods`` call (docs/benchmarks.md). Without rewrites ``obj`` is a shallow copy.
+    quota check reads its requests. Copying the whole pod and diffing all of it (env vars included)
+    would cost more than the rest of a ``/mutate-pods`` call (see docs/benchmarks.md, "Mechanisms
+    kept"), while a rewrite touches only a few resource maps. Without rewrites ``obj`` is a shallow copy.
     """
     pod = as_mapping(pod, "pod")
     spec = as_mapping(pod.get("spec"), "spec")

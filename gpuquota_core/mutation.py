@@ -1,15 +1,15 @@
 """What the mutating webhook answers for a pod: the JSON Patch, the rewrites, the notes.
 
 Computing it means rewriting the pod (:func:`canonical.canonical_view`) and diffing the result
-against the request, about two thirds of a ``/mutate-pods`` call's own work (docs/benchmarks.md).
+against the request, most of a ``/mutate-pods`` call's own work (see docs/benchmarks.md, "Mechanisms kept").
 The replicas of a workload send the same shape again and again, so the answer is remembered by a
 key that holds everything the rewrite and the diff read, and nothing else: the resource maps
 of every container (values with their types, in order), container names, positions and restart
 policies, the pod overhead, the order of the fields the patch touches, the pinned GPU model, the
 state of the one annotation written, and the config. Anything outside plain JSON of the usual
 shape takes the uncached path, which raises its own precise error.
-``tests/core/test_rewrite_is_remembered_per_pod_shape.py`` checks, on generated pods, that the remembered answer is the
-computed one.
+``tests/core/test_answers_do_not_depend_on_earlier_pods.py`` checks, on generated pods, that the
+remembered answer is the computed one.
 
 Whether the rewrite is applied depends on the nodes (:func:`admission_mutation`): that decision is
 remembered separately, per node view and scheduling constraints (gpuquota_core.placement), so

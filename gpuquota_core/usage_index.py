@@ -80,7 +80,8 @@ class UsageIndex:
         return record
 
     # Charging adds the pod's few resources into each quota's totals in place: rebuilding the
-    # whole totals map per pod and quota (add_lists) was a third of an audit's time at 100k pods.
+    # whole totals map per pod and quota (add_lists) copies every resource the quota has seen, for
+    # every pod, which made it a large part of an audit of a big snapshot.
     # Safe because ``used`` hands out copies; only ``used_map`` (no caller today) exposes these maps.
 
     def _charge(self, record: PodRecord) -> None:

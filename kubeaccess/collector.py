@@ -2,7 +2,7 @@
 
 Reading a large snapshot, auditing it and planning its migration each allocate millions of
 objects that stay alive to the end and hold no cycles; with the collector on, its full collections
-walk all of them again and again and free nothing (the measured cost is in docs/benchmarks.md).
+walk all of them again and again and free nothing (see docs/benchmarks.md, "Mechanisms kept").
 This is process tuning, so it lives with the CLI's I/O and stays out of the I/O-free core; the CLI
 pauses around whole commands (audit, migrate) and ``load_objects`` around parsing. One helper for
 all of them, so a nested pause restores the collector exactly once, where the outermost block ends.

@@ -22,8 +22,9 @@ from kubeaccess import collector
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # libyaml's loader reads the same documents into the same objects as the pure-Python SafeLoader,
-# about ten times faster: a 100,000-pod ``kubectl get -o yaml`` snapshot is minutes of parsing
-# otherwise (docs/benchmarks.md). PyYAML wheels ship it; a source build without libyaml falls back.
+# far faster, since the pure-Python loader builds its node graph in Python for every scalar and a
+# large ``kubectl get -o yaml`` snapshot is mostly scalars (see docs/benchmarks.md, "Mechanisms
+# kept"). PyYAML wheels ship it; a source build without libyaml falls back.
 _YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # libyaml stops at its own depth bound (1,000 levels) with this problem text, where the Python
 # loader would hit RecursionError; both mean the same to the user.
@@ -43,8 +44,8 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
     # Parse without the cyclic garbage collector. A 100,000-pod snapshot decodes into tens of
     # millions of dicts and lists; each counts as an allocation towards the collector's thresholds,
     # and every full collection walks all of them (a large share of a big snapshot's parse time,
-    # docs/benchmarks.md), for nothing, since decoded JSON (and YAML without recursive aliases) holds no
-    # reference cycles.
+    # docs/benchmarks.md, "Mechanisms kept"), for nothing, since decoded JSON (and YAML without
+    # recursive aliases) holds no reference cycles.
     with collector.paused():
         for path in paths:
             for source, text in _read_sources(str(path)):

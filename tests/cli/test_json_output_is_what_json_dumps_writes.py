@@ -1,6 +1,6 @@
 """``document(..., plain=True)`` writes exactly what ``json.dumps(indent=2)`` writes.
 
-The orjson path exists only for speed (a 100,000-pod audit report is 40 MB); whatever it cannot
+The orjson path exists only for speed (a large audit's report is big); whatever it cannot
 write identically (non-ASCII, DEL, integers beyond 64 bits, unusual types) goes to json.dumps.
 """
 
@@ -35,7 +35,7 @@ def test_plain_documents_are_written_as_json_dumps_writes_them(data: object) -> 
     assert document(data, "json", plain=True) == json.dumps(data, indent=2)
 
 
-def test_the_fast_path_answers_for_an_audit_like_report() -> None:
+def test_an_audit_like_report_needs_no_fallback_to_json_dumps() -> None:
     report = {"findings": [{"check": "pod-legacy-gpu-request", "details": {"rewrites": ["a -> b"]}, "n": 3}],
               "summary": {"bySeverity": {"error": 0}, "empty": {}, "none": [], "flag": True, "x": None}}
     assert _orjson_indented(report) == json.dumps(report, indent=2)

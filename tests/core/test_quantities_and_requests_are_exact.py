@@ -89,7 +89,7 @@ def test_the_plain_path_leaves_everything_else_to_the_general_parser(text: str) 
     assert q._parse_plain(text) is None
 
 
-def test_a_cached_parse_is_the_same_immutable_value() -> None:
+def test_the_same_text_parses_to_the_same_value_and_a_bad_one_fails_every_time() -> None:
     assert parse_quantity("250m") is parse_quantity("250m")
     with pytest.raises(QuantityError):
         parse_quantity("1.2.3")

@@ -372,7 +372,7 @@ class AdmissionRoutes:
     """WSGI middleware serving the admission paths itself; every other path goes on to Flask.
 
     Flask's request context, URL matching and Response objects cost a large share of a call
-    (docs/benchmarks.md), and admission POSTs are nearly all of this server's traffic. Health,
+    (docs/benchmarks.md, "Mechanisms kept"), and admission POSTs are nearly all of this server's traffic. Health,
     readiness and metrics stay Flask routes.
     """
 

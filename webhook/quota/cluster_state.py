@@ -30,12 +30,12 @@ log = logging.getLogger("gpuquota.quota")
 WATCH_SECONDS = 300
 MAX_BACKOFF_SECONDS = 30.0
 # Objects per list page: big enough that a 100k-pod cluster lists in 20 round trips, small enough
-# that one decoded page (~10 KB per pod) stays a few tens of MB.
+# that one decoded page stays a small part of the service's memory.
 PAGE_SIZE = 5000
-# A Node's JSON is about ten times a pod's (labels, images, conditions) and only a few labels,
-# taints and GPU names of it are kept, so its pages are smaller: one 5,000-Node page decoded at
-# once while the pods are still listing was most of the quota service's peak memory
-# (docs/benchmarks.md, the cache target).
+# A Node's JSON is many times a pod's (labels, images, conditions) and only a few labels, taints
+# and GPU names of it are kept, so its pages are smaller: a page of Nodes as large as a pod page,
+# decoded at once while the pods are still listing, was most of the quota service's peak memory
+# (docs/benchmarks.md, "Mechanisms kept").
 PAGE_SIZES = {NODE_KIND: 100}
 
 Lister = Callable[..., Any]

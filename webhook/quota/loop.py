@@ -2,10 +2,10 @@
 
 Every decision takes the quota state's lock, so a thread per connection bought no parallelism: it
 only added GIL handoffs and wake-ups between threads that then waited for each other. One loop
-reads whatever the workers have sent and answers it all in one wake-up. Measured with
-bench/quota_roundtrip.py (docs/benchmarks.md): with four or eight client threads, 1.2-1.7 times the
-calls per second of a thread per connection for a quarter to a third less service CPU per call;
-with one client, the same.
+reads whatever the workers have sent and answers it all in one wake-up. With several clients at
+once it answers more calls per second than a thread per connection did, for less service CPU per
+call, and with one client as many (bench/quota_roundtrip.py; figures in docs/benchmarks.md,
+"Mechanisms kept").
 
 The exception is strict accounting: its admissions wait for a write to the API server, shared by
 the admissions that queued up behind it (a group commit), so they are answered from a pool of

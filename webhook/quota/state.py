@@ -210,7 +210,7 @@ class QuotaState:
         snapshot = (1 if self.synced else 0, 1 if self._stale_kinds() else 0, len(self.usage),
                     len(self.tree.quotas), len(self.ledger))
         # Most watch events (a pod MODIFIED) change none of these, and writing five multiprocess gauges
-        # anyway was a large share of such an event's cost (docs/benchmarks.md).
+        # anyway was a large share of such an event's cost (docs/benchmarks.md, "Mechanisms kept").
         if snapshot == self._published:
             return
         self._published = snapshot

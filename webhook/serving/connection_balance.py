@@ -4,7 +4,7 @@ Each worker listens on its own SO_REUSEPORT socket. The kernel hashes every new 
 of them, and the connection then stays with that worker for as long as it lives, which for the API
 server's webhook client is as long as it keeps being used. With a handful of connections the hash
 can put most of them on one worker: one core then serves all of them while the others idle
-(the measured cost is in docs/benchmarks.md).
+(see docs/benchmarks.md, "Mechanisms kept").
 
 So every worker publishes how many connections it holds in a table the master maps before it
 forks them, and a worker holding more than its share (the total over the workers, rounded up)
@@ -32,8 +32,8 @@ def over_share(mine: int, everyone: Sequence[int]) -> bool:
     """Whether a worker holding ``mine`` of the connections counted in ``everyone`` (its own
     included) holds more than the even share, rounded up.
 
-    No slack above the share: measured with two workers and 8 connections (docs/benchmarks.md),
-    an uneven spread serves clearly less than an even one, and evening it out costs a handshake or two.
+    No slack above the share: an uneven spread serves clearly less than an even one, and with slack
+    an uneven spread stays (docs/benchmarks.md, "Mechanisms kept"); evening it out costs a handshake or two.
     """
     workers, total = len(everyone), sum(everyone)
     if workers < 2:

@@ -1,6 +1,6 @@
 """gunicorn settings and server hooks for the webhook (used by :mod:`webhook.serving.server`).
 
-Every value here has a measured or operational reason (figures in docs/benchmarks.md):
+Every value here has a measured or operational reason (figures in docs/benchmarks.md, "Mechanisms kept"):
 
 - ``gthread`` workers, not ``sync``: the sync worker closes the connection after every response,
   so each admission call would pay a full TLS handshake and throughput would be bound by them.
@@ -17,7 +17,7 @@ Every value here has a measured or operational reason (figures in docs/benchmark
 - HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
   request at a time, and connections beyond the thread count starve.
 - ``http_parser = "fast"``: gunicorn_h1c (gunicorn's C parser, a dependency) parses an admission
-  request and reads its body in about half the time of the pure-Python parser (docs/benchmarks.md).
+  request and reads its body markedly faster than the pure-Python parser (docs/benchmarks.md).
   "fast" rather than "auto", so a broken install fails at start instead of silently running the
   slower parser.
 - No control socket: it lives in one fixed per-user path, so two servers (tests, ``make run``)

@@ -4,9 +4,9 @@ Stock gthread hands a kept-alive connection back to the worker's poller after ev
 poller thread wakes on the next request, submits it to the thread pool, a pool thread wakes to
 serve it, and its completion wakes the poller again through a pipe. On an otherwise idle server,
 which is how the API server calls a webhook most of the time (one review at a time per
-connection), that chain of three thread wake-ups is most of a call's latency (measured with wrk on
-one connection against a thread that simply waits for the connection's next request:
-docs/benchmarks.md).
+connection), that chain of three thread wake-ups is most of a call's latency: a thread that
+simply waits for its connection's next request answers a single connection clearly faster (see
+docs/benchmarks.md, "Mechanisms kept").
 
 So here a thread that has answered a request waits on that connection itself (``poll`` on its
 socket) instead of returning it, as long as that cannot starve anyone:
@@ -22,8 +22,8 @@ Requests are parsed by gthread's own code, and everything but admission reviews 
 WSGI as gthread serves it. An admission review (a POST to one of the app's admission paths with a
 Content-Length body, which is every call the API server makes) is answered by
 :meth:`StickyThreadWorker.handle_request` directly: WSGI's environ of ~40 entries, its Response
-object, ``start_response`` and the two writes (headers, then body) are a fifth of a worker's Python
-time under load for an endpoint that reads three values (the body, its length, the peer's address)
+object, ``start_response`` and the two writes (headers, then body) are a large share of a worker's
+Python time under load for an endpoint that reads three values (the body, its length, the peer's address)
 and returns one status and one JSON body. The answer keeps gunicorn's status line and headers and
 its keep-alive rules. gunicorn's ``pre_request``/``post_request`` hooks and its access log are
 not run for these answers: the server configures neither (each decision is logged by the app, one
@@ -130,8 +130,8 @@ class DateOncePerSecond:
     """gunicorn's ``util.http_date``, formatting the current time once per second.
 
     gunicorn formats the Date header of every response afresh (``email.utils.formatdate``), a
-    visible share of a worker's Python time under load (py-spy, docs/benchmarks.md). The header has a resolution
-    of one second, so the text of the second is the same for every response in it.
+    visible share of a worker's Python time under load (docs/benchmarks.md, "Mechanisms kept"). The
+    header has a resolution of one second, so the text of the second is the same for every response in it.
     """
 
     def __init__(self, format_date: Callable[..., str], clock: Callable[[], float] = time.time) -> None:
@@ -220,7 +220,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         """Count and publish the connections this worker holds, at most every COUNT_INTERVAL.
 
         Counted from the connections themselves, not from gthread's ``nr_conns``: that one drifts
-        (measured below zero after a few thousand connections), because a connection whose TLS
+        (it was seen below zero after many connections), because a connection whose TLS
         peer left is closed in ``handle`` and then again, failing, in ``finish_request``, which
         decrements once for the close and once for the failure.
         """

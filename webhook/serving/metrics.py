@@ -46,7 +46,7 @@ DURATION = Histogram(
     "gpuquota_admission_duration_seconds",
     "Time from reading the request body to the encoded response, by endpoint.",
     ["endpoint"],
-    # The API server's default webhook timeout is 10 s, but a healthy answer takes well under 1 ms:
+    # The API server's default webhook timeout is 10 s, but a healthy answer takes far less:
     # most buckets sit where a regression would show.
     buckets=(0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )

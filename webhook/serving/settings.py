@@ -51,10 +51,10 @@ class Settings:
     context: str | None = None
     # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
     config_path: Path | None = None
-    # Twice the cores of the machine measured (docs/benchmarks.md): each worker has its own
+    # Twice the cores of the benchmark machine (docs/benchmarks.md): each worker has its own
     # SO_REUSEPORT socket and keeps every connection the kernel hashes to it, so with as many
     # workers as cores the API server's few connections could all land on one worker and leave a
-    # core idle (seen in benchmarks). Four make that rare and leave two busy workers even when it
+    # core idle. Four make that rare and leave two busy workers even when it
     # happens, for a small memory cost each; the workers then even the spread out by shedding
     # connections (webhook.serving.connection_balance).
     workers: int = 4

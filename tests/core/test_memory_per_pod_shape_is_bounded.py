@@ -1,11 +1,12 @@
-"""The eviction rule every per-shape cache shares (gpuquota_core.memo)."""
+"""What is remembered per pod shape stays bounded however many shapes a cluster has: the eviction
+rule every per-shape cache shares (gpuquota_core.memo)."""
 
 from __future__ import annotations
 
 from gpuquota_core.memo import BoundedMemo
 
 
-def test_a_memo_answers_what_it_remembered() -> None:
+def test_an_answer_is_given_back_for_the_key_it_was_stored_under() -> None:
     memo: BoundedMemo[str] = BoundedMemo(size=3)
     assert memo.get("a") is None
     assert memo.remember("a", "first") == "first"
