@@ -1,4 +1,5 @@
-"""The start-up check of the libraries whose internals the server relies on (webhook/serving/library_check.py)."""
+"""The checks of the libraries whose internals gpuquota relies on: the server's start-up check
+(webhook/serving/library_check.py) and the pins it shares with kubeaccess (kubeaccess/library_pins.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from webhook.serving.library_check import (
-    SERVING_LIBRARIES,
+from kubeaccess.library_pins import (
+    RUAMEL_YAML,
     LibraryMismatch,
     PinnedLibrary,
     attributes_missing,
     check_libraries,
-    check_serving_libraries,
     not_assigned,
     parameters_differ,
     version_key,
 )
+from webhook.serving.library_check import SERVING_LIBRARIES, check_serving_libraries
+
+# Every library pinned for its internals: the server's, and ruamel.yaml, which only convert uses.
+PINNED_LIBRARIES = (*SERVING_LIBRARIES, RUAMEL_YAML)
 
 
 def versions(**found: str):  # type: ignore[no-untyped-def]
@@ -104,7 +108,29 @@ def test_the_probes_see_renamed_attributes_and_changed_parameters() -> None:
 
 def test_the_installed_libraries_are_the_tested_ones() -> None:
     check_serving_libraries()
+    check_libraries([RUAMEL_YAML])
     assert {library.distribution for library in SERVING_LIBRARIES} == {"gunicorn", "gunicorn_h1c", "prometheus_client"}
+
+
+def installed_versions_but(**changed: str):  # type: ignore[no-untyped-def]
+    def version_of(distribution: str) -> str:
+        return changed.get(distribution) or importlib.metadata.version(distribution)
+    return version_of
+
+
+def test_an_untested_ruamel_release_is_named_with_its_range() -> None:
+    with pytest.raises(LibraryMismatch, match=r"^ruamel\.yaml 0\.18\.6 is installed, but gpuquota is tested only "
+                                              r"with ruamel\.yaml>=0\.19\.1,<0\.20 "):
+        check_libraries([RUAMEL_YAML], installed_versions_but(**{"ruamel.yaml": "0.18.6"}))
+
+
+def test_a_ruamel_without_its_comment_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ruamel.yaml.comments import CommentedMap
+
+    monkeypatch.setattr(CommentedMap, "ca", property(lambda self: None))
+    with pytest.raises(LibraryMismatch, match=r"ruamel\.yaml .* but its internals differ from the tested ones: "
+                                              r"ruamel\.yaml\.comments\.CommentedMap\(\)\.ca\.items is not"):
+        check_libraries([RUAMEL_YAML])
 
 
 def test_a_method_the_worker_overrides_gone_from_gunicorn_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,5 +158,7 @@ def test_the_pins_of_pyproject_are_the_ranges_checked() -> None:
 
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
     pinned = {dependency.replace("-", "_") for dependency in dependencies}
-    for library in SERVING_LIBRARIES:
+    assert {library.distribution for library in PINNED_LIBRARIES} == {
+        "gunicorn", "gunicorn_h1c", "prometheus_client", "ruamel.yaml"}
+    for library in PINNED_LIBRARIES:
         assert f"{library.distribution}{library.tested_range}" in pinned
