@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -142,12 +143,36 @@ def test_a_method_the_worker_overrides_gone_from_gunicorn_is_refused(monkeypatch
         check_serving_libraries()
 
 
-def test_a_setting_gunicorn_does_not_know_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("setting", ["http_parser", "proxy_protocol"])  # set by gunicorn_conf; read by the worker
+def test_a_setting_gunicorn_does_not_know_is_refused(monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     from gunicorn import config
 
     monkeypatch.setattr(config, "KNOWN_SETTINGS", [known for known in config.KNOWN_SETTINGS
-                                                   if known.name != "http_parser"])
-    with pytest.raises(LibraryMismatch, match="gunicorn has no setting 'http_parser'"):
+                                                   if known.name != setting])
+    with pytest.raises(LibraryMismatch, match=f"gunicorn 27.* gunicorn has no setting '{setting}'"):
+        check_serving_libraries()
+
+
+def test_a_parser_without_its_unreader_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn.http.parser import Parser
+
+    def renamed(self: Any, cfg: Any, source: Any, source_addr: Any) -> None:
+        self.cfg, self.reader, self.source_addr = cfg, source, source_addr
+
+    monkeypatch.setattr(Parser, "__init__", renamed)
+    with pytest.raises(LibraryMismatch, match=r"gunicorn 27.* gunicorn\.http\.parser\.Parser no longer sets "
+                                              r"\.unreader"):
+        check_serving_libraries()
+
+
+def test_a_body_without_its_reader_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn.http.body import Body
+
+    def renamed(self: Any, reader: Any) -> None:
+        self.source = reader
+
+    monkeypatch.setattr(Body, "__init__", renamed)
+    with pytest.raises(LibraryMismatch, match=r"gunicorn 27.* gunicorn\.http\.body\.Body no longer sets \.reader"):
         check_serving_libraries()
 
 

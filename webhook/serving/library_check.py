@@ -3,11 +3,12 @@
 The server goes beyond the public API of three libraries:
 
 - gunicorn: :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker` subclasses gthread's
-  ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request and
-  parser attributes and replacing ``util.http_date``; :class:`~webhook.serving.supervision.SupervisingArbiter`
-  subclasses the ``Arbiter`` and its stop, child and worker management; ``gunicorn_conf`` sets
-  settings by name (``http_parser = "fast"``, ``http_protocols``, ``control_socket_disable``, which
-  older releases do not know) and rewrites one of the arbiter's log lines.
+  ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request,
+  body and parser attributes and the ``proxy_protocol`` setting, and replacing ``util.http_date``;
+  :class:`~webhook.serving.supervision.SupervisingArbiter` subclasses the ``Arbiter`` and its
+  stop, child and worker management; ``gunicorn_conf`` sets settings by name (``http_parser =
+  "fast"``, ``http_protocols``, ``control_socket_disable``, which older releases do not know) and
+  rewrites one of the arbiter's log lines.
 - gunicorn_h1c: the C parser behind ``http_parser = "fast"``; gunicorn calls it, at the version
   gunicorn's own "fast" extra asks for.
 - prometheus_client: the server switches its value storage to multiprocess mode after import
@@ -45,6 +46,7 @@ def _gunicorn_internals() -> Iterator[str]:
     util = importlib.import_module("gunicorn.util")
     body = importlib.import_module("gunicorn.http.body")
     message = importlib.import_module("gunicorn.http.message")
+    parser = importlib.import_module("gunicorn.http.parser")
     unreader = importlib.import_module("gunicorn.http.unreader")
     gthread = importlib.import_module("gunicorn.workers.gthread")
     base = importlib.import_module("gunicorn.workers.base")
@@ -75,11 +77,15 @@ def _gunicorn_internals() -> Iterator[str]:
     yield from not_assigned((connection.__init__, connection.init),
                             ("sock", "client", "timeout", "parser", "initialized", "is_http2", "data_ready"),
                             "gthread.TConn")
+    # conn.parser.unreader.buf: bytes already read tell a waiting request from an idle connection.
+    yield from not_assigned((parser.Parser.__init__,), ("unreader",), "gunicorn.http.parser.Parser")
     yield from not_assigned((unreader.Unreader.__init__,), ("buf",), "gunicorn.http.unreader.Unreader")
     yield from attributes_missing(message.Request, ("_expected_100_continue", "should_close"),
                                   "gunicorn.http.message.Request")
     yield from not_assigned((message.Message.__init__,), ("version", "headers", "body"),
                             "gunicorn.http.message.Message")
+    # req.body.reader: the direct path serves only bodies of a known length (a LengthReader).
+    yield from not_assigned((body.Body.__init__,), ("reader",), "gunicorn.http.body.Body")
     yield from not_assigned((body.LengthReader.__init__,), ("length",), "gunicorn.http.body.LengthReader")
     # supervision.SupervisingArbiter
     yield from parameters_differ(arbiter.Arbiter, {
@@ -93,8 +99,12 @@ def _gunicorn_internals() -> Iterator[str]:
     yield from parameters_differ(app_base.BaseApplication, {"load_config": (), "load": (), "run": ()},
                                  "gunicorn.app.base.BaseApplication")
     known = set(config.Config().settings)
-    for name in sorted(_settings_used() - known):
+    for name in sorted((_settings_used() | SETTINGS_READ) - known):
         yield f"gunicorn has no setting {name!r}"
+
+
+# Settings the worker reads from gunicorn's config (``self.cfg``) without gunicorn_conf setting them.
+SETTINGS_READ = frozenset({"proxy_protocol"})
 
 
 def _settings_used() -> set[str]:
