@@ -10,13 +10,19 @@ below, the server's in webhook/serving/library_check.py): the range pyproject.to
 tested, when the installed release is not one of them or its internals differ.
 
 This module lives in kubeaccess, the lowest layer that does I/O, because both sides need it:
-kubeaccess itself (ruamel.yaml's comment table in :mod:`kubeaccess.roundtrip`) and the server,
-whose start-up check (webhook/serving/library_check.py) covers gunicorn and prometheus_client.
-kubeaccess must not import webhook, and gpuquota_core does no I/O (reading installed
-distributions' metadata is I/O).
+kubeaccess itself (the kubernetes client's kubeconfig loader in :mod:`kubeaccess.kube`, ruamel.yaml's
+comment table in :mod:`kubeaccess.roundtrip`) and the server, whose start-up check
+(webhook/serving/library_check.py) adds gunicorn and prometheus_client. kubeaccess must not import
+webhook, and gpuquota_core does no I/O (reading installed distributions' metadata is I/O).
 
-The pin of kubeaccess's own library:
+The pins of kubeaccess's own libraries:
 
+- kubernetes: :func:`kubeaccess.kube.load_kubeconfig` merges kubeconfig files by kubectl's rules
+  into a tree of ``kube_config.ConfigNode`` entries, each carrying the file it came from, and
+  :func:`kubeaccess.kube.connect` hands that tree to ``kube_config.KubeConfigLoader`` with
+  ``config_base_path=None``, so that each entry's relative certificate paths resolve against its own
+  file. None of this is exported API. Checked before any kubeconfig is read (the CLI refuses with one
+  ``Error:`` line) and at ``gpuquota serve``'s start-up.
 - ruamel.yaml: ``gpuquota convert`` moves comments through ruamel's comment table
   (``CommentedMap.ca.items``). Checked at use; an untested release does not stop the conversion: the
   file is written as plain YAML, with a note saying why (see :func:`kubeaccess.roundtrip.render_yaml`).
@@ -30,6 +36,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 
@@ -141,6 +148,36 @@ def not_assigned(functions: Sequence[Callable[..., Any]], names: Iterable[str], 
 # --- what kubeaccess relies on ---------------------------------------------------------------------
 
 
+def _kubernetes_internals() -> Iterator[str]:
+    kube_config = importlib.import_module("kubernetes.config.kube_config")
+    where = "kubernetes.config.kube_config"
+    differ = list(parameters_differ(kube_config, {
+        "ConfigNode": ("name", "value", "path"),
+        "KubeConfigLoader": ("config_dict", "active_context", "get_google_credentials", "config_base_path",
+                             "config_persister", "temp_file_path"),
+    }, where))
+    if not differ:
+        node, loader_class = kube_config.ConfigNode, kube_config.KubeConfigLoader
+        differ += not_assigned((node.__init__,), ("value", "path"), f"{where}.ConfigNode")
+        differ += parameters_differ(loader_class, {"load_and_set": ("client_configuration",)},
+                                    f"{where}.KubeConfigLoader")
+    if differ:
+        yield from differ
+        return  # the behaviour below needs all of them
+    # kube.connect passes config_base_path=None so that a cluster or user entry's relative
+    # certificate paths resolve against the file that entry came from (the path of its ConfigNode).
+    first, second = "/first/config", "/second/config"
+    tree = node("probe", {
+        "contexts": [node("contexts[name=c]", {"name": "c", "context": {"cluster": "k", "user": "u"}}, first)],
+        "clusters": [node("clusters[name=k]", {"name": "k", "cluster": {"server": "https://k"}}, second)],
+        "users": [node("users[name=u]", {"name": "u", "user": {}}, second)],
+    }, first)
+    loader = loader_class(config_dict=tree, active_context="c", config_base_path=None)
+    if loader._get_base_path(loader._cluster.path) != str(PurePosixPath(second).parent):
+        yield (f"{where}.KubeConfigLoader no longer resolves an entry's certificate paths against "
+               f"the file of its ConfigNode")
+
+
 def _ruamel_internals() -> Iterator[str]:
     comments = importlib.import_module("ruamel.yaml.comments")
     # roundtrip moves a replaced key's comment through the comment table.
@@ -150,4 +187,5 @@ def _ruamel_internals() -> Iterator[str]:
 
 
 # The ranges pinned in pyproject.toml (tests/webhook/test_library_check.py keeps the two equal).
+KUBERNETES = PinnedLibrary("kubernetes", "37.0.3", "37.1", _kubernetes_internals)
 RUAMEL_YAML = PinnedLibrary("ruamel.yaml", "0.19.1", "0.20", _ruamel_internals)

@@ -1,6 +1,6 @@
 """The libraries whose internals the server relies on are the versions it was tested with, or it does not start.
 
-The server goes beyond the public API of three libraries:
+The server goes beyond the public API of four libraries:
 
 - gunicorn: :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker` subclasses gthread's
   ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request,
@@ -14,6 +14,9 @@ The server goes beyond the public API of three libraries:
 - prometheus_client: the server switches its value storage to multiprocess mode after import
   (``values.ValueClass``) and uses the multiprocess collector, ``mark_process_dead`` and the
   ``livemostrecent`` gauge mode.
+- kubernetes: the kubeconfig given with ``--kubeconfig`` is loaded through the client's
+  non-exported ``ConfigNode`` and ``KubeConfigLoader`` (:mod:`kubeaccess.kube`; the pin and its
+  probe are in :mod:`kubeaccess.library_pins`, since the CLI checks it too).
 
 A release outside the tested range may rename any of these and the server would then fail in a
 worker, mid-request, or quietly serve with the slower path. So ``gpuquota serve`` calls
@@ -31,6 +34,7 @@ import importlib.metadata
 from collections.abc import Callable, Iterator
 
 from kubeaccess.library_pins import (
+    KUBERNETES,
     PinnedLibrary,
     attributes_missing,
     check_libraries,
@@ -136,6 +140,7 @@ SERVING_LIBRARIES = (
     PinnedLibrary("gunicorn", "27.0.1", "27.1", _gunicorn_internals),
     PinnedLibrary("gunicorn_h1c", "0.6.10", "0.7"),
     PinnedLibrary("prometheus_client", "0.26.0", "0.27", _prometheus_internals),
+    KUBERNETES,
 )
 
 
