@@ -66,7 +66,8 @@ def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | 
     # Imported here, not at module level: every gpuquota command imports every command module, and
     # the server (gunicorn, Flask, the kubernetes client) would weigh on every command's start-up.
     # First, before the server's modules import gunicorn's worker: an untested gunicorn may not even import.
-    from webhook.serving.library_check import LibraryMismatch, check_serving_libraries
+    from kubeaccess.library_pins import LibraryMismatch
+    from webhook.serving.library_check import check_serving_libraries
 
     try:
         check_serving_libraries()

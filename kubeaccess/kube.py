@@ -134,13 +134,22 @@ def load_kubeconfig(kubeconfig: str | None, context: str | None) -> Kubeconfig |
     kubectl's merge: the first file to set a value or a named cluster, context or user wins, and
     that entry is taken whole (a later file's entry of the same name is ignored, even for fields
     the first one lacks); current-context comes from the first file that sets it. Raises
-    :class:`KubeAccessError` with one line (file, and line and column for YAML errors).
+    :class:`KubeAccessError` with one line (file, and line and column for YAML errors), also when
+    the installed kubernetes client is not a release whose kubeconfig internals were tested.
     """
-    from kubernetes.config.kube_config import ConfigNode
-
     files = kubeconfig_files(kubeconfig)
     if files is None:
         return None
+    # The merge and connect() go through the client's non-exported kubeconfig classes: on an
+    # untested release they might fail late or resolve certificate paths against the wrong file.
+    from .library_pins import KUBERNETES, LibraryMismatch, check_libraries
+
+    try:
+        check_libraries([KUBERNETES])
+    except LibraryMismatch as error:
+        raise KubeAccessError(f"{os.pathsep.join(files)}: cannot load the kubeconfig: {error}") from None
+    from kubernetes.config.kube_config import ConfigNode
+
     merged: dict[str, Any] = {"current-context": "", **{plural: [] for plural, _ in KUBECONFIG_ENTRIES}}
     for path in files:
         document = _read_kubeconfig(path)

@@ -7,6 +7,12 @@ block style and quoting) and writes it back. The result is read again the way ev
 read (:func:`manifests.parse_documents`) and must equal the core's objects exactly; when it does
 not (anchors shared by two rewritten containers, YAML 1.1 spellings the round-trip parser reads
 differently) the objects are written plainly instead, with a note saying so.
+
+The comments are moved through ruamel's comment table, which is not public API. An installed
+ruamel.yaml that is not a tested release (:data:`kubeaccess.library_pins.RUAMEL_YAML`) is not
+trusted with it: every file is then written plainly, with a note naming the release. This is
+deliberate: the conversion itself (the core's) does not depend on ruamel, so ``convert`` still
+converts and only the layout is lost, where a refusal would stop a GitOps rewrite over a cosmetic.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -25,6 +31,7 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScala
 
 from gpuquota_core.jsonpatch import Operation, PatchError, apply_in_place, unescape_pointer_token
 
+from . import library_pins
 from .manifests import ManifestError, ManifestSource, parse_documents
 
 # A long annotation value must not be folded onto several lines.
@@ -36,26 +43,16 @@ _MARKER = re.compile(r"---(\s+#.*)?\s*")
 _BLOCK_KEY = re.compile(r"(\s*)(- )?[^#\s][^#]*:\s*(#.*)?")
 
 
-# The ruamel.yaml releases this module is tested with (pyproject.toml pins the same): it moves
-# comments through ruamel's comment table, which is not public API and may change in any release.
-RUAMEL_TESTED = ((0, 19, 1), (0, 20))
-
-
 class RoundTripError(ValueError):
     """The input's layout cannot be kept for this file; the message says why."""
 
 
-def untested_ruamel(version_of: Any = importlib.metadata.version) -> str | None:
+def untested_ruamel(version_of: Callable[[str], str] = importlib.metadata.version) -> str | None:
     """Why the installed ruamel.yaml cannot be trusted to keep a layout, or None when it is as tested."""
-    version = version_of("ruamel.yaml")
-    release = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-    lowest, below = RUAMEL_TESTED
-    tested = f">={'.'.join(map(str, lowest))},<{'.'.join(map(str, below))}"
-    if not lowest <= release < below:
-        return f"ruamel.yaml {version} is installed, but the layout is kept only with ruamel.yaml{tested}"
-    comments = getattr(CommentedMap(), "ca", None)
-    if not isinstance(getattr(comments, "items", None), dict):
-        return f"ruamel.yaml {version} keeps comments where this version does not read them"
+    try:
+        library_pins.check_libraries([library_pins.RUAMEL_YAML], version_of)
+    except library_pins.LibraryMismatch as mismatch:
+        return str(mismatch)
     return None
 
 

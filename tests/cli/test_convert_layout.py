@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.metadata
 import json
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
+from kubeaccess import library_pins
 from kubeaccess.roundtrip import untested_ruamel
 
 # Comments everywhere, keys out of the usual order, flow maps, an indented block sequence, both
@@ -187,7 +189,8 @@ def test_an_untested_ruamel_release_writes_plainly_with_a_note_naming_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The layout is kept through ruamel.yaml's comment table, not public API: outside the releases
     # it is tested with, convert does not trust it and says so, but still converts.
-    monkeypatch.setattr("kubeaccess.roundtrip.RUAMEL_TESTED", ((0, 20), (0, 21)))
+    monkeypatch.setattr(library_pins, "RUAMEL_YAML", dataclasses.replace(library_pins.RUAMEL_YAML,
+                                                                         lowest="0.20", below="0.21"))
     path = tmp_path / "trainer.yaml"
     path.write_text(MANIFEST)
 
@@ -195,8 +198,8 @@ def test_an_untested_ruamel_release_writes_plainly_with_a_note_naming_it(
 
     installed = importlib.metadata.version("ruamel.yaml")
     assert code == 0
-    assert (f"{path}: written without its comments and layout: ruamel.yaml {installed} is installed, but the "
-            f"layout is kept only with ruamel.yaml>=0.20,<0.21") in err
+    assert (f"{path}: written without its comments and layout: ruamel.yaml {installed} is installed, but "
+            f"gpuquota is tested only with ruamel.yaml>=0.20,<0.21") in err
     assert "# cards for training" not in out
     deployment = next(doc for doc in yaml.safe_load_all(out) if doc["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] == {
@@ -206,4 +209,5 @@ def test_an_untested_ruamel_release_writes_plainly_with_a_note_naming_it(
 def test_the_installed_ruamel_is_a_tested_release() -> None:
     assert untested_ruamel() is None
     assert untested_ruamel(lambda _: "0.18.6") == (
-        "ruamel.yaml 0.18.6 is installed, but the layout is kept only with ruamel.yaml>=0.19.1,<0.20")
+        "ruamel.yaml 0.18.6 is installed, but gpuquota is tested only with ruamel.yaml>=0.19.1,<0.20 "
+        "(it relies on its internals); install a version in that range")

@@ -6,6 +6,7 @@ error it ends with; a broken kubeconfig never gets that far.
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,23 @@ def test_a_broken_kubeconfig_is_one_error_line_and_exit_2(tmp_path: Path, conten
 def test_a_missing_context_is_one_line(two_files: str) -> None:
     assert audit("--context", "nope", env={"KUBECONFIG": two_files}) == (
         2, "", f'Error: {two_files}: context "nope" not found (contexts: ctx-b, other)\n')
+
+
+@pytest.mark.parametrize("command", [["audit"], ["migrate", "plan"]])
+def test_a_kubernetes_client_unlike_the_tested_one_is_one_error_line_and_exit_2(
+        two_files: str, monkeypatch: pytest.MonkeyPatch, command: list[str]) -> None:
+    # The kubeconfig is loaded through the client's non-exported KubeConfigLoader (kubeaccess/library_pins.py).
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    monkeypatch.delattr(KubeConfigLoader, "load_and_set")
+    installed = importlib.metadata.version("kubernetes")
+
+    result = CliRunner().invoke(cli, command, env={"KUBECONFIG": two_files})
+
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        2, "", f"Error: {two_files}: cannot load the kubeconfig: kubernetes {installed} is installed and in the "
+               "tested range >=37.0.3,<37.1, but its internals differ from the tested ones: "
+               "kubernetes.config.kube_config.KubeConfigLoader.load_and_set is missing\n")
 
 
 def test_kubeconfig_naming_no_file_that_exists(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,22 @@ def test_serve_outside_a_cluster_without_a_source_is_refused(runner: CliRunner, 
     assert result.exit_code == 2
     assert result.output == ("Error: not running in a cluster: give --kubeconfig for a live cluster "
                              "or --state for manifests\n")
+
+
+def test_serve_on_a_kubernetes_client_unlike_the_tested_one_does_not_start(runner: CliRunner, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Checked first, even in offline mode: before the certificates, before gunicorn is imported.
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    monkeypatch.delattr(KubeConfigLoader, "load_and_set")
+    installed = importlib.metadata.version("kubernetes")
+
+    result = runner.invoke(cli, ["serve", "--cert-dir", str(tmp_path), "--state", "examples/cluster"])
+
+    assert result.exit_code == 2
+    assert result.output == (f"Error: kubernetes {installed} is installed and in the tested range >=37.0.3,<37.1, "
+                             "but its internals differ from the tested ones: "
+                             "kubernetes.config.kube_config.KubeConfigLoader.load_and_set is missing\n")
 
 
 def test_certs_generate_covers_the_service_names_and_prints_the_ca_bundle(tmp_path: Path) -> None:

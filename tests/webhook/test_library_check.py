@@ -1,23 +1,31 @@
-"""The start-up check of the libraries whose internals the server relies on (webhook/serving/library_check.py)."""
+"""The checks of the libraries whose internals gpuquota relies on: the server's start-up check
+(webhook/serving/library_check.py) and the pins it shares with kubeaccess (kubeaccess/library_pins.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from webhook.serving.library_check import (
-    SERVING_LIBRARIES,
+from kubeaccess.library_pins import (
+    KUBERNETES,
+    RUAMEL_YAML,
     LibraryMismatch,
     PinnedLibrary,
     attributes_missing,
     check_libraries,
-    check_serving_libraries,
     not_assigned,
     parameters_differ,
     version_key,
 )
+from webhook.serving.library_check import SERVING_LIBRARIES, check_serving_libraries
+
+# Every library pinned for its internals: the server's, and ruamel.yaml, which only convert uses.
+PINNED_LIBRARIES = (*SERVING_LIBRARIES, RUAMEL_YAML)
 
 
 def versions(**found: str):  # type: ignore[no-untyped-def]
@@ -104,7 +112,84 @@ def test_the_probes_see_renamed_attributes_and_changed_parameters() -> None:
 
 def test_the_installed_libraries_are_the_tested_ones() -> None:
     check_serving_libraries()
-    assert {library.distribution for library in SERVING_LIBRARIES} == {"gunicorn", "gunicorn_h1c", "prometheus_client"}
+    check_libraries([RUAMEL_YAML])
+    assert {library.distribution for library in SERVING_LIBRARIES} == {
+        "gunicorn", "gunicorn_h1c", "prometheus_client", "kubernetes"}
+
+
+def installed_versions_but(**changed: str):  # type: ignore[no-untyped-def]
+    def version_of(distribution: str) -> str:
+        return changed.get(distribution) or importlib.metadata.version(distribution)
+    return version_of
+
+
+def test_an_untested_kubernetes_release_stops_the_server() -> None:
+    with pytest.raises(LibraryMismatch) as refused:
+        check_serving_libraries(installed_versions_but(kubernetes="38.0.0"))
+    assert str(refused.value) == ("kubernetes 38.0.0 is installed, but gpuquota is tested only with "
+                                  "kubernetes>=37.0.3,<37.1 (it relies on its internals); install a version "
+                                  "in that range")
+
+
+def test_a_kubeconfig_loader_method_gone_from_kubernetes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    monkeypatch.delattr(KubeConfigLoader, "load_and_set")
+    with pytest.raises(LibraryMismatch, match=r"kubernetes 37\.0\.\d+ is installed and in the tested range "
+                                              r">=37\.0\.3,<37\.1, but its internals differ from the tested ones: "
+                                              r"kubernetes\.config\.kube_config\.KubeConfigLoader\.load_and_set "
+                                              "is missing"):
+        check_serving_libraries()
+
+
+def test_a_kubeconfig_loader_with_other_parameters_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config import kube_config
+
+    class Loader(kube_config.KubeConfigLoader):  # type: ignore[misc]
+        def __init__(self, config_dict: Any, active_context: Any = None, base_path: Any = "") -> None:
+            super().__init__(config_dict, active_context, config_base_path=base_path)
+
+    monkeypatch.setattr(kube_config, "KubeConfigLoader", Loader)
+    with pytest.raises(LibraryMismatch, match=r"kubernetes .*KubeConfigLoader takes \(config_dict, active_context, "
+                                              r"base_path\), tested with \(config_dict, active_context, "
+                                              r"get_google_credentials, config_base_path, "):
+        check_libraries([KUBERNETES])
+
+
+def test_a_config_node_that_no_longer_keeps_its_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config.kube_config import ConfigNode
+
+    def renamed(self: Any, name: Any, value: Any, path: Any = None) -> None:
+        self.name, self.data, self.path = name, value, path
+
+    monkeypatch.setattr(ConfigNode, "__init__", renamed)
+    with pytest.raises(LibraryMismatch, match=r"kubernetes .*kube_config\.ConfigNode no longer sets \.value"):
+        check_libraries([KUBERNETES])
+
+
+def test_certificate_paths_resolved_against_another_file_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kube.connect's per-file certificate paths rest on this private behaviour of the loader.
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    monkeypatch.setattr(KubeConfigLoader, "_get_base_path", lambda self, config_path: "")
+    with pytest.raises(LibraryMismatch, match=r"kubernetes .*KubeConfigLoader no longer resolves an entry's "
+                                              "certificate paths against the file of its ConfigNode"):
+        check_libraries([KUBERNETES])
+
+
+def test_an_untested_ruamel_release_is_named_with_its_range() -> None:
+    with pytest.raises(LibraryMismatch, match=r"^ruamel\.yaml 0\.18\.6 is installed, but gpuquota is tested only "
+                                              r"with ruamel\.yaml>=0\.19\.1,<0\.20 "):
+        check_libraries([RUAMEL_YAML], installed_versions_but(**{"ruamel.yaml": "0.18.6"}))
+
+
+def test_a_ruamel_without_its_comment_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ruamel.yaml.comments import CommentedMap
+
+    monkeypatch.setattr(CommentedMap, "ca", property(lambda self: None))
+    with pytest.raises(LibraryMismatch, match=r"ruamel\.yaml .* but its internals differ from the tested ones: "
+                                              r"ruamel\.yaml\.comments\.CommentedMap\(\)\.ca\.items is not"):
+        check_libraries([RUAMEL_YAML])
 
 
 def test_a_method_the_worker_overrides_gone_from_gunicorn_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,12 +201,36 @@ def test_a_method_the_worker_overrides_gone_from_gunicorn_is_refused(monkeypatch
         check_serving_libraries()
 
 
-def test_a_setting_gunicorn_does_not_know_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("setting", ["http_parser", "proxy_protocol"])  # set by gunicorn_conf; read by the worker
+def test_a_setting_gunicorn_does_not_know_is_refused(monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     from gunicorn import config
 
     monkeypatch.setattr(config, "KNOWN_SETTINGS", [known for known in config.KNOWN_SETTINGS
-                                                   if known.name != "http_parser"])
-    with pytest.raises(LibraryMismatch, match="gunicorn has no setting 'http_parser'"):
+                                                   if known.name != setting])
+    with pytest.raises(LibraryMismatch, match=f"gunicorn 27.* gunicorn has no setting '{setting}'"):
+        check_serving_libraries()
+
+
+def test_a_parser_without_its_unreader_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn.http.parser import Parser
+
+    def renamed(self: Any, cfg: Any, source: Any, source_addr: Any) -> None:
+        self.cfg, self.reader, self.source_addr = cfg, source, source_addr
+
+    monkeypatch.setattr(Parser, "__init__", renamed)
+    with pytest.raises(LibraryMismatch, match=r"gunicorn 27.* gunicorn\.http\.parser\.Parser no longer sets "
+                                              r"\.unreader"):
+        check_serving_libraries()
+
+
+def test_a_body_without_its_reader_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gunicorn.http.body import Body
+
+    def renamed(self: Any, reader: Any) -> None:
+        self.source = reader
+
+    monkeypatch.setattr(Body, "__init__", renamed)
+    with pytest.raises(LibraryMismatch, match=r"gunicorn 27.* gunicorn\.http\.body\.Body no longer sets \.reader"):
         check_serving_libraries()
 
 
@@ -132,5 +241,23 @@ def test_the_pins_of_pyproject_are_the_ranges_checked() -> None:
 
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
     pinned = {dependency.replace("-", "_") for dependency in dependencies}
-    for library in SERVING_LIBRARIES:
+    assert {library.distribution for library in PINNED_LIBRARIES} == {
+        "gunicorn", "gunicorn_h1c", "prometheus_client", "kubernetes", "ruamel.yaml"}
+    for library in PINNED_LIBRARIES:
         assert f"{library.distribution}{library.tested_range}" in pinned
+
+
+def test_the_kubernetes_pin_is_the_one_the_cli_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The CLI's live-cluster commands load their kubeconfig through kubeaccess.kube, which reads the
+    # same pin: a kubernetes release outside it is refused before any file is read.
+    from kubeaccess import library_pins
+    from kubeaccess.kube import KubeAccessError, load_kubeconfig
+
+    monkeypatch.setattr(library_pins, "KUBERNETES", dataclasses.replace(KUBERNETES, lowest="38.0", below="38.1"))
+    never_read = tmp_path / "kubeconfig"
+    with pytest.raises(KubeAccessError) as refused:
+        load_kubeconfig(str(never_read), None)
+    installed = importlib.metadata.version("kubernetes")
+    assert str(refused.value) == (f"{never_read}: cannot load the kubeconfig: kubernetes {installed} is installed, "
+                                  "but gpuquota is tested only with kubernetes>=38.0,<38.1 (it relies on its "
+                                  "internals); install a version in that range")

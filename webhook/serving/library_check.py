@@ -1,142 +1,46 @@
 """The libraries whose internals the server relies on are the versions it was tested with, or it does not start.
 
-The server goes beyond the public API of three libraries:
+The server goes beyond the public API of four libraries:
 
 - gunicorn: :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker` subclasses gthread's
-  ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request and
-  parser attributes and replacing ``util.http_date``; :class:`~webhook.serving.supervision.SupervisingArbiter`
-  subclasses the ``Arbiter`` and its stop, child and worker management; ``gunicorn_conf`` sets
-  settings by name (``http_parser = "fast"``, ``http_protocols``, ``control_socket_disable``, which
-  older releases do not know) and rewrites one of the arbiter's log lines.
+  ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request,
+  body and parser attributes and the ``proxy_protocol`` setting, and replacing ``util.http_date``;
+  :class:`~webhook.serving.supervision.SupervisingArbiter` subclasses the ``Arbiter`` and its
+  stop, child and worker management; ``gunicorn_conf`` sets settings by name (``http_parser =
+  "fast"``, ``http_protocols``, ``control_socket_disable``, which older releases do not know) and
+  rewrites one of the arbiter's log lines.
 - gunicorn_h1c: the C parser behind ``http_parser = "fast"``; gunicorn calls it, at the version
   gunicorn's own "fast" extra asks for.
 - prometheus_client: the server switches its value storage to multiprocess mode after import
   (``values.ValueClass``) and uses the multiprocess collector, ``mark_process_dead`` and the
   ``livemostrecent`` gauge mode.
+- kubernetes: the kubeconfig given with ``--kubeconfig`` is loaded through the client's
+  non-exported ``ConfigNode`` and ``KubeConfigLoader`` (:mod:`kubeaccess.kube`; the pin and its
+  probe are in :mod:`kubeaccess.library_pins`, since the CLI checks it too).
 
 A release outside the tested range may rename any of these and the server would then fail in a
 worker, mid-request, or quietly serve with the slower path. So ``gpuquota serve`` calls
 :func:`check_serving_libraries` first, before it imports gunicorn's worker and binds anything:
 the installed versions must be in the ranges pyproject.toml pins, and every attribute and method
 relied on must still be there with the parameters it was tested with. Otherwise it exits with one
-line naming the library, the version found and the range tested.
+line naming the library, the version found and the range tested. The checking itself
+(:class:`~kubeaccess.library_pins.PinnedLibrary`, the probes) is shared with kubeaccess.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import inspect
-import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
 
-
-class LibraryMismatch(Exception):
-    """An installed library is not a version the server was tested with, or lacks an internal it uses."""
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """The leading release numbers of a version string: "27.0.1" -> (27, 0, 1), "0.7.0rc1" -> (0, 7, 0)."""
-    match = re.match(r"\d+(?:\.\d+)*", version.strip())
-    if match is None:
-        raise ValueError(f"not a release version: {version!r}")
-    return tuple(int(part) for part in match.group(0).split("."))
-
-
-@dataclass(frozen=True)
-class PinnedLibrary:
-    """A distribution, the version range the server is tested with (``lowest`` <= v < ``below``, as
-    pinned in pyproject.toml), and what of its internals the server uses."""
-
-    distribution: str
-    lowest: str
-    below: str
-    # Yields one phrase per internal that is missing or changed; nothing when all are as tested.
-    internals: Callable[[], Iterable[str]] = lambda: ()
-
-    @property
-    def tested_range(self) -> str:
-        return f">={self.lowest},<{self.below}"
-
-    def admits(self, version: str) -> bool:
-        try:
-            key = version_key(version)
-        except ValueError:
-            return False
-        return version_key(self.lowest) <= key < version_key(self.below)
-
-
-def check_libraries(libraries: Sequence[PinnedLibrary],
-                    version_of: Callable[[str], str] = importlib.metadata.version) -> None:
-    """LibraryMismatch naming the first library that is missing, of an untested version, or whose
-    internals differ from the tested ones. Versions are checked before internals: the internals of
-    an untested release are looked at only once its version is known to be a tested one."""
-    for library in libraries:
-        try:
-            version = version_of(library.distribution)
-        except importlib.metadata.PackageNotFoundError:
-            raise LibraryMismatch(f"{library.distribution} is not installed; the server is tested with "
-                                  f"{library.distribution}{library.tested_range}") from None
-        if not library.admits(version):
-            raise LibraryMismatch(f"{library.distribution} {version} is installed, but the server is tested only "
-                                  f"with {library.distribution}{library.tested_range} (it relies on its internals); "
-                                  f"install a version in that range")
-    for library in libraries:
-        version = version_of(library.distribution)
-        try:
-            changed = list(library.internals())
-        except Exception as error:  # an import or attribute the probe itself needs
-            changed = [f"{type(error).__name__}: {error}"]
-        if changed:
-            raise LibraryMismatch(f"{library.distribution} {version} is installed and in the tested range "
-                                  f"{library.tested_range}, but its internals differ from the tested ones: "
-                                  + "; ".join(changed))
-
-
-# --- probes of internals, pure functions of the objects they are given ------------------------------
-
-
-def attributes_missing(owner: Any, names: Iterable[str], where: str) -> Iterator[str]:
-    for name in names:
-        if not hasattr(owner, name):
-            yield f"{where}.{name} is missing"
-
-
-def parameters_differ(owner: Any, expected: dict[str, tuple[str, ...]], where: str) -> Iterator[str]:
-    """Methods of ``owner`` whose parameters (after ``self``) are not the expected names."""
-    for name, parameters in expected.items():
-        method = getattr(owner, name, None)
-        if not callable(method):
-            yield f"{where}.{name} is missing"
-            continue
-        try:
-            found = tuple(inspect.signature(method).parameters)
-        except (TypeError, ValueError):
-            yield f"{where}.{name} has no readable signature"
-            continue
-        if found[:1] == ("self",):
-            found = found[1:]
-        if found != parameters:
-            yield f"{where}.{name} takes ({', '.join(found)}), tested with ({', '.join(parameters)})"
-
-
-def not_assigned(functions: Sequence[Callable[..., Any]], names: Iterable[str], where: str) -> Iterator[str]:
-    """Instance attributes that none of ``functions`` (the constructors that set them) names.
-
-    An attribute set in ``__init__`` cannot be seen on the class; the names a function's code
-    uses can, and a renamed attribute disappears from them.
-    """
-    used: set[str] = set()
-    for function in functions:
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            used.update(code.co_names)
-    for name in names:
-        if name not in used:
-            yield f"{where} no longer sets .{name}"
-
+from kubeaccess.library_pins import (
+    KUBERNETES,
+    PinnedLibrary,
+    attributes_missing,
+    check_libraries,
+    not_assigned,
+    parameters_differ,
+)
 
 # --- what the server relies on ---------------------------------------------------------------------
 
@@ -146,6 +50,7 @@ def _gunicorn_internals() -> Iterator[str]:
     util = importlib.import_module("gunicorn.util")
     body = importlib.import_module("gunicorn.http.body")
     message = importlib.import_module("gunicorn.http.message")
+    parser = importlib.import_module("gunicorn.http.parser")
     unreader = importlib.import_module("gunicorn.http.unreader")
     gthread = importlib.import_module("gunicorn.workers.gthread")
     base = importlib.import_module("gunicorn.workers.base")
@@ -176,11 +81,15 @@ def _gunicorn_internals() -> Iterator[str]:
     yield from not_assigned((connection.__init__, connection.init),
                             ("sock", "client", "timeout", "parser", "initialized", "is_http2", "data_ready"),
                             "gthread.TConn")
+    # conn.parser.unreader.buf: bytes already read tell a waiting request from an idle connection.
+    yield from not_assigned((parser.Parser.__init__,), ("unreader",), "gunicorn.http.parser.Parser")
     yield from not_assigned((unreader.Unreader.__init__,), ("buf",), "gunicorn.http.unreader.Unreader")
     yield from attributes_missing(message.Request, ("_expected_100_continue", "should_close"),
                                   "gunicorn.http.message.Request")
     yield from not_assigned((message.Message.__init__,), ("version", "headers", "body"),
                             "gunicorn.http.message.Message")
+    # req.body.reader: the direct path serves only bodies of a known length (a LengthReader).
+    yield from not_assigned((body.Body.__init__,), ("reader",), "gunicorn.http.body.Body")
     yield from not_assigned((body.LengthReader.__init__,), ("length",), "gunicorn.http.body.LengthReader")
     # supervision.SupervisingArbiter
     yield from parameters_differ(arbiter.Arbiter, {
@@ -194,8 +103,12 @@ def _gunicorn_internals() -> Iterator[str]:
     yield from parameters_differ(app_base.BaseApplication, {"load_config": (), "load": (), "run": ()},
                                  "gunicorn.app.base.BaseApplication")
     known = set(config.Config().settings)
-    for name in sorted(_settings_used() - known):
+    for name in sorted((_settings_used() | SETTINGS_READ) - known):
         yield f"gunicorn has no setting {name!r}"
+
+
+# Settings the worker reads from gunicorn's config (``self.cfg``) without gunicorn_conf setting them.
+SETTINGS_READ = frozenset({"proxy_protocol"})
 
 
 def _settings_used() -> set[str]:
@@ -222,11 +135,12 @@ def _prometheus_internals() -> Iterator[str]:
         yield "prometheus_client Gauge has no multiprocess_mode 'livemostrecent'"
 
 
-# The ranges pinned in pyproject.toml (keep the two in step).
+# The ranges pinned in pyproject.toml (tests/webhook/test_library_check.py keeps the two equal).
 SERVING_LIBRARIES = (
     PinnedLibrary("gunicorn", "27.0.1", "27.1", _gunicorn_internals),
     PinnedLibrary("gunicorn_h1c", "0.6.10", "0.7"),
     PinnedLibrary("prometheus_client", "0.26.0", "0.27", _prometheus_internals),
+    KUBERNETES,
 )
 
 
