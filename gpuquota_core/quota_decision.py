@@ -10,16 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
 from .ledger import Reservation
 from .quantity import ZERO, Quantity
 from .quota_check import charges_for_chain, check_chain
 from .quota_tree import QuotaTree
 from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, subtract_lists
-
-QUOTA_EXCEEDED = "QuotaExceeded"
-QUOTA_NOT_FOUND = "QuotaNotFound"
-PARENT_QUOTA = "ParentQuota"
-UNKNOWN_GPU_MEMORY = "UnknownGpuMemory"
 
 
 class Totals(Protocol):

@@ -57,8 +57,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.enforcement import QUOTA_EXCEEDED
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
-from gpuquota_core.quota_decision import QUOTA_EXCEEDED
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
 from webhook.quota.state import EscrowShape, QuotaState
