@@ -18,7 +18,7 @@ from typing import Any
 
 from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import PodShapeError, parse_resource_list
+from .podspec import PodShapeError, mapping_or_empty, parse_resource_list
 from .quantity import Quantity
 from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
 from .quota_integrity import tree_problems
@@ -270,7 +270,7 @@ class RollbackPlan:
 
 def _meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
+    return mapping_or_empty(metadata)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -280,16 +280,16 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     annotations = _meta_of(obj).get("annotations")
-    return annotations if isinstance(annotations, Mapping) else {}
+    return mapping_or_empty(annotations)
 
 
 def _spec_of(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     spec = obj.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = mapping_or_empty(spec)
     result: dict[str, dict[str, str]] = {}
     for section in ("min", "max"):
         value = spec.get(section)
-        result[section] = {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+        result[section] = {str(k): str(v) for k, v in mapping_or_empty(value).items()}
     return result
 
 
@@ -337,7 +337,7 @@ def _same(left: Spec, right: Spec) -> bool:
 
 def _with_spec(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
     old = obj.get("spec")
-    return {**obj, "spec": {**(old if isinstance(old, Mapping) else {}),
+    return {**obj, "spec": {**mapping_or_empty(old),
                             "min": dict(spec["min"]), "max": dict(spec["max"])}}
 
 
@@ -770,7 +770,7 @@ def _window(steps: list[Step], infos: Mapping[str, QuotaInfo], target: Mapping[s
 def _with_parent(obj: Mapping[str, Any], parent: str) -> dict[str, Any]:
     metadata = dict(_meta_of(obj))
     labels = metadata.get("labels")
-    metadata["labels"] = {**(labels if isinstance(labels, Mapping) else {}), PARENT_LABEL: parent}
+    metadata["labels"] = {**mapping_or_empty(labels), PARENT_LABEL: parent}
     return {**obj, "metadata": metadata}
 
 

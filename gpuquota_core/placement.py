@@ -28,6 +28,7 @@ from enum import Enum
 from typing import Any
 
 from .memo import BoundedMemo
+from .podspec import mapping_or_empty
 from .quantity import QuantityError, parse_quantity
 from .resources import DEPRECATED_RENAMES, GpuFamily, families_of, is_gpu_name
 
@@ -77,16 +78,16 @@ def _is_extended(name: str) -> bool:
 def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
     """What the filters read of a Node object; None when it has no name (not a node we can place on)."""
     metadata = node.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
+    metadata = mapping_or_empty(metadata)
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         return None
     raw_labels = metadata.get("labels")
     # Interned: the same keys (and many values: zones, models) repeat on every node.
-    labels = {sys.intern(key): sys.intern(value) for key, value in raw_labels.items()
-              if isinstance(key, str) and isinstance(value, str)} if isinstance(raw_labels, Mapping) else {}
+    labels = {sys.intern(key): sys.intern(value) for key, value in mapping_or_empty(raw_labels).items()
+              if isinstance(key, str) and isinstance(value, str)}
     spec = node.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = mapping_or_empty(spec)
     taints: list[Taint] = []
     raw_taints = spec.get("taints")
     for raw in raw_taints if isinstance(raw_taints, list) else ():
@@ -99,7 +100,7 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
     if spec.get("unschedulable") is True:
         taints.append(Taint(UNSCHEDULABLE_TAINT_KEY, "", NO_SCHEDULE))
     status = node.get("status")
-    status = status if isinstance(status, Mapping) else {}
+    status = mapping_or_empty(status)
     # The API server defaults a missing allocatable to the capacity; manifests may carry only that.
     allocatable = status.get("allocatable") if "allocatable" in status else status.get("capacity")
     resources: set[str] = set()
