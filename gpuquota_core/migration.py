@@ -1,12 +1,12 @@
 """Plan the move of ElasticQuota trees from vendor GPU keys to canonical keys (I/O-free).
 
-Koordinator's quota webhook requires a child's max keys to equal its parent's on every update
-(koordinator.md §4.2); with ``ElasticQuotaEnableUpdateResourceKey`` only child ⊆ parent. So with
-the gate the plan goes top-down adding canonical keys (legacy kept), then bottom-up dropping the
-legacy keys: every intermediate state satisfies child ⊆ parent. Without the gate a tree below a
-non-root parent cannot be changed one quota at a time, and the plan says so; ``all_at_once``
-plans the maintenance-window procedure instead (detach, convert, reattach: see the section
-"all at once" below).
+Koordinator's quota webhook (pkg/webhook/elasticquota/quota_topology_check.go) requires a child's
+max keys to equal its parent's on every update; with ``ElasticQuotaEnableUpdateResourceKey`` only
+child ⊆ parent. So with the gate the plan goes top-down adding canonical keys (legacy kept), then
+bottom-up dropping the legacy keys: every intermediate state satisfies child ⊆ parent. Without the
+gate a tree below a non-root parent cannot be changed one quota at a time, and the plan says so;
+``all_at_once`` plans the maintenance-window procedure instead (detach, convert, reattach: see the
+section "all at once" below).
 """
 
 from __future__ import annotations
@@ -473,7 +473,8 @@ def _key_relation_refusals(live: Mapping[tuple[str, str], Mapping[str, Any]],
 
 # -- all at once (ElasticQuotaEnableUpdateResourceKey off) ---------------------------------------
 #
-# With the gate off, Koordinator's ElasticQuota webhook (koordinator.md §4.2, validateQuotaTopology)
+# With the gate off, Koordinator's ElasticQuota webhook (validateQuotaTopology,
+# pkg/webhook/elasticquota/quota_topology_check.go)
 # judges every create or update of a quota Q against Q's current neighbours, and only Q:
 #   * Q's parent is the root quota and Q is not is-parent: no topology check at all;
 #   * otherwise Q's max keys must be identical to its parent's (unless that is the root quota)
@@ -516,9 +517,9 @@ def koordinator_topology_refusal(world: Mapping[str, Placement], name: str,
                                  update_resource_key_gate: bool = False) -> str | None:
     """Koordinator's ElasticQuota webhook on an update that leaves ``world[name]`` as given.
 
-    Only the topology checks of koordinator.md §4.2 a migration can trip (parent present and
-    is-parent, tree id, max keys equal to the parent's and every child's; child ⊆ parent with the
-    gate), with Koordinator's wording. None when the update would be accepted.
+    Only the topology checks (pkg/webhook/elasticquota/quota_topology_check.go) a migration can trip
+    (parent present and is-parent, tree id, max keys equal to the parent's and every child's; child
+    ⊆ parent with the gate), with Koordinator's wording. None when the update would be accepted.
     """
     quota = world[name]
     if quota.parent == ROOT_QUOTA and not quota.is_parent:

@@ -2,9 +2,10 @@
 
 A node that runs only the vendor device plugin advertises ``nvidia.com/gpu`` and no
 ``koordinator.sh/*`` names; rewriting the request of a pod that can only land on such nodes turns
-it into a request no node it can reach satisfies (koordinator.md §1.5-1.6). So the rewrite looks
-at the nodes first: ``rewrite: auto`` rewrites only when at least one node the pod can be scheduled
-on advertises every name the rewrite would ask for.
+it into a request no node it can reach satisfies (Koordinator's names reach a node's allocatable
+only from its Device CR: pkg/slo-controller/noderesource/plugins/gpudeviceresource/plugin.go). So
+the rewrite looks at the nodes first: ``rewrite: auto`` rewrites only when at least one node the
+pod can be scheduled on advertises every name the rewrite would ask for.
 
 "Can be scheduled on" follows kube-scheduler's filters: ``spec.nodeName``, ``nodeSelector``,
 required node affinity, and the NoSchedule / NoExecute taints the pod does not tolerate (a cordoned
@@ -111,7 +112,7 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
             try:
                 if isinstance(amount, (str, int, float)) and parse_quantity(amount).amount > 0:
                     resources.add(sys.intern(resource))
-                    # Koordinator's informers rename deprecated names (koordinator.md §1.1).
+                    # Koordinator's informers rename deprecated names (apis/extension/deprecated.go).
                     if resource in DEPRECATED_RENAMES:
                         resources.add(DEPRECATED_RENAMES[resource])
             except QuantityError:

@@ -85,7 +85,7 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
         return Decision(True)
     leaf = tree.quotas[resolution.quota]
     if leaf.is_parent:
-        # Koordinator's ElasticQuota pod check says this first (koordinator.md §4.3), then our reason.
+        # Koordinator's ElasticQuota pod check says this first (pkg/webhook/elasticquota/pod_check.go), then our reason.
         return Decision(False, message=f"pod can not be linked to a parentQuotaGroup,quota:{leaf.name}, "
                         f"pod:{pod.name}: pod {pod.namespace}/{pod.name} cannot use ElasticQuota {leaf.ref}: it is "
                         f"a parent quota (is-parent=true); use one of its leaf quotas", reason=PARENT_QUOTA, code=403)
