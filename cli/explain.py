@@ -25,7 +25,7 @@ from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.pod_records import remembered_pod_requests
-from gpuquota_core.podspec import PodShapeError, as_mapping
+from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
 from gpuquota_core.resources import ResourceList, add_lists
@@ -172,7 +172,7 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
 
 def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     kind = str(obj.get("kind"))
-    metadata = _mapping(obj.get("metadata"))
+    metadata = mapping_or_empty(obj.get("metadata"))
     own_namespace = str(metadata.get("namespace") or namespace)
     name = str(metadata.get("name") or metadata.get("generateName") or "")
     if kind == "AdmissionReview":
@@ -193,14 +193,14 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
         return []
     # The pod a controller would create from it: the template's labels and annotations (the quota
     # label among them), a generated name, the workload's namespace.
-    template_metadata = _mapping(template.get("metadata"))
+    template_metadata = mapping_or_empty(template.get("metadata"))
     pod_metadata: dict[str, Any] = {"generateName": f"{name}-", "namespace": own_namespace}
     for key in ("labels", "annotations"):
         if isinstance(template_metadata.get(key), Mapping):
             pod_metadata[key] = _plain(template_metadata[key], name)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
            "spec": _plain(template.get("spec") or {}, name)}
-    spec = _mapping(obj.get("spec"))
+    spec = mapping_or_empty(obj.get("spec"))
     replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
     if kind == "Job":
         replicas = spec.get("parallelism", 1)
@@ -219,7 +219,7 @@ def _plain(value: Any, name: str) -> Any:
 def _review(pod: Mapping[str, Any]) -> bytes:
     """The AdmissionReview the API server would send for the pod's CREATE, as a dry run: the quota
     decision then reserves nothing, even in the webhook's own state."""
-    metadata = _mapping(pod.get("metadata"))
+    metadata = mapping_or_empty(pod.get("metadata"))
     request = {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
                "resource": {"group": "", "version": "v1", "resource": "pods"},
                "namespace": str(metadata.get("namespace") or ""), "name": str(metadata.get("name") or ""),
@@ -277,8 +277,8 @@ def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDe
                          would_deny=[{"check": r.check, "mode": r.mode.value, "message": r.message}
                                      for r in validated.relaxed],
                          mutation_note=mutated.note, patch=[dict(op) for op in response.patch or ()])
-    metadata = _mapping(pod.get("metadata"))
-    labels = _mapping(metadata.get("labels"))
+    metadata = mapping_or_empty(pod.get("metadata"))
+    labels = mapping_or_empty(metadata.get("labels"))
     resolution = state.tree.resolve(str(metadata.get("namespace") or ""), str(labels.get(POD_QUOTA_LABEL) or ""))
     result.quota, result.rule, result.rule_text = resolution.quota, resolution.rule, describe_rule(resolution)
     result.chain = [q.name for q in state.tree.chain(resolution.quota)] if resolution.quota in state.tree.quotas \
@@ -294,10 +294,6 @@ def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDe
     result.levels = chain_headroom(state.tree, resolution, requests, used_of)
     result.fit = pods_that_fit(result.levels)
     return result
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def render(e: Explanation) -> str:

@@ -45,7 +45,7 @@ DEFAULTS = Settings()
               show_default=True,
               help="Quota reservations per server instance (local), or shared by all replicas through a "
                    "ConfigMap written before each admission (strict; see README 'Several replicas').")
-@click.option("--ledger-namespace", default="",
+@click.option("--ledger-namespace", default=DEFAULTS.ledger_namespace,
               help="Namespace of strict accounting's ledger ConfigMaps (default: the pod's own namespace).")
 @click.option("--stale-after", "stale_after_seconds", type=click.FloatRange(min=1),
               default=DEFAULTS.stale_after_seconds,

@@ -86,12 +86,12 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from kubeaccess.kube import api_error_message
+    from kubeaccess.kube import REQUEST_TIMEOUT_SECONDS, api_error_message
     from webhook.quota.strict_accounting import MANAGED_SELECTOR
 
     try:
         response: Any = client.CoreV1Api(api).list_config_map_for_all_namespaces(
-            label_selector=MANAGED_SELECTOR, _preload_content=False, _request_timeout=60)
+            label_selector=MANAGED_SELECTOR, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS)
     except ApiException as error:
         snapshot.notes.append(f"reserved is unknown: cannot list the strict-accounting ledger ConfigMaps: "
                               f"{error.status} {api_error_message(error)}")

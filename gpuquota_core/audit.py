@@ -25,7 +25,7 @@ from .pod_records import (
     spec_names_key,
     spec_shape_key,
 )
-from .podspec import PodShapeError, parse_resource_list, pod_requests, read_containers
+from .podspec import PodShapeError, mapping_or_empty, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity, QuantityError
 from .quota_admission import review_quota_object
 from .quota_decision import Decision, PodQuotaRequest, decide
@@ -124,14 +124,13 @@ class AuditReport:
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
     metadata = obj.get("metadata")
-    # type() first: decoded JSON is a plain dict, and the ABC check costs more than the rest here.
-    metadata = metadata if type(metadata) is dict or isinstance(metadata, Mapping) else {}
+    metadata = mapping_or_empty(metadata)
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or ""), metadata
 
 
 def _node_resources(node: Mapping[str, Any]) -> dict[str, Quantity]:
     status = node.get("status")
-    status = status if isinstance(status, Mapping) else {}
+    status = mapping_or_empty(status)
     merged: dict[str, Quantity] = {}
     # Capacity is what the device plugin advertises; allocatable may be reduced but names the same.
     for section in ("allocatable", "capacity"):
@@ -527,7 +526,7 @@ def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
 
 def _labels_of(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
     labels = metadata.get("labels")
-    return labels if isinstance(labels, Mapping) else {}
+    return mapping_or_empty(labels)
 
 
 def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,

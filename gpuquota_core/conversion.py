@@ -70,7 +70,8 @@ DEFAULT_RULES: tuple[ConversionRule, ...] = (
 @dataclass(frozen=True, slots=True)
 class ConversionConfig:
     rules: tuple[ConversionRule, ...] = DEFAULT_RULES
-    # Bytes of memory per card, by GPU model: the only way bytes can become a ratio (koordinator.md §1.3.3).
+    # Bytes of memory per card, by GPU model: the only way bytes can become a ratio (as Koordinator's
+    # scheduler does after allocation, pkg/scheduler/plugins/deviceshare/devicehandler_gpu.go).
     gpu_memory_by_model: Mapping[str, int] = field(default_factory=dict)
     model_label: str = GPU_MODEL_LABEL
     rename_deprecated: bool = True

@@ -27,7 +27,7 @@ from .placement import (
     nonzero_names,
     spec_resources,
 )
-from .podspec import PodShapeError, as_mapping, pod_requests, read_containers
+from .podspec import PodShapeError, as_mapping, mapping_or_empty, pod_requests, read_containers
 from .validation import GpuRequestProblem, validate_pod_gpu
 
 
@@ -51,7 +51,7 @@ class ConvertedObject:
 
 def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     metadata = obj.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
+    metadata = mapping_or_empty(metadata)
     return (str(obj.get("kind") or "?"), str(metadata.get("namespace") or ""),
             str(metadata.get("name") or metadata.get("generateName") or "?"))
 
@@ -92,7 +92,7 @@ def _placed(result: CanonicalResult, pod: Mapping[str, Any], config: ConversionC
             nodes: NodeView | None) -> tuple[CanonicalResult, list[str]]:
     """The rewrite if the webhook would apply it where this pod can land, else the pod as written."""
     spec = pod.get("spec")
-    constraints = constraints_of(spec if isinstance(spec, Mapping) else {})
+    constraints = constraints_of(mapping_or_empty(spec))
     warnings: list[str] = []
     if result.changed:
         # No nodes to look at is not "not listed yet": convert shows what a rewrite would store.

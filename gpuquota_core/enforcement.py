@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-# The response reason of /validate-pods for a GPU request Koordinator can never schedule (422), and
-# the reasons of quota_decision (spelt out here, not imported: conversion.py imports this module,
-# and quota_decision imports conversion through quota; a test keeps the two spellings equal).
+# The response reasons of /validate-pods: a GPU request Koordinator can never schedule (422), and
+# the refusals of quota_decision, which imports them from here.
 INVALID = "Invalid"
 QUOTA_EXCEEDED = "QuotaExceeded"
 QUOTA_NOT_FOUND = "QuotaNotFound"

@@ -69,29 +69,6 @@ class PodEvent:
     quota_label: str  # the pod's quota label ("" when none): resolves the quota target
     owner: ObjectRef | None  # the pod's controller, when it names one
 
-    def to_wire(self) -> dict[str, Any]:
-        owner = self.owner
-        return {"reason": self.reason, "message": self.message, "namespace": self.namespace,
-                "quota_label": self.quota_label,
-                "owner": None if owner is None else [owner.api_version, owner.kind, owner.name, owner.uid]}
-
-    @classmethod
-    def from_wire(cls, raw: object) -> PodEvent:
-        """The event a worker sent; ValueError for anything else (the service drops it)."""
-        if not isinstance(raw, Mapping):
-            raise ValueError("an event must be an object")
-        texts = [raw.get(key) for key in ("reason", "message", "namespace", "quota_label")]
-        if not all(isinstance(text, str) for text in texts):
-            raise ValueError("an event needs reason, message, namespace and quota_label as strings")
-        reason, message, namespace, quota_label = (str(text) for text in texts)
-        owner_raw = raw.get("owner")
-        owner = None
-        if owner_raw is not None:
-            if not (isinstance(owner_raw, list) and len(owner_raw) == 4 and all(isinstance(v, str) for v in owner_raw)):
-                raise ValueError("an event's owner must be [apiVersion, kind, name, uid]")
-            owner = ObjectRef(owner_raw[0], owner_raw[1], owner_raw[2], namespace, owner_raw[3])
-        return cls(reason, message, namespace, quota_label, owner)
-
 
 def controller_of(metadata: Mapping[str, Any], namespace: str) -> ObjectRef | None:
     """The owner reference marked ``controller: true`` (at most one is allowed), as an event target.

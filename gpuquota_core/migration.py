@@ -1,12 +1,12 @@
 """Plan the move of ElasticQuota trees from vendor GPU keys to canonical keys (I/O-free).
 
-Koordinator's quota webhook requires a child's max keys to equal its parent's on every update
-(koordinator.md §4.2); with ``ElasticQuotaEnableUpdateResourceKey`` only child ⊆ parent. So with
-the gate the plan goes top-down adding canonical keys (legacy kept), then bottom-up dropping the
-legacy keys: every intermediate state satisfies child ⊆ parent. Without the gate a tree below a
-non-root parent cannot be changed one quota at a time, and the plan says so; ``all_at_once``
-plans the maintenance-window procedure instead (detach, convert, reattach: see the section
-"all at once" below).
+Koordinator's quota webhook (pkg/webhook/elasticquota/quota_topology_check.go) requires a child's
+max keys to equal its parent's on every update; with ``ElasticQuotaEnableUpdateResourceKey`` only
+child ⊆ parent. So with the gate the plan goes top-down adding canonical keys (legacy kept), then
+bottom-up dropping the legacy keys: every intermediate state satisfies child ⊆ parent. Without the
+gate a tree below a non-root parent cannot be changed one quota at a time, and the plan says so;
+``all_at_once`` plans the maintenance-window procedure instead (detach, convert, reattach: see the
+section "all at once" below).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import PodShapeError, parse_resource_list
+from .podspec import PodShapeError, mapping_or_empty, parse_resource_list
 from .quantity import Quantity
 from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
 from .quota_integrity import tree_problems
@@ -270,7 +270,7 @@ class RollbackPlan:
 
 def _meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, Mapping) else {}
+    return mapping_or_empty(metadata)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -280,16 +280,16 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     annotations = _meta_of(obj).get("annotations")
-    return annotations if isinstance(annotations, Mapping) else {}
+    return mapping_or_empty(annotations)
 
 
 def _spec_of(obj: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     spec = obj.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = mapping_or_empty(spec)
     result: dict[str, dict[str, str]] = {}
     for section in ("min", "max"):
         value = spec.get(section)
-        result[section] = {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+        result[section] = {str(k): str(v) for k, v in mapping_or_empty(value).items()}
     return result
 
 
@@ -337,7 +337,7 @@ def _same(left: Spec, right: Spec) -> bool:
 
 def _with_spec(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
     old = obj.get("spec")
-    return {**obj, "spec": {**(old if isinstance(old, Mapping) else {}),
+    return {**obj, "spec": {**mapping_or_empty(old),
                             "min": dict(spec["min"]), "max": dict(spec["max"])}}
 
 
@@ -473,7 +473,8 @@ def _key_relation_refusals(live: Mapping[tuple[str, str], Mapping[str, Any]],
 
 # -- all at once (ElasticQuotaEnableUpdateResourceKey off) ---------------------------------------
 #
-# With the gate off, Koordinator's ElasticQuota webhook (koordinator.md §4.2, validateQuotaTopology)
+# With the gate off, Koordinator's ElasticQuota webhook (validateQuotaTopology,
+# pkg/webhook/elasticquota/quota_topology_check.go)
 # judges every create or update of a quota Q against Q's current neighbours, and only Q:
 #   * Q's parent is the root quota and Q is not is-parent: no topology check at all;
 #   * otherwise Q's max keys must be identical to its parent's (unless that is the root quota)
@@ -516,9 +517,9 @@ def koordinator_topology_refusal(world: Mapping[str, Placement], name: str,
                                  update_resource_key_gate: bool = False) -> str | None:
     """Koordinator's ElasticQuota webhook on an update that leaves ``world[name]`` as given.
 
-    Only the topology checks of koordinator.md §4.2 a migration can trip (parent present and
-    is-parent, tree id, max keys equal to the parent's and every child's; child ⊆ parent with the
-    gate), with Koordinator's wording. None when the update would be accepted.
+    Only the topology checks (pkg/webhook/elasticquota/quota_topology_check.go) a migration can trip
+    (parent present and is-parent, tree id, max keys equal to the parent's and every child's; child
+    ⊆ parent with the gate), with Koordinator's wording. None when the update would be accepted.
     """
     quota = world[name]
     if quota.parent == ROOT_QUOTA and not quota.is_parent:
@@ -770,7 +771,7 @@ def _window(steps: list[Step], infos: Mapping[str, QuotaInfo], target: Mapping[s
 def _with_parent(obj: Mapping[str, Any], parent: str) -> dict[str, Any]:
     metadata = dict(_meta_of(obj))
     labels = metadata.get("labels")
-    metadata["labels"] = {**(labels if isinstance(labels, Mapping) else {}), PARENT_LABEL: parent}
+    metadata["labels"] = {**mapping_or_empty(labels), PARENT_LABEL: parent}
     return {**obj, "metadata": metadata}
 
 

@@ -43,7 +43,7 @@ from .placement import (
     nonzero_names,
     spec_resources,
 )
-from .podspec import CONTAINER_KINDS, MAX_CONTAINERS
+from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, mapping_or_empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | 
     if not mutation.changed and not mutation.asks_gpu:
         return mutation
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    constraints = constraints_of(spec if isinstance(spec, Mapping) else {})
+    constraints = constraints_of(mapping_or_empty(spec))
     warnings: list[str] = []
     if mutation.changed:
         decision = decide_rewrite(config.rewrite, constraints, mutation.rewritten_sources, mutation.needs, nodes)

@@ -2,9 +2,10 @@
 
 A node that runs only the vendor device plugin advertises ``nvidia.com/gpu`` and no
 ``koordinator.sh/*`` names; rewriting the request of a pod that can only land on such nodes turns
-it into a request no node it can reach satisfies (koordinator.md §1.5-1.6). So the rewrite looks
-at the nodes first: ``rewrite: auto`` rewrites only when at least one node the pod can be scheduled
-on advertises every name the rewrite would ask for.
+it into a request no node it can reach satisfies (Koordinator's names reach a node's allocatable
+only from its Device CR: pkg/slo-controller/noderesource/plugins/gpudeviceresource/plugin.go). So
+the rewrite looks at the nodes first: ``rewrite: auto`` rewrites only when at least one node the
+pod can be scheduled on advertises every name the rewrite would ask for.
 
 "Can be scheduled on" follows kube-scheduler's filters: ``spec.nodeName``, ``nodeSelector``,
 required node affinity, and the NoSchedule / NoExecute taints the pod does not tolerate (a cordoned
@@ -28,6 +29,7 @@ from enum import Enum
 from typing import Any
 
 from .memo import BoundedMemo
+from .podspec import mapping_or_empty
 from .quantity import QuantityError, parse_quantity
 from .resources import DEPRECATED_RENAMES, GpuFamily, families_of, is_gpu_name
 
@@ -77,16 +79,16 @@ def _is_extended(name: str) -> bool:
 def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
     """What the filters read of a Node object; None when it has no name (not a node we can place on)."""
     metadata = node.get("metadata")
-    metadata = metadata if isinstance(metadata, Mapping) else {}
+    metadata = mapping_or_empty(metadata)
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         return None
     raw_labels = metadata.get("labels")
     # Interned: the same keys (and many values: zones, models) repeat on every node.
-    labels = {sys.intern(key): sys.intern(value) for key, value in raw_labels.items()
-              if isinstance(key, str) and isinstance(value, str)} if isinstance(raw_labels, Mapping) else {}
+    labels = {sys.intern(key): sys.intern(value) for key, value in mapping_or_empty(raw_labels).items()
+              if isinstance(key, str) and isinstance(value, str)}
     spec = node.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = mapping_or_empty(spec)
     taints: list[Taint] = []
     raw_taints = spec.get("taints")
     for raw in raw_taints if isinstance(raw_taints, list) else ():
@@ -99,7 +101,7 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
     if spec.get("unschedulable") is True:
         taints.append(Taint(UNSCHEDULABLE_TAINT_KEY, "", NO_SCHEDULE))
     status = node.get("status")
-    status = status if isinstance(status, Mapping) else {}
+    status = mapping_or_empty(status)
     # The API server defaults a missing allocatable to the capacity; manifests may carry only that.
     allocatable = status.get("allocatable") if "allocatable" in status else status.get("capacity")
     resources: set[str] = set()
@@ -110,7 +112,7 @@ def node_summary(node: Mapping[str, Any]) -> NodeSummary | None:
             try:
                 if isinstance(amount, (str, int, float)) and parse_quantity(amount).amount > 0:
                     resources.add(sys.intern(resource))
-                    # Koordinator's informers rename deprecated names (koordinator.md §1.1).
+                    # Koordinator's informers rename deprecated names (apis/extension/deprecated.go).
                     if resource in DEPRECATED_RENAMES:
                         resources.add(DEPRECATED_RENAMES[resource])
             except QuantityError:

@@ -54,6 +54,14 @@ class ContainerResources:
         return merged
 
 
+def mapping_or_empty(value: object) -> Mapping[str, Any]:
+    """``value`` read leniently as an object: anything that is not a mapping (absent, a list, a
+    string) reads as empty. For fields whose bad shape another check reports, or that only inform."""
+    if type(value) is dict:  # decoded JSON: skips the slower ABC check, as in as_mapping
+        return value
+    return value if isinstance(value, Mapping) else {}
+
+
 def as_mapping(value: object, path: str, error: Callable[[str], Exception] | None = None) -> Mapping[str, Any]:
     """``value`` read as an object: absent (None) is empty; anything else that is not a mapping raises
     PodShapeError at ``path``, or ``error(path)`` where the caller's domain has its own error."""

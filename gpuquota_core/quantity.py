@@ -68,9 +68,6 @@ class Quantity:
         """Whole units rounded up: ``Quantity.Value()`` in apimachinery (``0.5`` GPU asks for 1)."""
         return math.ceil(self.amount)
 
-    def milli_ceil(self) -> int:
-        return math.ceil(self.amount * 1000)
-
     def is_zero(self) -> bool:
         return self.amount == 0
 

@@ -10,16 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
 from .ledger import Reservation
 from .quantity import ZERO, Quantity
 from .quota_check import charges_for_chain, check_chain
 from .quota_tree import QuotaTree
 from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, subtract_lists
-
-QUOTA_EXCEEDED = "QuotaExceeded"
-QUOTA_NOT_FOUND = "QuotaNotFound"
-PARENT_QUOTA = "ParentQuota"
-UNKNOWN_GPU_MEMORY = "UnknownGpuMemory"
 
 
 class Totals(Protocol):
@@ -89,7 +85,7 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
         return Decision(True)
     leaf = tree.quotas[resolution.quota]
     if leaf.is_parent:
-        # Koordinator's ElasticQuota pod check says this first (koordinator.md §4.3), then our reason.
+        # Koordinator's ElasticQuota pod check says this first (pkg/webhook/elasticquota/pod_check.go), then our reason.
         return Decision(False, message=f"pod can not be linked to a parentQuotaGroup,quota:{leaf.name}, "
                         f"pod:{pod.name}: pod {pod.namespace}/{pod.name} cannot use ElasticQuota {leaf.ref}: it is "
                         f"a parent quota (is-parent=true); use one of its leaf quotas", reason=PARENT_QUOTA, code=403)

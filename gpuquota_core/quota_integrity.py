@@ -1,12 +1,12 @@
 """Whether ElasticQuotas form a tree: names used once, parents that exist, no parent cycles.
 
-Quota names are a cluster-wide key in Koordinator (koordinator.md §2.4): its webhook refuses a
-second quota of an existing name in any namespace and a parent that does not exist (§4.2); which
-of two copies its scheduler uses depends on the order it reads them. Both
-the whole-set view (the audit, ``migrate plan``, loading ``serve --state``) and the one-object view
-(the validating webhook on a CREATE or UPDATE) are here, with one wording, so the audit, the plan
-and the webhook name a broken tree alike. The webhook refuses a taken name and a cycle, not a
-missing parent (see :func:`placement_problems`).
+Quota names are a cluster-wide key in Koordinator: its webhook
+(pkg/webhook/elasticquota/quota_topology.go) refuses a second quota of an existing name in any
+namespace and a parent that does not exist; which of two copies its scheduler uses depends on the
+order it reads them. Both the whole-set view (the audit, ``migrate plan``, loading
+``serve --state``) and the one-object view (the validating webhook on a CREATE or UPDATE) are here,
+with one wording, so the audit, the plan and the webhook name a broken tree alike. The webhook
+refuses a taken name and a cycle, not a missing parent (see :func:`placement_problems`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """ElasticQuota objects as the core reads them: Koordinator's quota labels and well-known quota
 names, parsing an ElasticQuota into a QuotaInfo, and its limits in canonical GPU units.
 
-Koordinator compares resource names literally (koordinator.md §3.1), so a quota written in
+Koordinator compares resource names literally (pkg/scheduler/plugins/elasticquota/core/helper.go), so a quota written in
 ``nvidia.com/gpu`` never sees a pod asking for ``koordinator.sh/gpu-memory-ratio``. Here every
 quota limit and every pod request is first converted with the same table the mutating webhook
 uses, and only then compared.
@@ -36,7 +36,7 @@ ELASTICQUOTA_API_VERSION = f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}"
 ROOT_QUOTA = "koordinator-root-quota"
 DEFAULT_QUOTA = "koordinator-default-quota"
 SYSTEM_QUOTA = "koordinator-system-quota"
-# Quotas Koordinator itself never checks at admission (koordinator.md §3.6).
+# Quotas Koordinator itself never checks at admission (pkg/webhook/pod/validating/evaluate_quota.go).
 UNCHECKED_QUOTAS = frozenset({ROOT_QUOTA, SYSTEM_QUOTA})
 
 

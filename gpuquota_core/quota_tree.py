@@ -74,7 +74,8 @@ class QuotaTree:
         return list(self._children.get(name, ()))
 
     def resolve(self, namespace: str, quota_label: str) -> Resolution:
-        """koordinator.md §2.4, with admission's strictness: a label naming no quota is an error."""
+        """As Koordinator's GetQuotaName (pkg/scheduler/plugins/elasticquota/plugin_helper.go), with admission's
+        strictness: a label naming no quota is an error."""
         if quota_label:
             if quota_label in self.quotas:
                 return Resolution(quota_label, "label")

@@ -16,7 +16,7 @@ from typing import Any
 from .canonical import ORIGINAL_RESOURCES_ANNOTATION, original_resources
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .pod_records import pod_is_counted, pod_record
-from .podspec import CONTAINER_KINDS
+from .podspec import CONTAINER_KINDS, mapping_or_empty
 from .quantity import ZERO, Quantity
 from .quota_check import charges_for_chain
 from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo, canonical_resource_list
@@ -78,12 +78,12 @@ def written_family(pod: Mapping[str, Any]) -> str | None:
     the mutating webhook rewrote, from the spec for the rest. None for a pod without GPU names."""
     originals = original_resources(pod) or {}
     spec = pod.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
+    spec = mapping_or_empty(spec)
     names: set[str] = set()
     for kind in CONTAINER_KINDS:
         entries = spec.get(kind)
         recorded_kind = originals.get(kind)
-        recorded: Mapping[str, Any] = recorded_kind if isinstance(recorded_kind, Mapping) else {}
+        recorded: Mapping[str, Any] = mapping_or_empty(recorded_kind)
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, Mapping):
                 continue
@@ -274,7 +274,7 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
             record = pod_record(pod, config)
         except ValueError:
             metadata = pod.get("metadata")
-            metadata = metadata if isinstance(metadata, Mapping) else {}
+            metadata = mapping_or_empty(metadata)
             unreadable.append(f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}")
             continue
         usage.upsert(record)

@@ -72,11 +72,6 @@ class ListReading:
     disagreements: list[Disagreement] = field(default_factory=list)
     agreed: dict[str, int] = field(default_factory=dict)  # canonical name -> amount, when all agree
 
-    @property
-    def convertible(self) -> bool:
-        """Whether the inputs can be written as one canonical request (what the rewrite does)."""
-        return bool(self.inputs) and len(self.vendors) < 2 and not self.disagreements
-
 
 def renamed(values: Mapping[str, Quantity]) -> dict[str, Quantity]:
     """Deprecated names under their new names, where the new name is absent (as Koordinator does)."""

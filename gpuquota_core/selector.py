@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .podspec import mapping_or_empty
+
 
 class SelectorError(ValueError):
     """A selector that cannot be parsed; the message quotes the part that is wrong."""
@@ -77,7 +79,7 @@ class Selector:
 
     def matches(self, labels: Mapping[str, Any] | None) -> bool:
         """Whether an object with these labels (None: it has none) is selected."""
-        labels = labels if isinstance(labels, Mapping) else {}
+        labels = mapping_or_empty(labels)
         return all(requirement.matches(labels) for requirement in self.requirements)
 
     def matches_object(self, obj: Mapping[str, Any]) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -46,10 +46,6 @@ class UsageIndex:
     def used(self, quota: str) -> ResourceList:
         return dict(self._used.get(quota, {}))
 
-    def used_map(self) -> Mapping[str, ResourceList]:
-        """Live, not a copy: the inner maps change in place as pods are charged (see ``_charge``)."""
-        return self._used
-
     def pods(self) -> Iterable[PodRecord]:
         return self._pods.values()
 
@@ -82,7 +78,7 @@ class UsageIndex:
     # Charging adds the pod's few resources into each quota's totals in place: rebuilding the
     # whole totals map per pod and quota (add_lists) copies every resource the quota has seen, for
     # every pod, which made it a large part of an audit of a big snapshot.
-    # Safe because ``used`` hands out copies; only ``used_map`` (no caller today) exposes these maps.
+    # Safe because ``used`` hands out copies: nothing outside holds these maps.
 
     def _charge(self, record: PodRecord) -> None:
         quotas = self._chain_of(record)

@@ -1,4 +1,4 @@
-"""Which GPU requests Koordinator's scheduler can ever place (koordinator.md §1.3.1).
+"""Which GPU requests Koordinator's scheduler can ever place (pkg/scheduler/plugins/deviceshare/utils.go).
 
 The scheduler judges the *pod's* aggregated request, masked to one device type at a time, against
 a fixed table of allowed name combinations. A pod outside the table is ``UnschedulableAndUnresolvable``
@@ -237,12 +237,14 @@ def _reading_problems(container: ContainerResources, field: str, resources: Reso
     return problems
 
 
-# The names whose presence makes Koordinator's pod webhook touch an app container (koordinator.md §1.4).
+# The names whose presence makes Koordinator's pod webhook touch an app container
+# (pkg/webhook/pod/mutating/device_resource_spec.go).
 KOORDINATOR_WEBHOOK_NAMES: frozenset[str] = frozenset({KOORD_GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, GPU_SHARED})
 
 
 def as_koordinator_webhook_leaves(containers: list[ContainerResources]) -> list[ContainerResources]:
-    """The containers as Koordinator's own pod webhook leaves them on CREATE (koordinator.md §1.4).
+    """The containers as Koordinator's own pod webhook leaves them on CREATE
+    (pkg/webhook/pod/mutating/device_resource_spec.go).
 
     It is installed with Koordinator and on by default, so the scheduler sees its result, not ours:
     in every *app* container (init containers are left alone) that names any of

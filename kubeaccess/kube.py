@@ -21,6 +21,7 @@ from urllib3.exceptions import HTTPError
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION
 
 DEFAULT_PAGE_SIZE = 500
+REQUEST_TIMEOUT_SECONDS = 60  # per list request of a command: an unanswering API server fails it, not hangs it
 
 
 class KubeAccessError(Exception):
@@ -263,7 +264,7 @@ def list_all(api: client.ApiClient, kind: ListedKind, namespace: str | None, *,
     """Every object of ``kind`` (in ``namespace`` when given), fetched ``page_size`` at a time."""
     items: list[dict[str, Any]] = []
     try:
-        for page in list_pages(kind.lister(api, namespace), page_size, _request_timeout=60):
+        for page in list_pages(kind.lister(api, namespace), page_size, _request_timeout=REQUEST_TIMEOUT_SECONDS):
             for item in page.get("items", []):
                 # List items carry no kind of their own; the audit dispatches on it.
                 item.setdefault("kind", kind.kind)

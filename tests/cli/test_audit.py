@@ -19,7 +19,8 @@ OBJECTS: list[dict[str, Any]] = [
                                           "labels": {"quota.scheduling.koordinator.sh/is-parent": "true"}},
      "spec": {"min": {"koordinator.sh/gpu-core": "100"},
               "max": {"koordinator.sh/gpu-core": "400", "koordinator.sh/gpu-memory-ratio": "400"}}},
-    # Pods of namespace team belong to child through the namespaces annotation (koordinator.md §2.4).
+    # Pods of namespace team belong to child through the namespaces annotation
+    # (pkg/scheduler/plugins/elasticquota/plugin_helper.go).
     {"kind": "ElasticQuota", "metadata": {"name": "child", "namespace": "team",
                                           "labels": {"quota.scheduling.koordinator.sh/parent": "parent"},
                                           "annotations": {"quota.scheduling.koordinator.sh/namespaces": '["team"]'}},

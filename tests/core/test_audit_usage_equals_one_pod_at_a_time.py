@@ -73,12 +73,12 @@ def alike_records(draw: st.DrawFn) -> list[PodRecord]:
 def state(usage: UsageIndex) -> tuple[object, ...]:
     """Everything an index holds, orders and formats included."""
     used = [(quota, [(name, q.amount, q.format) for name, q in names.items()])
-            for quota, names in usage.used_map().items()]
+            for quota, names in usage._used.items()]
     return list(usage._pods.items()), list(usage._charged.items()), used
 
 
 def nonzero_totals(usage: UsageIndex) -> dict[str, dict[str, Quantity]]:
-    totals = {quota: {n: q for n, q in names.items() if not q.is_zero()} for quota, names in usage.used_map().items()}
+    totals = {quota: {n: q for n, q in names.items() if not q.is_zero()} for quota, names in usage._used.items()}
     return {quota: names for quota, names in totals.items() if names}
 
 

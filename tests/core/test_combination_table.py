@@ -1,4 +1,5 @@
-"""Every row of Koordinator's device-combination table (koordinator.md §1.3.1), and what it refuses.
+"""Every row of Koordinator's device-combination table (pkg/scheduler/plugins/deviceshare/utils.go),
+and what it refuses.
 
 The scheduler judges the pod's aggregated request against this table; a pod outside it is
 unschedulable forever. Row ids name the table's rows so a failure points at the rule.

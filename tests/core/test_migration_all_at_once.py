@@ -2,7 +2,7 @@
 
 With ElasticQuotaEnableUpdateResourceKey off, Koordinator's ElasticQuota webhook requires an
 updated quota's max keys to equal its parent's and its children's, unless the quota sits directly
-under the root quota and is not a parent (koordinator.md §4.2). The procedure (see
+under the root quota and is not a parent (pkg/webhook/elasticquota/quota_topology_check.go). The procedure (see
 gpuquota_core/migration.py) walks each tree children first: a legacy quota under a legacy parent is
 moved to the root and converted in one update ("detach-convert"); a quota whose parent keeps its
 keys converts in place ("convert"); right after a quota is converted its detached children go back

@@ -1,4 +1,4 @@
-"""Validation against Koordinator's device table (koordinator.md §1.3.1), with exact messages.
+"""Validation against Koordinator's device table (pkg/scheduler/plugins/deviceshare/utils.go), with exact messages.
 
 Every row of the table is accepted and converts to the canonical output the table gives; every
 invalid combination the reference names is refused with its rule. Ids name the rows.

@@ -133,7 +133,7 @@ def test_legacy_whole_card_quota_limits_canonical_pods(webhook_server: WebhookPr
 
 def test_a_taken_quota_name_is_refused_as_koordinator_refuses_it(
         api: Api, tree: Tree) -> None:
-    # Quota names are cluster-wide (koordinator.md §4.2): a second one of a name, in another
+    # Quota names are cluster-wide (pkg/webhook/elasticquota/quota_topology.go): a second one of a name, in another
     # namespace, would make which limit applies depend on the order the webhook sees them.
     other = f"other-{tree.namespace}"
     api.core.create_namespace({"metadata": {"name": other}})

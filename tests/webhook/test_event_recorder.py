@@ -6,11 +6,12 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from gpuquota_core.events import ObjectRef, PodEvent, quota_target
 from webhook.quota.event_recorder import COMBINED_PREFIX, EventKey, EventRecorder, EventWrite, TokenBucket
-from webhook.quota.events import EventForwarder, EventService, event_name
+from webhook.quota.events import EventForwarder, EventService, event_from_wire, event_name, event_to_wire
 
 RS = ObjectRef("apps/v1", "ReplicaSet", "train", "team-a", "u-1")
 JOB = ObjectRef("batch/v1", "Job", "etl", "team-a", "u-2")
@@ -124,13 +125,21 @@ def service(sink: FakeSink, clock: Clock, capacity: int = 100) -> EventService:
                         capacity=capacity)
 
 
+def test_the_wire_form_round_trips_and_refuses_garbage() -> None:
+    owned = PodEvent("WouldDenyGPUQuotaExceeded", "m", "team-a", "q", RS)
+    for event in (owned, PodEvent("GPUQuotaNotFound", "m", "team-b", "", None)):
+        assert event_from_wire(event_to_wire(event)) == event
+    for garbage in (None, [], {"reason": 1}, {**event_to_wire(owned), "owner": ["a", "b"]}):
+        with pytest.raises(ValueError):
+            event_from_wire(garbage)
+
 def test_the_service_resolves_targets_and_writes_aggregated() -> None:
     sink, clock = FakeSink(), Clock()
     events = service(sink, clock)
     owned = PodEvent("GPUQuotaExceeded", "pod refused: over", "team-a", "", RS)
     ownerless = PodEvent("GPUQuotaExceeded", "pod refused: over", "team-a", "", None)
     lost = PodEvent("GPUQuotaNotFound", "pod refused: gone", "team-b", "gone", None)
-    assert events.submit([e.to_wire() for e in (owned, owned, ownerless, lost)]) == 4
+    assert events.submit([event_to_wire(e) for e in (owned, owned, ownerless, lost)]) == 4
     events.step()
     targets = {(w.key.target.kind, w.key.target.name): w.count for w in sink.writes}
     assert targets == {("ReplicaSet", "train"): 2, ("ElasticQuota", "team-a"): 1, ("Namespace", "team-b"): 1}
@@ -139,7 +148,7 @@ def test_the_service_resolves_targets_and_writes_aggregated() -> None:
 def test_the_service_drops_what_does_not_fit_its_queue_and_ignores_garbage() -> None:
     sink, clock = FakeSink(), Clock()
     events = service(sink, clock, capacity=2)
-    owned = PodEvent("GPUQuotaExceeded", "pod refused: over", "team-a", "", RS).to_wire()
+    owned = event_to_wire(PodEvent("GPUQuotaExceeded", "pod refused: over", "team-a", "", RS))
     assert events.submit([owned, {"reason": 5}, owned, owned]) == 2
     assert events.submit("not a list") == 0
     events.step()
@@ -183,4 +192,4 @@ def test_the_forwarder_never_blocks_admission_and_counts_what_it_drops() -> None
     while sum(len(batch) for batch in sender.batches) < 3:
         assert time.monotonic() < deadline, sender.batches
         time.sleep(0.01)  # polling a condition with a deadline
-    assert sender.batches[0] == [event.to_wire()]
+    assert sender.batches[0] == [event_to_wire(event)]

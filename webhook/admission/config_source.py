@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 
 from gpuquota_core.conversion import ConfigError, ConversionConfig, load_config
-from webhook.file_signature import FileSignature, file_signature
+from webhook.serving.file_signature import FileSignature, file_signature
 
 CHECK_INTERVAL_SECONDS = 1.0
 

@@ -33,7 +33,7 @@ from gpuquota_core.pod_records import (
     remembered_request_texts,
     spec_shape_key,
 )
-from gpuquota_core.podspec import PodShapeError, as_mapping
+from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.validation import GpuRequestProblem
 from webhook.admission.config_source import ConfigSource
@@ -194,7 +194,7 @@ class AdmissionHandlers:
         if self.events is None or req.dry_run:
             return
         metadata = pod.get("metadata")
-        metadata = metadata if isinstance(metadata, Mapping) else {}
+        metadata = mapping_or_empty(metadata)
         namespace = req.namespace or _text(metadata.get("namespace"))
         event = pod_event(check, mode, message, metadata, namespace, _labels(metadata).get(POD_QUOTA_LABEL, ""))
         if event is not None:

@@ -57,7 +57,6 @@ class AdmissionRequest:
     object: dict[str, Any] | None
     old_object: dict[str, Any] | None
     dry_run: bool
-    user_info: dict[str, Any]
 
     def is_core(self, kind: str) -> bool:
         """True for the core/v1 object itself (``Pod``), not one of its subresources."""
@@ -174,7 +173,6 @@ def decode_review(body: bytes) -> AdmissionRequest:
         object=_object(request, "object", where),
         old_object=_object(request, "oldObject", where),
         dry_run=bool(dry_run),
-        user_info=_object(request, "userInfo", where) or {},
     )
 
 

@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -48,6 +48,32 @@ from gpuquota_core.events import EVENT_TYPE, REPORTING_COMPONENT, ObjectRef, Pod
 from webhook.quota.event_recorder import EventKey, EventRecorder, EventWrite
 
 log = logging.getLogger("gpuquota.events")
+
+
+# -- how a worker hands an event to the service over the socket -----------------------------------
+
+def event_to_wire(event: PodEvent) -> dict[str, Any]:
+    owner = event.owner
+    return {"reason": event.reason, "message": event.message, "namespace": event.namespace,
+            "quota_label": event.quota_label,
+            "owner": None if owner is None else [owner.api_version, owner.kind, owner.name, owner.uid]}
+
+
+def event_from_wire(raw: object) -> PodEvent:
+    """The event a worker sent; ValueError for anything else (the service drops it)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError("an event must be an object")
+    texts = [raw.get(key) for key in ("reason", "message", "namespace", "quota_label")]
+    if not all(isinstance(text, str) for text in texts):
+        raise ValueError("an event needs reason, message, namespace and quota_label as strings")
+    reason, message, namespace, quota_label = (str(text) for text in texts)
+    owner_raw = raw.get("owner")
+    owner = None
+    if owner_raw is not None:
+        if not (isinstance(owner_raw, list) and len(owner_raw) == 4 and all(isinstance(v, str) for v in owner_raw)):
+            raise ValueError("an event's owner must be [apiVersion, kind, name, uid]")
+        owner = ObjectRef(owner_raw[0], owner_raw[1], owner_raw[2], namespace, owner_raw[3])
+    return PodEvent(reason, message, namespace, quota_label, owner)
 
 EVENTS = Counter(
     "gpuquota_events",
@@ -119,7 +145,7 @@ class EventForwarder:
                 while len(batch) < BATCH:
                     batch.append(pending.get_nowait())
             try:
-                self.sender.record_events([event.to_wire() for event in batch])
+                self.sender.record_events([event_to_wire(event) for event in batch])
             except (OSError, ValueError) as error:
                 log.warning("events: cannot hand %d event(s) to the quota service: %s", len(batch), error)
                 for event in batch:
@@ -276,7 +302,7 @@ class EventService:
         taken = 0
         for raw in raw_events:
             try:
-                event = PodEvent.from_wire(raw)
+                event = event_from_wire(raw)
             except ValueError as error:
                 log.warning("events: ignoring a malformed event from a worker: %s", error)
                 continue

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from gpuquota_core.placement import NodeSummary, NodeView, decode_nodes, encode_nodes, node_summary
+from webhook.serving.file_signature import FileSignature, signature_of
 
 log = logging.getLogger("gpuquota.quota")
 NODES_FILE = "nodes.json"
@@ -133,7 +134,7 @@ class NodeViewReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._identity: tuple[int, int, int] | None = None
+        self._identity: FileSignature | None = None
         self._view: NodeView | None = None
         self._lock = threading.Lock()
 
@@ -143,7 +144,7 @@ class NodeViewReader:
             stat = self.path.stat()
         except FileNotFoundError:
             return None
-        identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        identity = signature_of(stat)
         if identity == self._identity:
             return self._view
         with self._lock:  # one thread decodes; the others wait for it rather than decode too
@@ -153,7 +154,7 @@ class NodeViewReader:
                         opened = os.fstat(source.fileno())
                         document = orjson.loads(source.read())
                     self._view = decode_nodes(document)
-                    self._identity = (opened.st_ino, opened.st_mtime_ns, opened.st_size)
+                    self._identity = signature_of(opened)
                 except FileNotFoundError:
                     return self._view
                 except (ValueError, KeyError, TypeError) as error:

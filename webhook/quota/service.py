@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuquota_core.events import ObjectRef, quota_target
-from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.quota_objects import QuotaShapeError
 from kubeaccess.manifests import load_objects
 from webhook.admission.quota_port import PodAdmission, Verdict
@@ -34,7 +33,7 @@ from webhook.quota.loop import ServiceLoop
 from webhook.quota.node_view import NodeState, nodes_path
 from webhook.quota.node_view import files_of as node_view_files
 from webhook.quota.state import QuotaState
-from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
+from webhook.serving.settings import Settings
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
@@ -119,10 +118,8 @@ def start_event_service(state: QuotaState, sink: EventSink) -> EventService:
 
 
 def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
-                parent_pid: int, accounting: str = LOCAL, ledger_namespace: str = "",
-                stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-                reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS,
-                max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER) -> None:
+                parent_pid: int, accounting: str, ledger_namespace: str, stale_after_seconds: float,
+                reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
     """The service process's main: serve, load or start syncing, and exit when the parent does."""
     state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds,
                        max_reservations_per_caller=max_reservations_per_caller)
@@ -178,29 +175,24 @@ def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> 
             socket_path.parent.rmdir()
 
 
-def start_service_process(path: Path, state_path: Path | None, kubeconfig: Path | None = None,
-                          kube_context: str | None = None, accounting: str = LOCAL,
-                          ledger_namespace: str = "",
-                          stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
-                          reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS,
-                          max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER,
-                          ) -> subprocess.Popen[bytes]:
-    """Offline when ``state_path`` is set, else live (kubeconfig, or in-cluster without one).
+def start_service_process(path: Path, settings: Settings, ledger_namespace: str) -> subprocess.Popen[bytes]:
+    """Offline when ``settings.state_path`` is set, else live (kubeconfig, or in-cluster without one).
 
     A fresh interpreter rather than multiprocessing: gunicorn forks its workers from this
     process, and multiprocessing's bookkeeping of children would be copied into every worker
     (whose exit hook then tries to join a process that is not its own).
     """
     command = [sys.executable, "-m", "webhook.quota.service", "--socket", str(path), "--parent-pid", str(os.getpid())]
-    if state_path is not None:
-        command += ["--state", str(state_path)]
-    if kubeconfig is not None:
-        command += ["--kubeconfig", str(kubeconfig)]
-    if kube_context is not None:
-        command += ["--context", kube_context]
-    command += ["--accounting", accounting, "--ledger-namespace", ledger_namespace,
-                "--stale-after", str(stale_after_seconds), "--reservation-ttl", str(reservation_ttl_seconds),
-                "--max-reservations-per-caller", str(max_reservations_per_caller)]
+    if settings.state_path is not None:
+        command += ["--state", str(settings.state_path)]
+    if settings.kubeconfig_path is not None:
+        command += ["--kubeconfig", str(settings.kubeconfig_path)]
+    if settings.context is not None:
+        command += ["--context", settings.context]
+    command += ["--accounting", settings.accounting, "--ledger-namespace", ledger_namespace,
+                "--stale-after", str(settings.stale_after_seconds),
+                "--reservation-ttl", str(settings.reservation_ttl_seconds),
+                "--max-reservations-per-caller", str(settings.max_reservations_per_caller)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
 
@@ -212,11 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state", type=Path)
     parser.add_argument("--kubeconfig", type=Path)
     parser.add_argument("--context")
-    parser.add_argument("--accounting", choices=(LOCAL, STRICT), default=LOCAL)
-    parser.add_argument("--ledger-namespace", default="")
-    parser.add_argument("--stale-after", type=float, default=DEFAULT_STALE_AFTER_SECONDS)
-    parser.add_argument("--reservation-ttl", type=float, default=DEFAULT_TTL_SECONDS)
-    parser.add_argument("--max-reservations-per-caller", type=int, default=DEFAULT_MAX_RESERVATIONS_PER_CALLER)
+    # No defaults: start_service_process always passes the server's Settings.
+    parser.add_argument("--accounting", choices=(LOCAL, STRICT), required=True)
+    parser.add_argument("--ledger-namespace", required=True)
+    parser.add_argument("--stale-after", type=float, required=True)
+    parser.add_argument("--reservation-ttl", type=float, required=True)
+    parser.add_argument("--max-reservations-per-caller", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from kubeaccess.kube import KubeAccessError

@@ -57,8 +57,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.ledger import Reservation, ReservationLedger
-from gpuquota_core.quota_decision import QUOTA_EXCEEDED
+from gpuquota_core.enforcement import QUOTA_EXCEEDED
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
 from webhook.quota.state import EscrowShape, QuotaState
@@ -171,7 +171,7 @@ class LedgerStore:
         self._terminating: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
         self.clock: Callable[[], float] = time.time
-        self.hold_seconds = 30.0  # the reservation TTL; StrictAccounting sets both
+        self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
 
     def read(self, tree_root: str, fresh: bool) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
         """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``."""

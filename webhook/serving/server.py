@@ -65,11 +65,7 @@ def start_shared_services(settings: Settings, supervisor: QuotaServiceSupervisor
     from webhook.quota.service import private_socket_path, start_service_process
 
     def start(path: Path) -> subprocess.Popen[bytes]:
-        return start_service_process(path, settings.state_path, settings.kubeconfig_path, settings.context,
-                                     accounting=settings.accounting, ledger_namespace=ledger_namespace(settings),
-                                     stale_after_seconds=settings.stale_after_seconds,
-                                     reservation_ttl_seconds=settings.reservation_ttl_seconds,
-                                     max_reservations_per_caller=settings.max_reservations_per_caller)
+        return start_service_process(path, settings, ledger_namespace(settings))
 
     path = private_socket_path()
     supervisor.start_with(start, path)

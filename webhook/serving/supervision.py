@@ -77,7 +77,6 @@ class QuotaServiceSupervisor:
         self.process: subprocess.Popen[bytes] | None = None
         self._started_at = 0.0
         self._quick_deaths = 0
-        self.restarts = 0
 
     def start_with(self, start_process: Callable[[Path], subprocess.Popen[bytes]], socket_path: Path) -> None:
         """Start the service with ``start_process(socket_path)``, and every replacement the same way."""
@@ -139,7 +138,6 @@ class QuotaServiceSupervisor:
         assert self.socket_path is not None
         remove_private_files(self.socket_path, keep_directory=True)  # the new one creates them afresh
         self._spawn()
-        self.restarts += 1
         assert self.process is not None
         log.error("quota service (pid %s) %s after %.1fs; started a new one (pid %s), which rebuilds the "
                   "quota state from a fresh list or load; decisions wait for it (503) meanwhile",
