@@ -318,10 +318,11 @@ class QuotaState:
     def pruned(self, stored: Mapping[str, shared_ledger.StoredReservation],
                now: float) -> tuple[dict[str, shared_ledger.StoredReservation], int]:
         """The reservations worth keeping, and the pod resourceVersion a replica's watch must have
-        reached to count every pod whose reservation this drops because the watch counts it (0: none)."""
+        reached to count every pod whose dropped reservation this replica's watch counts (0: none)."""
         with self._lock:
             kept = shared_ledger.pruned(stored, self.usage, now)
-            counted = (key for key, item in stored.items() if key not in kept and item.reservation.expires_at > now)
+            counted = (key for key, item in stored.items()
+                       if key not in kept and shared_ledger.confirmed(item, self.usage))
             return kept, max(map(self.pod_versions.shown_at_most, counted), default=0)
 
     def wait_for_pods_through(self, version: int, timeout: float) -> bool:
