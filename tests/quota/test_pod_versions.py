@@ -26,8 +26,10 @@ def test_a_pod_is_bounded_by_the_version_it_was_first_shown_at_and_a_listed_one_
     assert versions.seen_through == 100 and versions.shown_at_most("team/old") == 100
     versions.delivered("ADDED", pod("a", "120"))
     versions.delivered("MODIFIED", pod("a", "130"))  # bound, then scheduled: first shown at 120
+    versions.delivered("MODIFIED", pod("old", "135"))  # a listed pod changing is still bounded by the list
     versions.delivered("BOOKMARK", {"metadata": {"resourceVersion": "140"}})
     assert versions.shown_at_most("team/a") == 120 and versions.seen_through == 140
+    assert versions.shown_at_most("team/old") == 100
 
 
 def test_a_pod_deleted_and_created_again_is_bounded_by_the_new_one() -> None:

@@ -60,7 +60,9 @@ class PodVersions:
         if event_type == "DELETED":
             # A pod of the same name created later is another pod, shown at its own version.
             self._recent.pop(key, None)
-        elif event_type in ("ADDED", "MODIFIED") and key not in self._recent:
+        elif event_type == "ADDED":
+            # Only the first sight: a later change of a pod the list or an earlier event showed
+            # would record a higher version than needed, and remember a pod for every status update.
             self._recent[key] = (version, self._clock())
         self._forget_old()
 
