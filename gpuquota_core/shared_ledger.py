@@ -12,7 +12,10 @@ different leaf into the same full parent.
 A stored reservation keeps holding room until it expires, even after the pod shows up: another
 replica's watch may lag behind, and only the replica whose own cache already counts the pod may
 skip it. So each replica counts a stored reservation unless its own watch has confirmed it, and
-drops it from the object only once it expired, or was confirmed ``settle_seconds`` ago.
+drops it from the object only once it expired, or was confirmed ``settle_seconds`` ago; a write
+that drops confirmed ones records the pod resourceVersion their pods were shown at
+(``PODS_COUNTED_THROUGH_KEY``), and no replica decides on that copy before its own watch has got
+that far.
 
 An escrow entry (``ESCROW_KEY_PREFIX``) is room one replica took for pods it has not admitted yet;
 docs/design.md states the rules that keep it as safe as a reservation per pod.
@@ -44,6 +47,9 @@ LEDGER_DATA_KEY = "reservations.json"
 # Set when a replica found the object deleted: until then (wall-clock seconds) reservations that
 # only the deleted object held may still be unexpired, and no replica admits into this tree.
 RECOVERING_UNTIL_KEY = "recoveringUntil"
+# The pod resourceVersion a replica's own watch must have reached before it decides on this copy:
+# reservations were dropped from it because the writer's watch counted their pods at or below it.
+PODS_COUNTED_THROUGH_KEY = "podsCountedThrough"
 LEDGER_NAME_PREFIX = "gpuquota-ledger-"
 DEFAULT_SETTLE_SECONDS = 5.0
 # Entries whose key starts so hold room in escrow for the replica that wrote them, not for one pod
@@ -79,7 +85,8 @@ def ledger_object_name(tree_root: str) -> str:
     return f"{LEDGER_NAME_PREFIX}{tree_root}"[:253]
 
 
-def encode(reservations: Iterable[StoredReservation], recovering_until: float = 0.0) -> dict[str, str]:
+def encode(reservations: Iterable[StoredReservation], recovering_until: float = 0.0,
+           pods_counted_through: int = 0) -> dict[str, str]:
     entries: dict[str, dict[str, object]] = {}
     groups: dict[tuple[object, ...], list[StoredReservation]] = {}
     # Members of one decoded group share their request map: format it once (alive for this call).
@@ -106,6 +113,8 @@ def encode(reservations: Iterable[StoredReservation], recovering_until: float = 
     data = {LEDGER_DATA_KEY: json.dumps(entries, separators=(",", ":"), sort_keys=True)}
     if recovering_until:
         data[RECOVERING_UNTIL_KEY] = f"{recovering_until:.3f}"
+    if pods_counted_through:
+        data[PODS_COUNTED_THROUGH_KEY] = str(pods_counted_through)
     return data
 
 
@@ -157,6 +166,16 @@ def recovering_until(data: Mapping[str, str] | None) -> float:
         return float(raw) if raw else 0.0
     except ValueError:
         raise LedgerFormatError(f"{RECOVERING_UNTIL_KEY} is not a time: {raw!r}") from None
+
+
+def pods_counted_through(data: Mapping[str, str] | None) -> int:
+    """The pod resourceVersion a reader's watch must have reached to decide on this copy (0: none)."""
+    raw = (data or {}).get(PODS_COUNTED_THROUGH_KEY)
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise LedgerFormatError(f"{PODS_COUNTED_THROUGH_KEY} is not a resourceVersion: {raw!r}")
+    return int(raw)
 
 
 def _charges_text(r: Reservation) -> dict[str, dict[str, str]]:

@@ -250,6 +250,38 @@ def test_a_missing_ledger_namespace_refuses_instead_of_admitting(core: FakeCore,
     assert f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404" in verdict.message
 
 
+def watch_shows(replica: Replica, pod: str, version: str, ratio: str = "100") -> None:
+    """The replica's pod watch delivers the stored pod, at that resourceVersion."""
+    replica.state.apply_event("Pod", "ADDED", {
+        "kind": "Pod",
+        "metadata": {"name": pod, "namespace": "team", "uid": "uid-" + pod, "resourceVersion": version,
+                     "labels": {QUOTA_LABEL: "team-a"}},
+        "spec": {"containers": [{"name": "main", "resources": {"requests": {RATIO: ratio}, "limits": {RATIO: ratio}}}]},
+    })
+
+
+def test_a_replica_whose_pod_watch_is_behind_the_ledger_does_not_decide_on_it(
+        core: FakeCore, clock: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer drops a reservation once its own watch has shown the pod; a replica whose watch has
+    # not shown that pod yet (paused, slow, re-listing) would count neither and admit past the room.
+    monkeypatch.setattr("webhook.quota.strict_accounting.RETRY_BUDGET_SECONDS", 0.1)
+    writer, behind = Replica(core, "r1", clock, room=200), Replica(core, "r2", clock, room=200)
+    watch_shows(writer, "seed", "90", ratio="0")
+    watch_shows(behind, "seed", "90", ratio="0")
+    assert writer.admit("p1").allowed
+    watch_shows(writer, "p1", "100")
+    clock[0] += shared_ledger.DEFAULT_SETTLE_SECONDS
+    assert writer.admit("p2").allowed
+    assert core.stored() == {"team/p2"}  # p1's reservation is gone: the writer's watch counts it
+    # ... as of the resourceVersion its watch showed p1 at, which every reader's watch must reach first.
+    assert shared_ledger.pods_counted_through(core.config_maps[LEDGER]["data"]) == 100
+    refused = behind.admit("p3")
+    assert not refused.allowed and refused.code == 503 and "watch" in refused.message
+    watch_shows(behind, "p1", "100")  # caught up: p1 and p2 fill the room
+    refused = behind.admit("p3")
+    assert not refused.allowed and refused.reason == "QuotaExceeded"
+
+
 def escrow_entries(core: FakeCore) -> dict[str, shared_ledger.StoredReservation]:
     stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
     return {key: item for key, item in stored.items() if shared_ledger.is_escrow(key)}

@@ -46,7 +46,7 @@ class SyncTarget(Protocol):
 
     def compact(self, kind: str, obj: Mapping[str, Any]) -> Any: ...
 
-    def replace_compact(self, kind: str, items: Iterable[Any]) -> None: ...
+    def replace_compact(self, kind: str, items: Iterable[Any], version: str = "") -> None: ...
 
     def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None: ...
 
@@ -108,8 +108,9 @@ def list_into(state: SyncTarget, lister: Lister, kind: str, page_size: int = PAG
         if error.status == 410:
             raise WatchExpired("the list's continue token expired") from None
         raise
-    state.replace_compact(kind, compacted)
-    return str(metadata["resourceVersion"])
+    version = str(metadata["resourceVersion"])
+    state.replace_compact(kind, compacted, version)
+    return version
 
 
 def watch_once(state: SyncTarget, lister: Lister, kind: str, version: str,

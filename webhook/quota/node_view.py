@@ -70,7 +70,7 @@ class NodeState:
     def compact(self, kind: str, obj: Mapping[str, Any]) -> NodeSummary | None:
         return node_summary(obj)
 
-    def replace_compact(self, kind: str, items: Iterable[Any]) -> None:
+    def replace_compact(self, kind: str, items: Iterable[Any], version: str = "") -> None:
         nodes = {item.name: item for item in items if isinstance(item, NodeSummary)}
         with self._lock:
             if self._listed and nodes == self._nodes:

@@ -24,6 +24,7 @@ from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.usage_index import UsageIndex
 from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from webhook.quota import metrics
+from webhook.quota.pod_versions import PodVersions
 from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
 
 KINDS = ("Pod", "ElasticQuota")
@@ -73,6 +74,9 @@ class QuotaState:
         # Whether self.ledger holds every reservation of this instance: not under strict accounting,
         # whose reservations live in the ledger objects in the API server.
         self.reservations_known = True
+        # How far the pod list and watch have got; strict accounting waits on it (pod_versions.py).
+        self.pod_versions = PodVersions()
+        self._pods_advanced = threading.Condition(self._lock)
 
     def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
         """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""
@@ -93,10 +97,13 @@ class QuotaState:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
         self.replace_compact(kind, [compact(kind, obj) for obj in objects])
 
-    def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None]) -> None:
-        """Like replace_kind, from what :func:`compact` kept of each object (None: not counted)."""
+    def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None], version: str = "") -> None:
+        """Like replace_kind, from what :func:`compact` kept of each object (None: not counted);
+        ``version``: the list's resourceVersion, when it came from the API server."""
         with self._lock:
             if kind == "Pod":
+                self.pod_versions.listed(version)
+                self._pods_advanced.notify_all()
                 self.usage = UsageIndex(self.tree)
                 for record in items:
                     if isinstance(record, PodRecord):
@@ -120,6 +127,9 @@ class QuotaState:
         with self._lock:
             self._contact(kind)
             metrics.WATCH_EVENTS.labels(kind, event_type).inc()
+            if kind == "Pod":
+                self.pod_versions.delivered(event_type, obj)
+                self._pods_advanced.notify_all()
             if event_type == "BOOKMARK":
                 return
             if kind == "Pod":
@@ -306,9 +316,20 @@ class QuotaState:
             return [self._judge(admission, ledger, now) for admission in admissions], ledger
 
     def pruned(self, stored: Mapping[str, shared_ledger.StoredReservation],
-               now: float) -> dict[str, shared_ledger.StoredReservation]:
+               now: float) -> tuple[dict[str, shared_ledger.StoredReservation], int]:
+        """The reservations worth keeping, and the pod resourceVersion a replica's watch must have
+        reached to count every pod whose dropped reservation this replica's watch counts (0: none)."""
         with self._lock:
-            return shared_ledger.pruned(stored, self.usage, now)
+            kept = shared_ledger.pruned(stored, self.usage, now)
+            counted = (key for key, item in stored.items()
+                       if key not in kept and shared_ledger.confirmed(item, self.usage))
+            return kept, max(map(self.pod_versions.shown_at_most, counted), default=0)
+
+    def wait_for_pods_through(self, version: int, timeout: float) -> bool:
+        """Whether the pod list and watch have reached ``version``, waiting at most ``timeout`` seconds."""
+        with self._pods_advanced:
+            return self._pods_advanced.wait_for(lambda: self.pod_versions.seen_through >= version,
+                                                max(timeout, 0.0))
 
     def escrow_shape(self, admission: PodAdmission) -> EscrowShape | None:
         """The shape of a plain CREATE that room held in escrow could admit, or None.

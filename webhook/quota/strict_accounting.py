@@ -169,6 +169,9 @@ class LedgerStore:
         # Per tree whose object was found deleted but kept by its finalizer: when everything it holds
         # has expired (the finalizer may go then), and its deletionTimestamp (kept in every write).
         self._terminating: dict[str, tuple[float, str]] = {}
+        # Per tree: the pod resourceVersion the copy last read or written asks its readers' watches
+        # to have reached (shared_ledger.PODS_COUNTED_THROUGH_KEY); only ever raised.
+        self._pods_counted_through: dict[str, int] = {}
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
         self.clock: Callable[[], float] = time.time
         self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
@@ -192,6 +195,7 @@ class LedgerStore:
         try:
             stored = shared_ledger.decode(body.get("data"))
             held = shared_ledger.recovering_until(body.get("data"))
+            counted_through = shared_ledger.pods_counted_through(body.get("data"))
         except shared_ledger.LedgerFormatError as error:
             raise LedgerUnavailable(f"ConfigMap {self.namespace}/{name}: {error}") from None
         metadata = body["metadata"]
@@ -216,6 +220,7 @@ class LedgerStore:
                 self._terminating[tree_root] = (until, str(deleted_at))
                 held = max(held, until)
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), held)
+            self._pods_counted_through[tree_root] = max(self._pods_counted_through.get(tree_root, 0), counted_through)
             result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
             self._cache[tree_root] = result
             return result
@@ -280,6 +285,11 @@ class LedgerStore:
         self.write(tree_root, version, {}, release=True)
         return True
 
+    def pods_counted_through(self, tree_root: str) -> int:
+        """How far a replica's pod watch must have got to decide on the copy of ``tree_root`` last read."""
+        with self._lock:
+            return self._pods_counted_through.get(tree_root, 0)
+
     def _hold_to_record(self, tree_root: str) -> float:
         with self._lock:
             until = self._recovering.get(tree_root, 0.0)
@@ -293,8 +303,11 @@ class LedgerStore:
                       if TREE_LABEL in (item["metadata"].get("labels") or {}))
 
     def write(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
-              release: bool = False) -> bool:
+              release: bool = False, pods_counted_through: int = 0) -> bool:
         """Store ``stored`` if the object is still at ``version`` (absent: ""); False on a conflict.
+
+        ``pods_counted_through``: the pod resourceVersion of what ``stored`` dropped because this
+        replica's watch counts it (``QuotaState.pruned``); the object keeps the highest ever recorded.
 
         A replace that finds the object deleted is a conflict too: the caller reads again, finds
         it missing, and creates it with what this replica carried over. ``release``: the write
@@ -308,11 +321,12 @@ class LedgerStore:
                                     "finalizers": [] if release else [LEDGER_FINALIZER]}
         with self._lock:
             terminating = self._terminating.get(tree_root)
+            counted_through = max(pods_counted_through, self._pods_counted_through.get(tree_root, 0))
         if terminating is not None:  # a deleted object's deletionTimestamp cannot be taken back
             metadata["deletionTimestamp"] = terminating[1]
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-            "data": shared_ledger.encode(stored.values(), self._hold_to_record(tree_root)),
+            "data": shared_ledger.encode(stored.values(), self._hold_to_record(tree_root), counted_through),
         }
         try:
             if version:
@@ -340,6 +354,7 @@ class LedgerStore:
                 return True
             # What was carried is in the object now (or was pruned from it on purpose).
             self._carried.pop(tree_root, None)
+            self._pods_counted_through[tree_root] = counted_through
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
         return True
@@ -451,7 +466,14 @@ class StrictAccounting:
                     held = (f"the shared quota ledger of tree {tree_root} was deleted; reservations only it held "
                             f"may still take room for {held_until - now:.1f}s, until they expire")
                     break
-                keep = self._settled(self.state.pruned(stored, now), settling, now)
+                counted_through = self.store.pods_counted_through(tree_root)
+                if not self.state.wait_for_pods_through(counted_through, give_up_at - time.monotonic()):
+                    held = (f"this replica's watch of pods has not caught up with the shared quota ledger of tree "
+                            f"{tree_root} (seen through resourceVersion {self.state.pod_versions.seen_through}, "
+                            f"the ledger counts pods through {counted_through})")
+                    break
+                kept, counted_now = self.state.pruned(stored, now)
+                keep = self._settled(kept, settling, now)
                 results, holding = self.state.judge_batch_holding([job.admission for job in batch], keep, now)
                 refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
                 if refused_for_room and self._close_escrows(queue, only_spent=False):
@@ -469,7 +491,7 @@ class StrictAccounting:
                 if taken is not None:
                     keep[taken[0].entry_key] = taken[1]
                 if new or settling or taken is not None:
-                    if not self.store.write(tree_root, version, keep):
+                    if not self.store.write(tree_root, version, keep, pods_counted_through=counted_now):
                         metrics.LEDGER_WRITES.labels("conflict").inc()
                         conflicts += 1
                         fresh = True
@@ -586,7 +608,8 @@ class StrictAccounting:
                      now: float) -> None:
         """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
         if self.store.carrying(tree_root) or not version:
-            self.store.write(tree_root, version, self.state.pruned(stored, now))
+            kept, counted_through = self.state.pruned(stored, now)
+            self.store.write(tree_root, version, kept, pods_counted_through=counted_through)
 
     def reconcile_once(self) -> int:
         """Drop expired, long-confirmed and provably lost reservations from every ledger object.
@@ -603,14 +626,14 @@ class StrictAccounting:
             if self.store.finish_deletion(tree_root, version):
                 continue
             now = self.clock()
-            keep = self.state.pruned(stored, now)
+            keep, counted_through = self.state.pruned(stored, now)
             lost = self._lost(keep, now)
             for pod_key in lost:
                 del keep[pod_key]
             changed = len(keep) < len(stored) or self.store.carrying(tree_root)
             if not version and not keep:
                 self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
-            elif changed and self.store.write(tree_root, version, keep):
+            elif changed and self.store.write(tree_root, version, keep, pods_counted_through=counted_through):
                 dropped += len(stored) - len(keep)
                 if lost:
                     log.info("strict accounting: released %d reservations of creates that can no longer land "
