@@ -44,5 +44,5 @@ def test_serve_refuses_a_gunicorn_outside_the_tested_range(tmp_path: Path) -> No
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        "Error: gunicorn 28.0.0 is installed, but the server is tested only with gunicorn>=27.0.1,<27.1 "
+        "Error: gunicorn 28.0.0 is installed, but gpuquota is tested only with gunicorn>=27.0.1,<27.1 "
         "(it relies on its internals); install a version in that range"]
