@@ -173,7 +173,7 @@ def pods_counted_through(data: Mapping[str, str] | None) -> int:
     raw = (data or {}).get(PODS_COUNTED_THROUGH_KEY)
     if not raw:
         return 0
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone admits digits int() does not read
         raise LedgerFormatError(f"{PODS_COUNTED_THROUGH_KEY} is not a resourceVersion: {raw!r}")
     return int(raw)
 

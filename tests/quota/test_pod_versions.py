@@ -14,7 +14,8 @@ def pod(name: str, version: str) -> dict[str, Any]:
     return {"metadata": {"namespace": "team", "name": name, "resourceVersion": version}}
 
 
-@pytest.mark.parametrize(("text", "expected"), [("42", 42), ("", 0), ("007", 0), ("abc", 0), (None, 0), ("-3", 0)])
+@pytest.mark.parametrize(("text", "expected"),
+                         [("42", 42), ("", 0), ("007", 0), ("abc", 0), (None, 0), ("-3", 0), ("4²", 0)])
 def test_only_a_positive_integer_resource_version_is_compared(text: object, expected: int) -> None:
     assert resource_version(text) == expected
 
@@ -55,3 +56,5 @@ def test_the_ledger_keeps_how_far_its_readers_must_have_watched() -> None:
     assert shared_ledger.pods_counted_through(shared_ledger.encode([])) == 0
     with pytest.raises(shared_ledger.LedgerFormatError):
         shared_ledger.pods_counted_through({shared_ledger.PODS_COUNTED_THROUGH_KEY: "soon"})
+    with pytest.raises(shared_ledger.LedgerFormatError):
+        shared_ledger.pods_counted_through({shared_ledger.PODS_COUNTED_THROUGH_KEY: "4²"})

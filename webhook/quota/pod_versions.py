@@ -26,7 +26,8 @@ REMEMBER_SECONDS = 120.0
 
 def resource_version(text: object) -> int:
     """A resourceVersion as an integer, 0 when it is not one (nothing to compare)."""
-    if isinstance(text, str) and text.isdigit() and not text.startswith("0"):
+    # isascii: str.isdigit also admits digits int() does not read (superscripts).
+    if isinstance(text, str) and text.isascii() and text.isdigit() and not text.startswith("0"):
         return int(text)
     return 0
 
