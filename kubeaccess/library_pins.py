@@ -80,6 +80,7 @@ def check_libraries(libraries: Sequence[PinnedLibrary],
     """LibraryMismatch naming the first library that is missing, of an untested version, or whose
     internals differ from the tested ones. Versions are checked before internals: the internals of
     an untested release are looked at only once its version is known to be a tested one."""
+    versions = []
     for library in libraries:
         try:
             version = version_of(library.distribution)
@@ -90,8 +91,8 @@ def check_libraries(libraries: Sequence[PinnedLibrary],
             raise LibraryMismatch(f"{library.distribution} {version} is installed, but gpuquota is tested only "
                                   f"with {library.distribution}{library.tested_range} (it relies on its internals); "
                                   f"install a version in that range")
-    for library in libraries:
-        version = version_of(library.distribution)
+        versions.append(version)
+    for library, version in zip(libraries, versions, strict=True):
         try:
             changed = list(library.internals())
         except Exception as error:  # an import or attribute the probe itself needs
