@@ -366,14 +366,8 @@ class ControlPlane:
         # Both serve /healthz (and /metrics) only; loopback, our CA's certificate, admin kubeconfig.
         # /healthz is in their default --authorization-always-allow-paths, so the probe needs no
         # credentials, and without --authentication-kubeconfig they need no delegated authn either.
-        return [
-            f"--kubeconfig={self.kubeconfig_path}",
-            "--leader-elect=false",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={port}",
-            f"--tls-cert-file={self.pki_dir / 'components.crt'}",
-            f"--tls-private-key-file={self.pki_dir / 'components.key'}",
-        ]
+        return [f"--kubeconfig={self.kubeconfig_path}", "--leader-elect=false", f"--secure-port={port}",
+                *self.component_tls_args()]
 
     def _scheduler_args(self, port: int) -> list[str]:
         return [str(self.binaries.kube_scheduler), *self._component_serving_args(port)]
@@ -430,7 +424,23 @@ class ControlPlane:
         }
         pki.write_private_file(self.kubeconfig_path, yaml.safe_dump(kubeconfig, sort_keys=False).encode())
 
-    def _spawn(self, name: str, args: list[str], log_path: Path) -> _Process:
+    def start_component(self, name: str, args: list[str], probe: Callable[[], str | None], *,
+                        env: Mapping[str, str] | None = None, timeout: float = CONTROLLER_START_TIMEOUT) -> None:
+        """Start one more server beside the control plane (koord-scheduler, koord-manager) and wait
+        until ``probe`` says it is ready; it stops with the rest, before etcd and the apiserver."""
+        process = self._spawn(name, args, self.work_dir / f"{name}.log", env=env)
+        self._wait_until(process, timeout, probe)
+
+    def component_tls_args(self) -> list[str]:
+        """Serving flags of a kube-scheduler-like component: loopback, the test CA's certificate."""
+        return [f"--bind-address={LOOPBACK}", f"--tls-cert-file={self.pki_dir / 'components.crt'}",
+                f"--tls-private-key-file={self.pki_dir / 'components.key'}"]
+
+    def component_healthy(self, port: int) -> Callable[[], str | None]:
+        """A probe of ``https://127.0.0.1:<port>/healthz`` for start_component."""
+        return functools.partial(self._component_healthy, port)
+
+    def _spawn(self, name: str, args: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> _Process:
         log_file = log_path.open("ab")
         log_file.write(f"### {' '.join(args)}\n".encode())
         log_file.flush()
@@ -441,6 +451,7 @@ class ControlPlane:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
             start_new_session=True,
             # Only calls prctl, which is safe between fork and exec.
             preexec_fn=_die_with_parent,
