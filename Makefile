@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit e2e control-plane helm test-tools certs bench fuzz-atheris clean
+.PHONY: run test lint unit e2e control-plane koordinator helm test-tools certs bench fuzz-atheris clean
 
 $(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ lint: $(STAMP)
 control-plane:
 	hack/build-control-plane.sh
 
+## koordinator: build koord-scheduler and koord-manager from Koordinator's Go module (tools/koordinator pins it), cached by the pins' hash
+koordinator:
+	hack/build-koordinator.sh
+
 ## helm: build helm from the Go module proxy (tools/helm pins helm.sh/helm/v4), cached by the pins' hash
 helm:
 	hack/build-helm.sh
@@ -53,15 +57,15 @@ helm:
 test-tools:
 	hack/install-test-tools.sh
 
-## test: lint, type-check, build the control plane, then every test (unit, TLS, e2e, fuzz budget, bench/loadgen)
-test: lint control-plane helm test-tools
+## test: lint, type-check, build the control plane and Koordinator, then every test (unit, TLS, e2e, fuzz budget, bench/loadgen)
+test: lint control-plane koordinator helm test-tools
 	cd bench/loadgen && go vet . && go test .
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: $(STAMP) helm
 	$(BIN)/pytest tests --ignore=tests/e2e $(PYTEST_ARGS)
 
-e2e: $(STAMP) control-plane helm test-tools
+e2e: $(STAMP) control-plane koordinator helm test-tools
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 ## fuzz-atheris: coverage-guided fuzzing of the decoder, pod walker and quantity parser (not part of make test)

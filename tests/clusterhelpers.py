@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controlplane import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION, Api
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from reviews import body, pod, review
 from webhookproc import WebhookProcess
@@ -86,3 +87,56 @@ def refusal_reason(error: ApiException) -> str:
         if known in message:
             return known
     return str(status.get("reason", "")) or message[:60]
+
+
+# -- pods the controllers create and a scheduler binds ---------------------------------------
+
+# Controller manager and scheduler each react within a second here; the margin is for a loaded
+# 2-core CI machine running the webhook and the apiserver as well.
+SCHEDULING_DEADLINE = 60.0
+SCHEDULING_POLL_SECONDS = 0.2
+
+
+def pods_of(api: Api, namespace: str, app: str) -> list[k8s.V1Pod]:
+    return list(api.core.list_namespaced_pod(namespace, label_selector=f"app={app}").items)
+
+
+def scheduling_state(pod: k8s.V1Pod) -> str:
+    """Where ``pod`` is bound, or the scheduler's reason for not binding it (PodScheduled)."""
+    if pod.spec.node_name:
+        return f"{pod.metadata.name}: bound to {pod.spec.node_name}"
+    conditions = {c.type: c for c in (pod.status.conditions or [])}
+    scheduled = conditions.get("PodScheduled")
+    if scheduled is None:
+        return f"{pod.metadata.name}: Pending, not yet seen by the scheduler"
+    return f"{pod.metadata.name}: Pending, {scheduled.reason}: {scheduled.message}"
+
+
+def wait_until_bound(api: Api, namespace: str, app: str, count: int) -> list[k8s.V1Pod]:
+    """The ``count`` pods of ``app`` once all exist and are bound; on timeout, why they are not."""
+    deadline = time.monotonic() + SCHEDULING_DEADLINE
+    while True:
+        pods = pods_of(api, namespace, app)
+        if len(pods) == count and all(pod.spec.node_name for pod in pods):
+            return pods
+        if time.monotonic() >= deadline:
+            states = "; ".join(scheduling_state(pod) for pod in pods) or "no pods"
+            raise AssertionError(f"{app}: expected {count} bound pods after {SCHEDULING_DEADLINE:.0f}s, have {states}")
+        time.sleep(SCHEDULING_POLL_SECONDS)  # polling a condition with a deadline
+
+
+def wait_until_unschedulable(api: Api, namespace: str, app: str) -> k8s.V1PodCondition:
+    """The PodScheduled condition of ``app``'s single pod once the scheduler has given up on it."""
+    deadline = time.monotonic() + SCHEDULING_DEADLINE
+    while True:
+        pods = pods_of(api, namespace, app)
+        if len(pods) == 1:
+            assert not pods[0].spec.node_name, scheduling_state(pods[0])
+            conditions = {c.type: c for c in (pods[0].status.conditions or [])}
+            scheduled = conditions.get("PodScheduled")
+            if scheduled is not None and scheduled.status == "False":
+                return scheduled
+        assert time.monotonic() < deadline, (
+            f"{app}: no unschedulable pod after {SCHEDULING_DEADLINE:.0f}s: "
+            f"{'; '.join(scheduling_state(pod) for pod in pods) or 'no pods'}")
+        time.sleep(SCHEDULING_POLL_SECONDS)  # polling a condition with a deadline

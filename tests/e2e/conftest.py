@@ -45,6 +45,7 @@ from controlplane import (  # noqa: E402
     locate_binaries,
     make_api,
 )
+from koordinator import KoordinatorBuild, locate_koordinator  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -67,6 +68,18 @@ def control_plane_binaries() -> Binaries:
             raise
         reason = str(exc).splitlines()[-1]
         pytest.skip(f"no kube-apiserver/etcd and no Go to build them: {reason}")
+
+
+@pytest.fixture(scope="session")
+def koordinator_build() -> KoordinatorBuild:
+    """koord-scheduler, koord-manager and Koordinator's config files, built by hack/build-koordinator.sh."""
+    try:
+        return locate_koordinator()
+    except BuildUnavailableError as exc:
+        if os.environ.get("CI"):
+            raise
+        reason = str(exc).splitlines()[-1]
+        pytest.skip(f"no koord-scheduler/koord-manager and no Go to build them: {reason}")
 
 
 @pytest.fixture(scope="session")
