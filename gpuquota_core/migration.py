@@ -18,8 +18,9 @@ from typing import Any
 
 from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .podspec import PodShapeError, mapping_or_empty, parse_resource_list
-from .quantity import Quantity
+from .pod_records import pod_is_counted, pod_record
+from .podspec import CONTAINER_KINDS, PodShapeError, mapping_or_empty, parse_resource_list
+from .quantity import ZERO, Quantity, QuantityError
 from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
 from .quota_integrity import tree_problems
 from .quota_objects import (
@@ -31,7 +32,8 @@ from .quota_objects import (
     quota_from_object,
 )
 from .quota_tree import QuotaTree
-from .resources import ResourceList, format_names
+from .resources import VENDOR_WHOLE_GPU_NAMES, ResourceList, format_names
+from .usage_index import UsageIndex
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
 # and (MIGRATION_IN_PROGRESS_ANNOTATION, defined beside the webhook's quota review that reads it) a
@@ -68,6 +70,9 @@ OVER_LIMIT = "over-limit"  # usage already exceeds the canonical limit the step 
 TREE_ID = "tree-id"  # all-at-once: a quota with a tree id cannot be detached
 KOORDINATOR_REFUSES = "koordinator-refuses"  # Koordinator's ElasticQuota webhook would refuse the step
 REFUSED_BY_WEBHOOK = "refused-by-webhook"  # gpuquota's own ElasticQuota webhook would refuse the step
+# Not a block: a quota keeps its vendor keys beside the canonical ones while pods charged to it still
+# store vendor names (a ``revisit`` entry says so; re-planning once they are replaced finishes it).
+VENDOR_PODS_RUNNING = "vendor-pods-running"
 # Phases after which ``migrate apply`` leaves a quota marked as migrating (cli/migrate.py writes the
 # marker; the webhook then admits both GPU families in it).
 MARKED_PHASES = frozenset({"add-canonical", "detach-convert"})
@@ -135,6 +140,18 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
         new_max, _ = canonical_resource_list(quota.max, config, quota.name)
         converted[quota.name] = (new_min, new_max)
     blocked = _tree_blocks(quotas, {q.name for q in legacy})
+    vendor_pods = _vendor_pods_charged(objects, quotas, config)
+    # koord-scheduler counts a pod under the names its stored spec holds, masked to the quota's max
+    # keys: a quota that dropped nvidia.com/gpu would stop counting the pods still running with it.
+    # Such a quota (and every ancestor, whose subtree holds those pods) keeps its vendor keys beside
+    # the canonical ones, in the migrating state, until a later plan finds those pods replaced. Only
+    # where Koordinator's ElasticQuota webhook allows the extra keys: under the root, or (with
+    # ElasticQuotaEnableUpdateResourceKey) under a parent that keeps them too.
+    keeps_vendor_keys: set[str] = set()
+    for quota in order:
+        if vendor_pods.get(quota.name) and (quota.parent == ROOT_QUOTA or (
+                update_resource_key_gate and quota.parent in keeps_vendor_keys)):
+            keeps_vendor_keys.add(quota.name)
     steps: list[Step] = []
     # A leaf under an already-canonical parent converts in one update (its keys then equal the
     # parent's); only legacy parents and their legacy children need coordinated steps.
@@ -150,7 +167,7 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
     for quota in order:
         before = {"min": _text(quota.min), "max": _text(quota.max)}
         new_min, new_max = converted[quota.name]
-        if quota in nested and update_resource_key_gate:
+        if (quota in nested and update_resource_key_gate) or quota.name in keeps_vendor_keys:
             union_max = {**quota.max, **{k: v for k, v in new_max.items() if k not in quota.max}}
             steps.append(Step(quota.name, quota.namespace, "add-canonical", before,
                               {"min": _text(quota.min), "max": _text(union_max)}))
@@ -158,7 +175,7 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
             steps.append(Step(quota.name, quota.namespace, "convert", before,
                               {"min": _text(new_min), "max": _text(new_max)}))
     if update_resource_key_gate:
-        for quota in reversed([q for q in order if q in nested]):
+        for quota in reversed([q for q in order if q in nested and q.name not in keeps_vendor_keys]):
             new_min, new_max = converted[quota.name]
             union_max = {**quota.max, **{k: v for k, v in new_max.items() if k not in quota.max}}
             steps.append(Step(quota.name, quota.namespace, "drop-legacy",
@@ -166,7 +183,69 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
                               {"min": _text(new_min), "max": _text(new_max)}))
     blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, set(converted), config))
-    return Plan(steps, blocked, _revisit(objects, config))
+    kept = [_vendor_pods_note(quota, vendor_pods[quota.name], quota.name in keeps_vendor_keys)
+            for quota in order if vendor_pods.get(quota.name)]
+    return Plan(steps, blocked, kept + _revisit(objects, config))
+
+
+def _vendor_pods_charged(objects: list[Mapping[str, Any]], quotas: list[QuotaInfo],
+                         config: ConversionConfig) -> dict[str, list[str]]:
+    """Per quota, the pods charged to it or below it whose stored spec asks for whole cards by a
+    vendor name (``nvidia.com/gpu: 1``): the pods koord-scheduler counts only under that name."""
+    tree = QuotaTree.build(quotas, config)
+    usage = UsageIndex(tree)
+    found: dict[str, list[str]] = {}
+    for obj in objects:
+        if obj.get("kind") != "Pod" or not pod_is_counted(obj) or not stored_vendor_names(obj):
+            continue
+        try:
+            record = pod_record(obj, config)
+        except ValueError:
+            continue  # the audit reports a pod it cannot read; it holds nothing a plan can count
+        usage.upsert(record)
+        for quota in usage.charged_to(record.key):
+            found.setdefault(quota, []).append(f"{record.namespace}/{record.name}")
+    return found
+
+
+def stored_vendor_names(pod: Mapping[str, Any]) -> set[str]:
+    """The vendor whole-card names with a non-zero amount in any container of the pod as stored."""
+    spec = mapping_or_empty(pod.get("spec"))
+    names: set[str] = set()
+    for kind in CONTAINER_KINDS:
+        entries = spec.get(kind)
+        for entry in entries if isinstance(entries, list) else ():
+            resources = mapping_or_empty(entry.get("resources")) if isinstance(entry, Mapping) else {}
+            for field_name in ("requests", "limits"):
+                for name, value in mapping_or_empty(resources.get(field_name)).items():
+                    if name in VENDOR_WHOLE_GPU_NAMES and _nonzero(value):
+                        names.add(str(name))
+    return names
+
+
+def _nonzero(value: Any) -> bool:
+    try:
+        return Quantity.parse(value) != ZERO
+    except (QuantityError, TypeError):
+        return True  # unreadable: validation refuses such a pod; counted as asking, to be safe
+
+
+def _vendor_pods_note(quota: QuotaInfo, pods: list[str], kept: bool) -> dict[str, Any]:
+    """The revisit entry of a quota with pods that store vendor names: kept keys, or a warning where
+    Koordinator's key rules leave no way to keep them."""
+    shown = ", ".join(sorted(pods)[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
+    names = ", ".join(legacy_gpu_names(set(quota.max) | set(quota.min)))
+    why = (f"{len(pods)} pod(s) charged to it still store {names} ({shown}), and koord-scheduler counts a pod only "
+           "under the names it stores")
+    if kept:
+        message = (f"keeps {names} beside the canonical keys: {why}; run `gpuquota migrate plan` again once they "
+                   "are replaced (recreated through the webhook) to drop the vendor keys")
+    else:
+        message = (f"koord-scheduler will not count these pods in this quota after the step: {why}, and "
+                   f"Koordinator's key rules do not let this quota keep {names} below its parent {quota.parent}; "
+                   "gpuquota's webhook still counts them, or replace them (recreate through the webhook) first")
+    return {"kind": "ElasticQuota", "namespace": quota.namespace, "name": quota.name, "check": VENDOR_PODS_RUNNING,
+            "message": message}
 
 
 def _tree_blocks(quotas: list[QuotaInfo], migrated: set[str]) -> list[Blocked]:

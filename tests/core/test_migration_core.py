@@ -155,7 +155,8 @@ def test_usage_over_the_canonical_limit_blocks_the_plan() -> None:
         plan = plan_migration(objects, update_resource_key_gate=gate)
         assert plan.blocked == [Blocked("team", "team", "over-limit", f"quota team: canonical usage exceeds the limit: "
                                         f"{CORE} 300 > 200, {RATIO} 300 > 200; raise the limit before migrating")]
-        assert order(plan) == [("convert", "team")]
+        # The pod still stores nvidia.com/gpu, so the quota would keep that key (see below).
+        assert order(plan) == [("add-canonical", "team")]
 
 
 def test_usage_at_the_limit_and_finished_pods_do_not_block() -> None:
@@ -176,7 +177,8 @@ def test_revisit_lists_workloads_and_resourcequotas_but_not_pods() -> None:
                     {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}},
                {"kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
                 "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}]
-    assert plan_migration(objects).revisit == [
+    # The quota's own entry (its pod still stores nvidia.com/gpu) is checked in the tests below.
+    assert [item for item in plan_migration(objects).revisit if item["kind"] != "ElasticQuota"] == [
         {"kind": "Deployment", "namespace": "team", "name": "train", "check": "workload-legacy-gpu-request",
          "message": f'the webhook would rewrite: container "main" limits: nvidia.com/gpu: 1 -> {CORE}: 100, '
                     f"{RATIO}: 100"},
@@ -364,3 +366,60 @@ def test_the_webhook_replay_admits_every_state_a_gated_migration_passes_through(
     plan = plan_migration(TREE, update_resource_key_gate=True)
     assert [b for b in plan.blocked if b.reason == "refused-by-webhook"] == []
     assert any(step.phase == "add-canonical" for step in plan.steps)
+
+
+# -- pods that still store vendor names (koord-scheduler counts them only under those names) ------
+
+def vendor_pod(name: str, namespace: str, cards: str = "1", quota: str | None = None) -> dict[str, Any]:
+    labels = {QUOTA_LABEL: quota} if quota else {}
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": cards}}}]}}
+
+
+def test_a_quota_with_running_vendor_pods_keeps_its_vendor_keys_beside_the_canonical_ones() -> None:
+    plan = plan_migration([eq("team", "team", {"nvidia.com/gpu": "4"}), vendor_pod("p", "team"),
+                           vendor_pod("q", "team", cards="0")])
+
+    (step,) = plan.steps
+    assert (step.phase, step.after["max"]) == ("add-canonical", {"nvidia.com/gpu": "4", **canonical("400")})
+    (note,) = [item for item in plan.revisit if item["check"] == "vendor-pods-running"]
+    assert note["name"] == "team" and note["message"].startswith(
+        "keeps nvidia.com/gpu beside the canonical keys: 1 pod(s) charged to it still store nvidia.com/gpu (team/p)")
+    assert not plan.blocked
+
+
+def test_once_the_vendor_pods_are_replaced_the_next_plan_drops_the_vendor_keys() -> None:
+    kept = eq("team", "team", {"nvidia.com/gpu": "4", **canonical("400")})
+    kept["metadata"]["annotations"] = {"gpuquota.koord-gpuquota.io/migration": "in-progress"}
+    rewritten = vendor_pod("p", "team")
+    rewritten["spec"]["containers"][0]["resources"]["limits"] = canonical("100")
+
+    plan = plan_migration([kept, rewritten])
+
+    assert [(s.phase, s.after["max"]) for s in plan.steps] == [("convert", canonical("400"))]
+    assert not [item for item in plan.revisit if item["check"] == "vendor-pods-running"]
+
+
+def test_with_the_gate_a_tree_keeps_vendor_keys_from_the_root_down_to_the_leaf_with_vendor_pods() -> None:
+    objects = [eq("org", "ops", {"nvidia.com/gpu": "8"}, is_parent=True),
+               eq("busy", "busy", {"nvidia.com/gpu": "4"}, parent="org"),
+               eq("idle", "idle", {"nvidia.com/gpu": "4"}, parent="org"), vendor_pod("p", "busy")]
+
+    plan = plan_migration(objects, update_resource_key_gate=True)
+
+    assert order(plan) == [("add-canonical", "org"), ("add-canonical", "busy"), ("add-canonical", "idle"),
+                           ("drop-legacy", "idle")]
+    assert {item["name"] for item in plan.revisit if item["check"] == "vendor-pods-running"} == {"org", "busy"}
+
+
+def test_a_vendor_leaf_under_a_canonical_parent_converts_and_warns_that_koord_scheduler_will_not_count_its_pods(
+) -> None:
+    objects = [eq("org", "ops", canonical("800"), is_parent=True),
+               eq("team", "team", {"nvidia.com/gpu": "4"}, parent="org"), vendor_pod("p", "team")]
+
+    plan = plan_migration(objects)
+
+    assert order(plan) == [("convert", "team")]
+    (note,) = [item for item in plan.revisit if item["check"] == "vendor-pods-running"]
+    assert note["message"].startswith("koord-scheduler will not count these pods in this quota after the step: ")
+    assert "below its parent org" in note["message"]
