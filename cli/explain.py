@@ -150,7 +150,8 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
         given = load_objects(list(paths))
     except ManifestError as error:
         raise CommandError(str(error)) from None
-    state_snapshot = snapshot.from_files(state_paths) if state_paths else snapshot.from_cluster(kubeconfig, context)
+    state_snapshot = (snapshot.from_files(state_paths, "explain against") if state_paths
+                      else snapshot.from_cluster(kubeconfig, context))
     if namespace is None:
         if state_snapshot.live:
             from kubeaccess.kube import context_namespace

@@ -329,7 +329,7 @@ def _updated_all_at_once(obj: dict[str, Any], step: Step) -> dict[str, Any]:
 
 
 @migrate.command()
-@click.option("-f", "--filename", "backup", default=None, type=click.Path(dir_okay=False),
+@click.option("-f", "--filename", "backup", default=None,
               help="Backup written by `migrate apply --backup`; without it, each quota's "
                    f"{PRE_MIGRATION_SPEC_ANNOTATION} annotation.")
 @click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster.")

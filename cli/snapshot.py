@@ -13,9 +13,9 @@ from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
-from kubeaccess.manifests import ManifestError, load_objects
 
 from .errors import CommandError
+from .inputs import objects_or_fail
 
 STATE_KINDS = ("Node", "Pod", "ElasticQuota")
 
@@ -51,11 +51,9 @@ def conversion_config(path: Path | None) -> ConversionConfig:
         raise CommandError(str(error)) from None
 
 
-def from_files(paths: Iterable[str]) -> Snapshot:
-    try:
-        objects = load_objects(list(paths))
-    except ManifestError as error:
-        raise CommandError(str(error)) from None
+def from_files(paths: Iterable[str], nothing_to: str) -> Snapshot:
+    """The cluster the files hold; files that hold no object at all are refused (see cli/inputs.py)."""
+    objects = objects_or_fail(tuple(paths), nothing_to)
     return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False)
 
 
@@ -114,7 +112,7 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
         snapshot.reservations.update(stored)
 
 
-def load(paths: tuple[str, ...], kubeconfig: str | None, context: str | None) -> Snapshot:
+def load(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, nothing_to: str) -> Snapshot:
     if paths and (kubeconfig or context):
         raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
-    return from_files(paths) if paths else from_cluster(kubeconfig, context)
+    return from_files(paths, nothing_to) if paths else from_cluster(kubeconfig, context)

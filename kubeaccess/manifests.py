@@ -10,6 +10,7 @@ import gc
 import json
 import mmap
 import re
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -92,7 +93,9 @@ def _read_sources(path: str) -> Iterator[tuple[str, str]]:
         files = sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
         if not files:
             raise ManifestError(f"{path}: no .yaml, .yml or .json files in this directory")
-    elif target.is_file():
+    elif target.exists():
+        # A regular file, or one to read to its end like stdin: a pipe (``-f <(kubectl get ...)``
+        # hands over /dev/fd/N), /dev/stdin, /dev/null (empty).
         files = [target]
     else:
         raise ManifestError(f"{path}: no such file or directory")
@@ -125,8 +128,8 @@ _MAP_ABOVE = 1 << 20
 
 def _read_text(file: Path) -> str:
     """``file.read_text(encoding="utf-8")``: the same text, or the same UnicodeDecodeError."""
-    size = file.stat().st_size
-    if size <= _MAP_ABOVE:
+    status = file.stat()
+    if status.st_size <= _MAP_ABOVE or not stat.S_ISREG(status.st_mode):
         return file.read_text(encoding="utf-8")
     with file.open("rb") as raw:
         try:
