@@ -168,3 +168,16 @@ def test_an_unreadable_pod_is_a_note_not_a_crash(tmp_path: Path) -> None:
     assert re.split(r"\s{3,}", out.splitlines()[1].strip())[4] == "0"  # USED
     _, document, _ = run("-f", str(state), "-o", "json")
     assert json.loads(document)["unreadablePods"] == ["a/odd"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "wide"])
+def test_colour_into_a_pipe_keeps_every_column(fmt: str) -> None:
+    """``quota --color always | less -R``: colour and bars, and every column of the piped table, whatever
+    width $COLUMNS claims: only a terminal's width is fitted to."""
+    _, plain, _ = run("-f", EXAMPLE, "-o", fmt, "--color", "never", columns=80)
+    _, coloured, _ = run("-f", EXAMPLE, "-o", fmt, "--color", "always", columns=80)
+
+    assert "\x1b[32m" in coloured
+    bars = re.compile(r"[█░]+ ")
+    assert [bars.sub("", ANSI.sub("", line), count=1) for line in coloured.splitlines()] == plain.splitlines()
+    assert "(4 cards)" in coloured
