@@ -15,8 +15,8 @@ from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, AuditReport, Findi
 from gpuquota_core.selector import Selector
 from kubeaccess import collector
 
-from . import output
-from .errors import CommandError
+from . import hints, output
+from .errors import CommandError, cluster_error
 from .inputs import objects_or_fail
 from .options import colour_option, no_headers_option, selector_option
 from .output import FORMATS, document
@@ -93,7 +93,7 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
     if namespace and all_namespaces:
         raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
     if paths and (kubeconfig or context):
-        raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
+        raise CommandError(hints.FILES_OR_CLUSTER())
     if not paths:
         from kubeaccess.kube import context_namespace
 
@@ -149,7 +149,7 @@ def _live_objects(kubeconfig: str | None, context: str | None, namespace: str | 
     try:
         objects = list_cluster(kubeconfig, context, namespace, page_size=chunk_size, on_page=progress)
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     if show_progress:
         click.echo("\r\033[K", err=True, nl=False)
     return objects

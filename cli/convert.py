@@ -16,12 +16,11 @@ from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 
+from . import hints
 from .errors import CommandError
 from .inputs import nothing_read
 
 UNSCHEDULABLE_EXIT = 1
-NO_NODES = ("no Node objects in the input: rewrote as `rewrite: always` would; give the cluster's nodes too "
-            "(e.g. -f nodes.yaml) to decide as the webhook does")
 
 
 @click.command()
@@ -63,7 +62,7 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
         except (PodShapeError, QuantityError) as error:
             raise CommandError(f"{_ref(obj)}: {error}") from None
     if nodes is None and config.rewrite is RewritePolicy.AUTO and any(item.summary for item in converted):
-        click.echo(NO_NODES, err=True)
+        click.echo(hints.NO_NODES["convert"](), err=True)
     for item in converted:
         for line in item.summary:
             click.echo(f"{item.ref}: rewrote {line}", err=True)

@@ -31,8 +31,7 @@ from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rul
 from gpuquota_core.resources import ResourceList, add_lists
 from kubeaccess.manifests import ManifestError, load_objects
 
-from . import snapshot
-from .convert import NO_NODES
+from . import hints, snapshot
 from .errors import CommandError
 from .output import document, table
 
@@ -144,8 +143,7 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     """
     config = snapshot.conversion_config(config_path)
     if state_paths and (kubeconfig or context):
-        raise CommandError("--state reads manifests; --kubeconfig/--context are for a live cluster: "
-                           "give one or the other")
+        raise CommandError(hints.STATE_OR_CLUSTER())
     try:
         given = load_objects(list(paths))
     except ManifestError as error:
@@ -251,7 +249,7 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
     nodes = NodeView.from_objects(state_snapshot.objects)
     if nodes is None and config.rewrite is RewritePolicy.AUTO:
         # As `gpuquota convert` does: with no Node to look at, say so and show the rewrite.
-        click.echo(NO_NODES, err=True)
+        click.echo(hints.NO_NODES["explain"](), err=True)
         config = replace(config, rewrite=RewritePolicy.ALWAYS)
     handlers = AdmissionHandlers(config, decider, lambda: nodes)
     return [_explain(subject, handlers, decider, decode_review) for subject in subjects]

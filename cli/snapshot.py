@@ -14,7 +14,8 @@ from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
 
-from .errors import CommandError
+from . import hints
+from .errors import CommandError, cluster_error
 from .inputs import objects_or_fail
 
 STATE_KINDS = ("Node", "Pod", "ElasticQuota")
@@ -72,7 +73,7 @@ def from_cluster(kubeconfig: str | None, context: str | None, *, with_ledgers: b
         finally:
             api.close()  # type: ignore[no-untyped-call]
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     return snapshot
 
 
@@ -114,5 +115,5 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
 
 def load(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, nothing_to: str) -> Snapshot:
     if paths and (kubeconfig or context):
-        raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
+        raise CommandError(hints.FILES_OR_CLUSTER())
     return from_files(paths, nothing_to) if paths else from_cluster(kubeconfig, context)

@@ -8,8 +8,10 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from cli.convert import NO_NODES
+from cli.hints import NO_NODES as NO_NODES_HINTS
 from cli.main import cli
+
+NO_NODES = NO_NODES_HINTS["convert"]()
 
 POD = """
 apiVersion: v1
