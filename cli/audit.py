@@ -94,6 +94,7 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
         raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
     if paths and (kubeconfig or context):
         raise CommandError(hints.FILES_OR_CLUSTER())
+    origins: dict[int, str] = {}
     if not paths:
         from kubeaccess.kube import context_namespace
 
@@ -103,10 +104,10 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
         objects = _live_objects(kubeconfig, context, namespace, chunk_size)
     else:
         # "No findings." would read as a clean bill of health for files that hold nothing.
-        objects = objects_or_fail(paths, nothing_to="audit")
+        objects = objects_or_fail(paths, nothing_to="audit", origins=origins)
     # -n and -l choose what is shown; everything read is judged (a quota's parents live elsewhere).
     report = audit_objects(objects, scope, shared_label=gpu_shared_label, namespace=namespace or None,
-                           selector=selector)
+                           selector=selector, origin=lambda obj: origins.get(id(obj)))
     failing = fail_on != "none" and (worst := report.worst()) is not None and worst >= Severity[fail_on.upper()]
     exit_code = 1 if failing else 0
     if fmt == "policyreport":

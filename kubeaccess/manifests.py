@@ -36,8 +36,13 @@ class ManifestError(ValueError):
     """A manifest that cannot be read; the message names the file (and document) at fault."""
 
 
-def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Every object in the given files or directories (``-`` is standard input), lists flattened."""
+def load_objects(paths: str | Path | Iterable[str | Path], origins: dict[int, str] | None = None,
+                 ) -> list[dict[str, Any]]:
+    """Every object in the given files or directories (``-`` is standard input), lists flattened.
+
+    ``origins``: filled with ``id(object)`` -> the file it was read from, for messages that name it
+    (valid while the objects live).
+    """
     if isinstance(paths, str | Path):
         paths = [paths]
     objects: list[dict[str, Any]] = []
@@ -51,7 +56,10 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
         for path in paths:
             for source, text in _read_sources(str(path)):
                 read += len(text)
-                objects.extend(parse_documents(text, source))
+                parsed = parse_documents(text, source)
+                if origins is not None:
+                    origins.update((id(obj), source) for obj in parsed)
+                objects.extend(parsed)
         if read > _FREEZE_ABOVE:
             # Re-enabling the collector would make its next collections walk all of that again
             # (the audit that followed slowed down); freezing moves everything alive now into the
