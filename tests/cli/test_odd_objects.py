@@ -125,3 +125,27 @@ def test_audit_table_shows_them_too_and_keeps_judging_the_rest(tmp_path: Path) -
     code, out, _ = run("audit", "-f", str(tmp_path), "-o", "name")
 
     assert (code, out) == (1, "deployment.apps/listed\npod/good\n")
+
+
+EXAMPLE_CLUSTER = str(Path(__file__).resolve().parents[2] / "examples" / "cluster")
+
+
+def test_explain_names_a_workload_it_cannot_read_and_explains_the_others(tmp_path: Path) -> None:
+    paths = write(tmp_path, listed=LIST_TEMPLATE, pod=GOOD_POD.replace("team-a", "team-nlp"))
+
+    code, out, err = run("explain", "-f", str(tmp_path), "--state", EXAMPLE_CLUSTER)
+
+    assert code == 1  # the API server would refuse the workload: not everything given would be admitted
+    assert out.startswith("Pod team-nlp/good: ")
+    assert f"{paths['listed']}: Deployment team-a/listed: not explained: spec.template: is a list, not a mapping\n" \
+        in err
+
+
+def test_explain_of_only_an_unreadable_workload_says_why_in_one_error_line(tmp_path: Path) -> None:
+    paths = write(tmp_path, listed=LIST_TEMPLATE)
+
+    code, out, err = run("explain", "-f", paths["listed"], "--state", EXAMPLE_CLUSTER)
+
+    assert (code, out) == (2, "")
+    assert err == (f"Error: {paths['listed']}: Deployment team-a/listed: spec.template: is a list, not a mapping; "
+                   "nothing to explain\n")
