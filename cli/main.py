@@ -66,38 +66,40 @@ class BriefUsageError(click.ClickException):
         click.echo(f"Error: {self.format_message()}\nSee '{self.command_path} --help' for usage.", err=True)
 
 
-def end_by_sigpipe() -> NoReturn:
-    """End as ``cat`` and ``kubectl`` do when their reader has gone: killed by SIGPIPE, which a shell
-    reports as exit status 141 and does not comment on.
+def end_by_signal(number: signal.Signals) -> NoReturn:
+    """End as ``cat`` and ``kubectl`` do: killed by the signal, which a shell reports as 128 + its
+    number (141 for SIGPIPE, 130 for SIGINT) and a script's loop sees as an interruption.
 
-    Python ignores SIGPIPE, so a write to a closed pipe raises instead, and click would turn that
-    into exit 1, which is the status of findings and refusals. SIGPIPE stays ignored everywhere
-    else: a connection to the API server that breaks must be an error the command reports, not a
-    silent death.
+    Python turns both into exceptions (a write to a closed pipe raises, Ctrl-C raises
+    KeyboardInterrupt), and click would end with exit 1, the status of findings and refusals. SIGPIPE
+    stays ignored everywhere else: a connection to the API server that breaks must be an error the
+    command reports, not a silent death.
     """
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGPIPE)
-    os._exit(128 + signal.SIGPIPE)  # not reached: the signal ends the process first
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    os._exit(128 + number)  # not reached: the signal ends the process first
 
 
 @contextlib.contextmanager
-def _ends_quietly_on_a_closed_pipe() -> Iterator[None]:
+def _ends_as_signalled() -> Iterator[None]:
     # A socket's broken pipe reaches the commands as the HTTP client's own error (urllib3 wraps
     # it); one that reaches here is a write to standard output or error.
     try:
         yield
     except BrokenPipeError:
-        end_by_sigpipe()
+        end_by_signal(signal.SIGPIPE)
+    except KeyboardInterrupt:
+        end_by_signal(signal.SIGINT)
 
 
 class KubectlStyleGroup(click.Group):
     """Parses like kubectl (``-o=json``) and reports usage errors in two lines instead of click's four;
-    ends quietly, as killed by SIGPIPE, when its output pipe is closed."""
+    ends quietly, as killed by the signal, when its output pipe is closed or on Ctrl-C."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         try:
-            with _ends_quietly_on_a_closed_pipe():  # --help and --version print while parsing
+            with _ends_as_signalled():  # --help and --version print while parsing
                 return super().make_context(info_name, split_short_equals(args), parent, **extra)
         except click.UsageError as error:
             if isinstance(error, _HELP_INSTEAD):
@@ -106,7 +108,7 @@ class KubectlStyleGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with _ends_quietly_on_a_closed_pipe():
+            with _ends_as_signalled():
                 return super().invoke(ctx)
         except click.UsageError as error:
             if isinstance(error, _HELP_INSTEAD):
