@@ -72,7 +72,7 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         namespace = context_namespace(kubeconfig, context)
     # The built-in conversion table, as the webhook's quota service charges stored pods and reads
     # quota limits with it (its --config governs the rewrite of new pods, not the accounting).
-    tree = state.tree()
+    tree = state.readable_tree()
     if name is not None and name not in tree.quotas:
         raise CommandError(f"no ElasticQuota named {name!r}")
     view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,

@@ -35,10 +35,22 @@ class Snapshot:
         return [obj for obj in self.objects if obj.get("kind") == kind]
 
     def tree(self, config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+        """The quota tree; an unreadable ElasticQuota ends the command (as `serve --state` refuses it)."""
         try:
             return QuotaTree.build((quota_from_object(obj) for obj in self.of_kind("ElasticQuota")), config)
         except (QuotaShapeError, PodShapeError) as error:
             raise CommandError(f"cannot read an ElasticQuota: {error}") from None
+
+    def readable_tree(self, config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+        """The quota tree without the ElasticQuotas that cannot be read, as the audit judges with
+        (gpuquota_core.audit.quota_tree); each one left out is a note: one bad quota never hides the others."""
+        readable = []
+        for obj in self.of_kind("ElasticQuota"):
+            try:
+                readable.append(quota_from_object(obj))
+            except (QuotaShapeError, PodShapeError) as error:
+                self.notes.append(f"unreadable ElasticQuota left out: {error}")
+        return QuotaTree.build(readable, config)
 
 
 def conversion_config(path: Path | None) -> ConversionConfig:

@@ -136,11 +136,20 @@ def test_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
     assert (code, err.strip().splitlines()) == (2, [message])
 
 
-def test_an_unreadable_quota_is_one_line(tmp_path: Path) -> None:
+def test_an_unreadable_quota_is_left_out_with_a_note_and_the_others_shown(tmp_path: Path) -> None:
+    """As audit leaves it out of the tree it judges with (and reports it, quota-invalid): one bad quota
+    never hides the others."""
     state = tmp_path / "bad.yaml"
     state.write_text(yaml.safe_dump({"kind": "ElasticQuota", "metadata": {"name": "q"}, "spec": {"max": []}}))
-    code, _, err = run("-f", str(state))
-    assert code == 2 and err.startswith("Error: cannot read an ElasticQuota: ") and err.count("\n") == 1
+    _, example, _ = run("-f", EXAMPLE)
+
+    code, out, err = run("-f", str(state), "-f", EXAMPLE)
+
+    assert (code, out) == (0, example)
+    assert err == "note: unreadable ElasticQuota left out: ElasticQuota q: spec.max: expected an object, got list\n"
+    _, as_json, _ = run("-f", str(state), "-f", EXAMPLE, "-o", "json")
+    assert json.loads(as_json)["notes"] == ["unreadable ElasticQuota left out: ElasticQuota q: spec.max: expected "
+                                            "an object, got list"]
 
 
 def test_wide_adds_namespace_chain_free_limit_source_and_every_card_count() -> None:
