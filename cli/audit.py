@@ -15,8 +15,8 @@ from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, AuditReport, Findi
 from gpuquota_core.selector import Selector
 from kubeaccess import collector
 
-from . import output
-from .errors import CommandError
+from . import hints, output
+from .errors import CommandError, cluster_error
 from .inputs import objects_or_fail
 from .options import colour_option, no_headers_option, selector_option
 from .output import FORMATS, document
@@ -93,7 +93,8 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
     if namespace and all_namespaces:
         raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
     if paths and (kubeconfig or context):
-        raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
+        raise CommandError(hints.FILES_OR_CLUSTER())
+    origins: dict[int, str] = {}
     if not paths:
         from kubeaccess.kube import context_namespace
 
@@ -103,10 +104,10 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
         objects = _live_objects(kubeconfig, context, namespace, chunk_size)
     else:
         # "No findings." would read as a clean bill of health for files that hold nothing.
-        objects = objects_or_fail(paths, nothing_to="audit")
+        objects = objects_or_fail(paths, nothing_to="audit", origins=origins)
     # -n and -l choose what is shown; everything read is judged (a quota's parents live elsewhere).
     report = audit_objects(objects, scope, shared_label=gpu_shared_label, namespace=namespace or None,
-                           selector=selector)
+                           selector=selector, origin=lambda obj: origins.get(id(obj)))
     failing = fail_on != "none" and (worst := report.worst()) is not None and worst >= Severity[fail_on.upper()]
     exit_code = 1 if failing else 0
     if fmt == "policyreport":
@@ -149,7 +150,7 @@ def _live_objects(kubeconfig: str | None, context: str | None, namespace: str | 
     try:
         objects = list_cluster(kubeconfig, context, namespace, page_size=chunk_size, on_page=progress)
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     if show_progress:
         click.echo("\r\033[K", err=True, nl=False)
     return objects

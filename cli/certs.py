@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from . import hints
 from .errors import CommandError
 
 
@@ -30,7 +31,7 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
     Files already in --out are never replaced without --force.
     """
     if not service and not dns_names and not ip_addresses:
-        raise CommandError("give --service/--namespace, --dns or --ip: a certificate needs a name to be valid for")
+        raise CommandError(hints.CERT_NEEDS_A_NAME())
     # Imported here: cryptography would weigh on every gpuquota command's start-up, and only certs needs it.
     from kubeaccess.pki import ExistingCertsError, generate_webhook_certs
 
@@ -38,8 +39,7 @@ def generate(out_dir: Path, service: str | None, namespace: str | None, dns_name
         written = generate_webhook_certs(out_dir, service=service, namespace=namespace,
                                          dns_names=dns_names, ip_addresses=ip_addresses, replace=force)
     except ExistingCertsError as error:
-        raise CommandError(f"{error}; webhook configurations trust that CA through their caBundle, so it is "
-                           "kept: give --force to replace it, or another --out") from None
+        raise CommandError(f"{error}; {hints.CA_KEPT()}") from None
     except FileExistsError as error:
         raise CommandError(f"{error.filename}: appeared while writing; nothing was replaced") from None
     except ValueError as error:
@@ -71,7 +71,7 @@ def client(ca_dir: Path, out_dir: Path, common_name: str, force: bool) -> None:
     try:
         cert_path, key_path = write_client_cert(ca_dir, out_dir, common_name.strip(), replace=force)
     except ExistingCertsError as error:
-        raise CommandError(f"{error}; give --force to replace them, or another --out") from None
+        raise CommandError(f"{error}; {hints.CLIENT_CERT_KEPT()}") from None
     except FileExistsError as error:
         raise CommandError(f"{error.filename}: appeared while writing; nothing was replaced") from None
     except ValueError as error:

@@ -9,19 +9,20 @@ from typing import Any
 
 import click
 
+from gpuquota_core.audit import Severity
 from gpuquota_core.conversion import ConversionConfig
-from gpuquota_core.convert import ConvertedObject, convert_object
+from gpuquota_core.convert import ConvertedObject, convert_object, unconverted
 from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
+from gpuquota_core.unjudged import why_unjudged
 from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 
+from . import hints
 from .errors import CommandError
 from .inputs import nothing_read
 
 UNSCHEDULABLE_EXIT = 1
-NO_NODES = ("no Node objects in the input: rewrote as `rewrite: always` would; give the cluster's nodes too "
-            "(e.g. -f nodes.yaml) to decide as the webhook does")
 
 
 @click.command()
@@ -38,8 +39,9 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     would: when a node it can be scheduled on advertises the canonical names (``rewrite: auto``).
     YAML output keeps the input's comments, key order, flow style and quoting: only the rewritten
     resources and the original-resources annotation change. What was rewritten, or left and why,
-    goes to stderr. Exit 1 when a result would still be refused by /validate-pods (the reason is
-    printed), 2 on bad flags or files, or when the input holds no object.
+    goes to stderr, and so does any object that could not be converted (left as written, with its
+    file). Exit 1 when a result would still be refused by /validate-pods (the reason is printed) or an
+    object could not be converted, 2 on bad flags or files, or when the input holds no object.
     """
     # Imported here: the server module (gunicorn, Flask) would weigh on every gpuquota command's start-up.
     from webhook.serving.server import ServeError, load_conversion_config
@@ -57,13 +59,28 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
         raise nothing_read(paths, nothing_to="convert")
     nodes = NodeView.from_objects(objects)
     converted: list[ConvertedObject] = []
-    for obj in objects:
-        try:
-            converted.append(convert_object(obj, config, nodes))
-        except (PodShapeError, QuantityError) as error:
-            raise CommandError(f"{_ref(obj)}: {error}") from None
+    # What could not be converted, with its file: said on stderr, left as written in the output; one
+    # such object never stops the others.
+    not_converted: list[tuple[str, ConvertedObject, Severity]] = []
+    for source in sources:
+        for obj in source.objects:
+            unjudged = why_unjudged(obj)
+            if unjudged is not None:
+                reason, severity = (unjudged.reason if unjudged.severity is Severity.WARNING
+                                    else unjudged.describe()), unjudged.severity
+            else:
+                try:
+                    converted.append(convert_object(obj, config, nodes))
+                    continue
+                except (PodShapeError, QuantityError) as error:
+                    reason, severity = str(error), Severity.ERROR
+            item = unconverted(obj, reason)
+            converted.append(item)
+            not_converted.append((source.source, item, severity))
+    for file, item, _ in not_converted:
+        click.echo(f"{file}: {item.ref}: not converted: {item.skipped}", err=True)
     if nodes is None and config.rewrite is RewritePolicy.AUTO and any(item.summary for item in converted):
-        click.echo(NO_NODES, err=True)
+        click.echo(hints.NO_NODES["convert"](), err=True)
     for item in converted:
         for line in item.summary:
             click.echo(f"{item.ref}: rewrote {line}", err=True)
@@ -77,7 +94,7 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     for item in refused:
         reasons = "; ".join(problem.message for problem in item.problems)
         click.echo(f"{item.ref}: would be refused by /validate-pods: {reasons}", err=True)
-    if refused:
+    if refused or any(severity is Severity.ERROR for _, _, severity in not_converted):
         sys.exit(UNSCHEDULABLE_EXIT)
 
 

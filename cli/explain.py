@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.audit import template_of
+from gpuquota_core.audit import TEMPLATE_PATHS, template_of
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
@@ -29,10 +29,10 @@ from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
 from gpuquota_core.resources import ResourceList, add_lists
+from gpuquota_core.unjudged import why_unjudged
 from kubeaccess.manifests import ManifestError, load_objects
 
-from . import snapshot
-from .convert import NO_NODES
+from . import hints, snapshot
 from .errors import CommandError
 from .output import document, table
 
@@ -144,13 +144,14 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     """
     config = snapshot.conversion_config(config_path)
     if state_paths and (kubeconfig or context):
-        raise CommandError("--state reads manifests; --kubeconfig/--context are for a live cluster: "
-                           "give one or the other")
+        raise CommandError(hints.STATE_OR_CLUSTER())
+    origins: dict[int, str] = {}
     try:
-        given = load_objects(list(paths))
+        given = load_objects(list(paths), origins)
     except ManifestError as error:
         raise CommandError(str(error)) from None
-    state_snapshot = snapshot.from_files(state_paths) if state_paths else snapshot.from_cluster(kubeconfig, context)
+    state_snapshot = (snapshot.from_files(state_paths, "explain against") if state_paths
+                      else snapshot.from_cluster(kubeconfig, context))
     if namespace is None:
         if state_snapshot.live:
             from kubeaccess.kube import context_namespace
@@ -158,16 +159,29 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
             namespace = context_namespace(kubeconfig, context)
         else:
             namespace = "default"
+    # A workload that cannot be read down to its pod spec is named, never skipped, and never stops the others.
+    unreadable = [(f"{origins.get(id(obj), '<input>')}: {obj.get('kind')} {_namespaced_name(obj, namespace)}",
+                   unjudged.describe()) for obj in given if obj.get("kind") in TEMPLATE_PATHS
+                  and (unjudged := why_unjudged(obj)) is not None]
     subjects = [s for obj in given for s in subjects_of(obj, namespace)]
     if not subjects:
+        if unreadable:
+            raise CommandError("; ".join(f"{where}: {why}" for where, why in unreadable) + "; nothing to explain")
         raise CommandError(f"{', '.join(paths)}: no Pod, workload with a pod template, or AdmissionReview")
+    for where, why in unreadable:
+        click.echo(f"{where}: not explained: {why}", err=True)
     explanations = explain_all(subjects, state_snapshot, config)
     if fmt == "text":
         click.echo("\n\n".join(render(e) for e in explanations))
     else:
         click.echo(document({"explanations": [e.as_dict() for e in explanations]}, fmt, plain=True))
-    if not all(e.admitted for e in explanations):
+    if unreadable or not all(e.admitted for e in explanations):
         raise SystemExit(REFUSED_EXIT)
+
+
+def _namespaced_name(obj: Mapping[str, Any], namespace: str) -> str:
+    metadata = mapping_or_empty(obj.get("metadata"))
+    return f"{metadata.get('namespace') or namespace}/{metadata.get('name') or metadata.get('generateName') or ''}"
 
 
 def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
@@ -250,7 +264,7 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
     nodes = NodeView.from_objects(state_snapshot.objects)
     if nodes is None and config.rewrite is RewritePolicy.AUTO:
         # As `gpuquota convert` does: with no Node to look at, say so and show the rewrite.
-        click.echo(NO_NODES, err=True)
+        click.echo(hints.NO_NODES["explain"](), err=True)
         config = replace(config, rewrite=RewritePolicy.ALWAYS)
     handlers = AdmissionHandlers(config, decider, lambda: nodes)
     return [_explain(subject, handlers, decider, decode_review) for subject in subjects]

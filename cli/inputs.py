@@ -19,10 +19,12 @@ def nothing_read(paths: tuple[str, ...], nothing_to: str | None, what: str = "ob
     return CommandError(f"{message}: nothing to {nothing_to}" if nothing_to else message)
 
 
-def objects_or_fail(paths: tuple[str, ...], nothing_to: str | None, what: str = "objects") -> list[dict[str, Any]]:
-    """Every object in ``paths``; a file that cannot be read, or inputs that hold none, end the command."""
+def objects_or_fail(paths: tuple[str, ...], nothing_to: str | None, what: str = "objects",
+                    origins: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Every object in ``paths``; a file that cannot be read, or inputs that hold none, end the command.
+    ``origins``: as for :func:`kubeaccess.manifests.load_objects`."""
     try:
-        objects = load_objects(paths)
+        objects = load_objects(paths, origins)
     except ManifestError as error:
         raise CommandError(str(error)) from None
     if not objects:

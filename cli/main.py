@@ -6,11 +6,16 @@ never touches another command's code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import os
 import re
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -61,13 +66,41 @@ class BriefUsageError(click.ClickException):
         click.echo(f"Error: {self.format_message()}\nSee '{self.command_path} --help' for usage.", err=True)
 
 
+def end_by_signal(number: signal.Signals) -> NoReturn:
+    """End as ``cat`` and ``kubectl`` do: killed by the signal, which a shell reports as 128 + its
+    number (141 for SIGPIPE, 130 for SIGINT) and a script's loop sees as an interruption.
+
+    Python turns both into exceptions (a write to a closed pipe raises, Ctrl-C raises
+    KeyboardInterrupt), and click would end with exit 1, the status of findings and refusals. SIGPIPE
+    stays ignored everywhere else: a connection to the API server that breaks must be an error the
+    command reports, not a silent death.
+    """
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    os._exit(128 + number)  # not reached: the signal ends the process first
+
+
+@contextlib.contextmanager
+def _ends_as_signalled() -> Iterator[None]:
+    # A socket's broken pipe reaches the commands as the HTTP client's own error (urllib3 wraps
+    # it); one that reaches here is a write to standard output or error.
+    try:
+        yield
+    except BrokenPipeError:
+        end_by_signal(signal.SIGPIPE)
+    except KeyboardInterrupt:
+        end_by_signal(signal.SIGINT)
+
+
 class KubectlStyleGroup(click.Group):
-    """Parses like kubectl (``-o=json``) and reports usage errors in two lines instead of click's four."""
+    """Parses like kubectl (``-o=json``) and reports usage errors in two lines instead of click's four;
+    ends quietly, as killed by the signal, when its output pipe is closed or on Ctrl-C."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         try:
-            return super().make_context(info_name, split_short_equals(args), parent, **extra)
+            with _ends_as_signalled():  # --help and --version print while parsing
+                return super().make_context(info_name, split_short_equals(args), parent, **extra)
         except click.UsageError as error:
             if isinstance(error, _HELP_INSTEAD):
                 raise
@@ -75,7 +108,8 @@ class KubectlStyleGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _ends_as_signalled():
+                return super().invoke(ctx)
         except click.UsageError as error:
             if isinstance(error, _HELP_INSTEAD):
                 raise
@@ -97,7 +131,52 @@ for _module, _attribute in SUBCOMMANDS:
             raise
 
 
+class _WholeWrites(io.RawIOBase):
+    """A file descriptor that takes each write whole or raises.
+
+    The standard streams' buffered writer may report a write to a pipe whose reader has just gone
+    as done when the kernel took only part of it, and the text layer never looks: the rest of a
+    large document (an audit's JSON, convert's output) would be dropped without an error, and the
+    command would end 0 into a closed pipe. Here a short write is continued, so a closed pipe is a
+    BrokenPipeError on the spot.
+    """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        while view:
+            view = view[os.write(self._fd, view):]
+        return total
+
+
+def _whole_writes(stream: Any) -> Any:
+    """``stream`` (sys.stdout or sys.stderr) rebuilt over :class:`_WholeWrites`, same encoding and buffering."""
+    if not isinstance(stream, io.TextIOWrapper):
+        return stream
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return stream
+    stream.flush()
+    return io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=stream.encoding, errors=stream.errors,
+                            line_buffering=stream.line_buffering, write_through=stream.write_through)
+
+
 def main() -> None:
+    sys.stdout, sys.stderr = _whole_writes(sys.stdout), _whole_writes(sys.stderr)
     # As a kubectl plugin, help and usage errors name the command the user typed.
     plugin = Path(sys.argv[0]).name == "kubectl-gpuquota"
     cli(prog_name="kubectl gpuquota" if plugin else "gpuquota")

@@ -36,7 +36,8 @@ from gpuquota_core.quota_objects import (
 from kubeaccess import collector
 from kubeaccess.manifests import ManifestError, load_objects
 
-from .errors import CommandError
+from . import hints
+from .errors import CommandError, cluster_error
 from .inputs import objects_or_fail
 from .output import document
 
@@ -94,8 +95,7 @@ def _nothing_to_migrate(result: Plan, objects: list[dict[str, Any]], where: str)
 
 def _check_modes(update_resource_key_gate: bool, all_at_once: bool) -> None:
     if update_resource_key_gate and all_at_once:
-        raise CommandError("--all-at-once is for ElasticQuotaEnableUpdateResourceKey off; with the gate on the "
-                           "step-by-step plan needs no maintenance window: drop one of the two flags")
+        raise CommandError(hints.BOTH_MODES())
 
 
 def _print_blocked(result: Plan) -> None:
@@ -132,7 +132,7 @@ def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str,
     try:
         return list_cluster(kubeconfig, context, None)
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
 
 
 CONFLICT_EXIT = 1
@@ -179,7 +179,7 @@ def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
     try:
         api = connect(kubeconfig, context)
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     custom = client.CustomObjectsApi(api)
     try:
         for number, step in enumerate(steps, 1):
@@ -222,14 +222,15 @@ def _quotas_by_key(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[
 @click.option("--context", default=None, help="Kubeconfig context to use.")
 @click.option("-n", "--namespace", default=None,
               help="Only ElasticQuotas in this namespace (one tree at a time); default every namespace.")
-@click.option("--backup", "backup_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="New file that receives every quota to be changed, before the first write.")
+@click.option("--backup", "backup_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="New file that receives every quota to be changed, before the first write (required unless "
+                   "--dry-run=client).")
 @click.option("--dry-run", "dry_run", type=click.Choice(["none", "client", "server"]), default="none",
               show_default=True, help=DRY_RUN_HELP + " No backup is written with client.")
 @click.option("--update-resource-key-gate", is_flag=True,
               help="Koordinator runs with ElasticQuotaEnableUpdateResourceKey=true.")
 @click.option("--all-at-once", is_flag=True, help=ALL_AT_ONCE_HELP)
-def apply(kubeconfig: str | None, context: str | None, namespace: str | None, backup_path: Path, dry_run: str,
+def apply(kubeconfig: str | None, context: str | None, namespace: str | None, backup_path: Path | None, dry_run: str,
           update_resource_key_gate: bool, all_at_once: bool) -> None:
     """Write the plan to the cluster, one optimistic-concurrency update per step.
 
@@ -238,8 +239,10 @@ def apply(kubeconfig: str | None, context: str | None, namespace: str | None, ba
     (exit 1) instead of being overwritten. The original spec stays in an annotation for rollback.
     """
     _check_modes(update_resource_key_gate, all_at_once)
-    if backup_path.exists():
-        raise CommandError(f"{backup_path} exists; choose a new backup file (an old backup is never overwritten)")
+    if backup_path is None and dry_run != "client":
+        raise click.UsageError(hints.BACKUP_REQUIRED())
+    if backup_path is not None and backup_path.exists():
+        raise CommandError(hints.BACKUP_EXISTS(backup=backup_path))
     objects = _live_objects(kubeconfig, context)
     if namespace:
         objects = [o for o in objects if (o.get("metadata") or {}).get("namespace") in (None, "", namespace)]
@@ -255,24 +258,19 @@ def apply(kubeconfig: str | None, context: str | None, namespace: str | None, ba
     touched = [current[(step.namespace, step.quota)] for step in result.steps]
     unique = list({(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in touched}.values())
     if dry_run != "client":
+        assert backup_path is not None  # refused above
         try:
             backup_path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": unique},
                                                   sort_keys=False))
         except OSError as error:
             raise CommandError(f"{backup_path}: cannot write the backup: {error.strerror or error}") from None
         click.echo(f"backup of {len(unique)} ElasticQuota(s) written to {backup_path}", err=True)
-    recovery = (f"originals are in {backup_path}; undo with `gpuquota migrate rollback -f {backup_path}`, "
-                "or re-run apply with a new backup file")
+    recovery = hints.APPLY_STOPPED(backup=backup_path)
     body_of = _updated
     if all_at_once:
         for line in result.window:
             click.echo(f"WINDOW: {line}", err=True)
-        recovery = (f"the maintenance window is still open: quotas marked {MIGRATION_IN_PROGRESS_ANNOTATION}="
-                    f"{IN_PROGRESS} are detached from their parent. Resume with `gpuquota migrate apply "
-                    "--all-at-once --backup NEW_FILE` (it re-plans from the current state and reattaches every "
-                    "detached quota under the parent recorded in its "
-                    f"{PRE_MIGRATION_SPEC_ANNOTATION} annotation), or undo with `gpuquota migrate rollback "
-                    f"-f {backup_path}`")
+        recovery = hints.APPLY_ALL_AT_ONCE_STOPPED(backup=backup_path)
         body_of = _updated_all_at_once
     _write_steps(kubeconfig, context, result.steps, current, dry_run, body_of, recovery)
     if not all_at_once:
@@ -329,7 +327,7 @@ def _updated_all_at_once(obj: dict[str, Any], step: Step) -> dict[str, Any]:
 
 
 @migrate.command()
-@click.option("-f", "--filename", "backup", default=None, type=click.Path(dir_okay=False),
+@click.option("-f", "--filename", "backup", default=None,
               help="Backup written by `migrate apply --backup`; without it, each quota's "
                    f"{PRE_MIGRATION_SPEC_ANNOTATION} annotation.")
 @click.option("--kubeconfig", default=None, help="Kubeconfig of the live cluster.")
@@ -372,7 +370,7 @@ def rollback(backup: str | None, kubeconfig: str | None, context: str | None, na
     if result.refused:
         for refusal in result.refused:
             click.echo(f"REFUSED: ElasticQuota {refusal.namespace}/{refusal.quota}: {refusal.reason}", err=True)
-        click.echo("nothing written: restore the refused quotas by hand or leave them out with -n", err=True)
+        click.echo(hints.ROLLBACK_REFUSED(), err=True)
         sys.exit(CONFLICT_EXIT)
     for ref in result.unchanged:
         click.echo(f"unchanged: ElasticQuota {ref} already has its original spec", err=True)
@@ -382,7 +380,7 @@ def rollback(backup: str | None, kubeconfig: str | None, context: str | None, na
         return
     if dry_run == "client":
         _print_steps(result.steps)
-    recovery = "re-run `gpuquota migrate rollback` to continue from the current state"
+    recovery = hints.ROLLBACK_STOPPED()
     _write_steps(kubeconfig, context, result.steps, _quotas_by_key(objects), dry_run, _restored, recovery)
 
 

@@ -14,7 +14,7 @@ import click
 
 from gpuquota_core.policy_report import REPORT_LABELS, report_key, report_problem, stale_reports
 
-from .errors import CommandError
+from .errors import CommandError, cluster_error
 from .inputs import objects_or_fail
 
 GROUP, VERSION = "wgpolicyk8s.io", "v1alpha2"
@@ -48,7 +48,7 @@ def apply_reports(paths: tuple[str, ...], kubeconfig: str | None, context: str |
     try:
         api = connect(kubeconfig, context)
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     custom = client.CustomObjectsApi(api)
     try:
         for report in reports:

@@ -65,14 +65,14 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
     """
     if namespace and all_namespaces:
         raise CommandError("-n/--namespace and -A/--all-namespaces are mutually exclusive")
-    state = snapshot.load(paths, kubeconfig, context)
+    state = snapshot.load(paths, kubeconfig, context, nothing_to="show")
     if state.live and not namespace and not all_namespaces and name is None:
         from kubeaccess.kube import context_namespace
 
         namespace = context_namespace(kubeconfig, context)
     # The built-in conversion table, as the webhook's quota service charges stored pods and reads
     # quota limits with it (its --config governs the rewrite of new pods, not the accounting).
-    tree = state.tree()
+    tree = state.readable_tree()
     if name is not None and name not in tree.quotas:
         raise CommandError(f"no ElasticQuota named {name!r}")
     view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,
@@ -97,7 +97,9 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
                        f"{f' matching {selector}' if selector is not None else ''}.")
         return
     coloured = output.use_colour(colour)
-    text = render_table(view, wide=fmt == "wide", coloured=coloured, width=shutil.get_terminal_size().columns)
+    # Only a terminal's width is fitted to: piped (`--color always | less -R`) nothing is cut.
+    width = shutil.get_terminal_size().columns if output.on_terminal() else None
+    text = render_table(view, wide=fmt == "wide", coloured=coloured, width=width)
     click.echo(_without_header(text) if no_headers else text, color=coloured)
     if with_pods and not no_headers:
         click.echo("")
@@ -173,8 +175,9 @@ def _width(text: str) -> int:
     return max(len(line) for line in text.splitlines())
 
 
-def render_table(view: TreeView, *, wide: bool, coloured: bool, width: int) -> str:
-    """The tree as a table; ``coloured``: a terminal, with usage bars, fitted to ``width`` columns.
+def render_table(view: TreeView, *, wide: bool, coloured: bool, width: int | None) -> str:
+    """The tree as a table; ``coloured``: with usage bars; ``width``: a terminal's, to fit to (None:
+    piped, nothing is cut).
 
     Piped, every column with its card counts. On a terminal the first layout that leaves room for
     a short bar: as piped; without card counts (the canonical figures stay); the narrow columns.
@@ -184,19 +187,19 @@ def render_table(view: TreeView, *, wide: bool, coloured: bool, width: int) -> s
         layouts = [(WIDE_COLUMNS, True, True), (WIDE_COLUMNS, False, False)]
     else:
         layouts = [(DEFAULT_COLUMNS, True, False), (DEFAULT_COLUMNS, False, False), (NARROW_COLUMNS, False, False)]
-    if not coloured:
+    if not coloured or width is None:
         layouts = layouts[:1]
     for columns, cards, every in layouts:
         headers, rows, resources = _rows(view, columns, cards, every)
         text = table(headers, rows)
-        if _width(text) + BAR_MIN + 1 <= width:
+        if width is None or _width(text) + BAR_MIN + 1 <= width:
             break
     if not coloured:
         return text
     lines = text.splitlines()
     # The USE column is last: its cell is replaced by a bar and the figure, both coloured.
     start = lines[0].rindex("USE")
-    bar = max(0, min(BAR_MAX, width - start - len(" 100%") - 1))
+    bar = BAR_MAX if width is None else max(0, min(BAR_MAX, width - start - len(" 100%") - 1))
     out = [lines[0]]
     for line, row in zip(lines[1:], resources, strict=True):
         prefix = line[:start].ljust(start)

@@ -13,9 +13,10 @@ from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
-from kubeaccess.manifests import ManifestError, load_objects
 
-from .errors import CommandError
+from . import hints
+from .errors import CommandError, cluster_error
+from .inputs import objects_or_fail
 
 STATE_KINDS = ("Node", "Pod", "ElasticQuota")
 
@@ -34,10 +35,22 @@ class Snapshot:
         return [obj for obj in self.objects if obj.get("kind") == kind]
 
     def tree(self, config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+        """The quota tree; an unreadable ElasticQuota ends the command (as `serve --state` refuses it)."""
         try:
             return QuotaTree.build((quota_from_object(obj) for obj in self.of_kind("ElasticQuota")), config)
         except (QuotaShapeError, PodShapeError) as error:
             raise CommandError(f"cannot read an ElasticQuota: {error}") from None
+
+    def readable_tree(self, config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
+        """The quota tree without the ElasticQuotas that cannot be read, as the audit judges with
+        (gpuquota_core.audit.quota_tree); each one left out is a note: one bad quota never hides the others."""
+        readable = []
+        for obj in self.of_kind("ElasticQuota"):
+            try:
+                readable.append(quota_from_object(obj))
+            except (QuotaShapeError, PodShapeError) as error:
+                self.notes.append(f"unreadable ElasticQuota left out: {error}")
+        return QuotaTree.build(readable, config)
 
 
 def conversion_config(path: Path | None) -> ConversionConfig:
@@ -51,11 +64,9 @@ def conversion_config(path: Path | None) -> ConversionConfig:
         raise CommandError(str(error)) from None
 
 
-def from_files(paths: Iterable[str]) -> Snapshot:
-    try:
-        objects = load_objects(list(paths))
-    except ManifestError as error:
-        raise CommandError(str(error)) from None
+def from_files(paths: Iterable[str], nothing_to: str) -> Snapshot:
+    """The cluster the files hold; files that hold no object at all are refused (see cli/inputs.py)."""
+    objects = objects_or_fail(tuple(paths), nothing_to)
     return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False)
 
 
@@ -74,7 +85,7 @@ def from_cluster(kubeconfig: str | None, context: str | None, *, with_ledgers: b
         finally:
             api.close()  # type: ignore[no-untyped-call]
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     return snapshot
 
 
@@ -114,7 +125,7 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
         snapshot.reservations.update(stored)
 
 
-def load(paths: tuple[str, ...], kubeconfig: str | None, context: str | None) -> Snapshot:
+def load(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, nothing_to: str) -> Snapshot:
     if paths and (kubeconfig or context):
-        raise CommandError("-f reads manifests; --kubeconfig/--context are for a live cluster: give one or the other")
-    return from_files(paths) if paths else from_cluster(kubeconfig, context)
+        raise CommandError(hints.FILES_OR_CLUSTER())
+    return from_files(paths, nothing_to) if paths else from_cluster(kubeconfig, context)

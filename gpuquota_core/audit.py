@@ -6,7 +6,7 @@ the core the webhook runs, so an audit finding means the webhook would act on th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -624,7 +624,8 @@ SCOPES = ("nodes", "quotas", "pods", "workloads", "resourcequotas")
 
 def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = SCOPES,
                   config: ConversionConfig = DEFAULT_CONFIG, shared_label: str = DEFAULT_SHARED_LABEL,
-                  namespace: str | None = None, selector: Selector | None = None) -> AuditReport:
+                  namespace: str | None = None, selector: Selector | None = None,
+                  origin: Callable[[Mapping[str, Any]], str | None] | None = None) -> AuditReport:
     """Every check over ``objects``.
 
     ``namespace`` filters what is reported, never what is judged: every object is checked with
@@ -632,9 +633,10 @@ def audit_objects(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str] = 
     findings on objects of that namespace and on cluster-scoped ones (nodes) are kept, and the
     usage summary of that namespace's quotas. ``selector`` (a label selector) likewise keeps the
     findings on objects whose labels it selects, of every kind, and the usage of those quotas.
+    ``origin`` names the file an object was read from, for the findings on objects it cannot judge.
     """
     objects = objects if isinstance(objects, list) else list(objects)  # read twice with a namespace
-    report = _audit(objects, scopes, config, shared_label)
+    report = _audit(objects, scopes, config, shared_label, origin)
     if namespace is not None:
         report = _shown_in(report, namespace, objects)
     if selector is not None:
@@ -660,7 +662,7 @@ def _shown_in(report: AuditReport, namespace: str, objects: Iterable[Mapping[str
 
 
 def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: ConversionConfig,
-           shared_label: str) -> AuditReport:
+           shared_label: str, origin: Callable[[Mapping[str, Any]], str | None] | None = None) -> AuditReport:
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
     for obj in objects:
         by_kind.setdefault(str(obj.get("kind")), []).append(obj)
@@ -685,6 +687,12 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
                         tree, view)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
+    # Objects no check above could read as far as a pod spec: a finding each, not silence.
+    from .unjudged import unjudged_findings  # it builds on this module's TEMPLATE_PATHS and Finding
+
+    unjudged_kinds = ({"Pod", "AdmissionReview"} if "pods" in wanted else set()) | (
+        set(TEMPLATE_PATHS) if "workloads" in wanted else set())
+    report.findings += unjudged_findings((o for kind in unjudged_kinds for o in by_kind.get(kind, [])), origin)
     if view is not None:  # without any Node object nothing can be said about placement
         check_gpu_placement(pods if "pods" in wanted else [],
                             [o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs]

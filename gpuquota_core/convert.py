@@ -88,6 +88,12 @@ def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CO
                            list(result.notes) + warnings, problems)
 
 
+def unconverted(obj: Mapping[str, Any], reason: str) -> ConvertedObject:
+    """``obj`` left as written, for an object that cannot be converted (``skipped`` says why)."""
+    kind, namespace, name = _identity(obj)
+    return ConvertedObject(kind, namespace, name, copy_json(dict(obj)), [], skipped=reason)
+
+
 def _placed(result: CanonicalResult, pod: Mapping[str, Any], config: ConversionConfig,
             nodes: NodeView | None) -> tuple[CanonicalResult, list[str]]:
     """The rewrite if the webhook would apply it where this pod can land, else the pod as written."""

@@ -788,8 +788,8 @@ def _window(steps: list[Step], infos: Mapping[str, QuotaInfo], target: Mapping[s
     lines = [f"steps {first}-{last} are one maintenance window: with ElasticQuotaEnableUpdateResourceKey off, "
              "Koordinator refuses any update that leaves an attached parent and child with different max keys, so "
              f"{', '.join(sorted(spans))} leave their parent (parent label {ROOT_QUOTA}) while keys change and are "
-             "reattached right after; run the whole plan with `gpuquota migrate apply --all-at-once` and let "
-             "nothing else edit these quotas until it ends"]
+             "reattached right after; run the whole plan with `gpuquota migrate apply --all-at-once --backup FILE` "
+             "and let nothing else edit these quotas until it ends"]
 
     def ancestors(name: str) -> list[str]:
         chain, seen = [], {name}

@@ -28,6 +28,10 @@ class KubeAccessError(Exception):
     """The cluster cannot be reached or refused a request; the message says which and why."""
 
 
+class NoClusterFound(KubeAccessError):
+    """No kubeconfig anywhere and not in a pod: the caller adds what else it could be given."""
+
+
 Lister = Callable[..., Any]
 
 
@@ -236,8 +240,7 @@ def connect(kubeconfig: str | None, context: str | None) -> client.ApiClient:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except ConfigException:
-            raise KubeAccessError("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not running in a cluster: "
-                                  "give --kubeconfig, or -f for manifest files") from None
+            raise NoClusterFound("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not running in a cluster") from None
         return client.ApiClient(configuration)
     from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader
 

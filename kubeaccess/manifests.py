@@ -10,6 +10,7 @@ import gc
 import json
 import mmap
 import re
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,8 +36,13 @@ class ManifestError(ValueError):
     """A manifest that cannot be read; the message names the file (and document) at fault."""
 
 
-def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Every object in the given files or directories (``-`` is standard input), lists flattened."""
+def load_objects(paths: str | Path | Iterable[str | Path], origins: dict[int, str] | None = None,
+                 ) -> list[dict[str, Any]]:
+    """Every object in the given files or directories (``-`` is standard input), lists flattened.
+
+    ``origins``: filled with ``id(object)`` -> the file it was read from, for messages that name it
+    (valid while the objects live).
+    """
     if isinstance(paths, str | Path):
         paths = [paths]
     objects: list[dict[str, Any]] = []
@@ -50,7 +56,10 @@ def load_objects(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any
         for path in paths:
             for source, text in _read_sources(str(path)):
                 read += len(text)
-                objects.extend(parse_documents(text, source))
+                parsed = parse_documents(text, source)
+                if origins is not None:
+                    origins.update((id(obj), source) for obj in parsed)
+                objects.extend(parsed)
         if read > _FREEZE_ABOVE:
             # Re-enabling the collector would make its next collections walk all of that again
             # (the audit that followed slowed down); freezing moves everything alive now into the
@@ -92,7 +101,9 @@ def _read_sources(path: str) -> Iterator[tuple[str, str]]:
         files = sorted(p for p in target.rglob("*") if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
         if not files:
             raise ManifestError(f"{path}: no .yaml, .yml or .json files in this directory")
-    elif target.is_file():
+    elif target.exists():
+        # A regular file, or one to read to its end like stdin: a pipe (``-f <(kubectl get ...)``
+        # hands over /dev/fd/N), /dev/stdin, /dev/null (empty).
         files = [target]
     else:
         raise ManifestError(f"{path}: no such file or directory")
@@ -125,8 +136,8 @@ _MAP_ABOVE = 1 << 20
 
 def _read_text(file: Path) -> str:
     """``file.read_text(encoding="utf-8")``: the same text, or the same UnicodeDecodeError."""
-    size = file.stat().st_size
-    if size <= _MAP_ABOVE:
+    status = file.stat()
+    if status.st_size <= _MAP_ABOVE or not stat.S_ISREG(status.st_mode):
         return file.read_text(encoding="utf-8")
     with file.open("rb") as raw:
         try:

@@ -8,8 +8,10 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from cli.convert import NO_NODES
+from cli.hints import NO_NODES as NO_NODES_HINTS
 from cli.main import cli
+
+NO_NODES = NO_NODES_HINTS["convert"]()
 
 POD = """
 apiVersion: v1
@@ -106,14 +108,21 @@ def test_a_result_the_webhook_would_refuse_exits_1_with_the_reason(tmp_path: Pat
                           "requests: [koordinator.sh/gpu-core]")
 
 
-def test_missing_file_and_bad_quantity_exit_2_with_one_line(tmp_path: Path) -> None:
+def test_a_missing_file_exits_2_with_one_line(tmp_path: Path) -> None:
     code, _, err = run("-f", str(tmp_path / "nope.yaml"))
     assert (code, err) == (2, f"Error: {tmp_path}/nope.yaml: no such file or directory\n")
 
-    (tmp_path / "odd.yaml").write_text(POD.replace('nvidia.com/gpu: "2"}', 'nvidia.com/gpu: "two"}', 1))
-    code, _, err = run("-f", str(tmp_path / "odd.yaml"))
-    assert code == 2
-    assert err.startswith("Error: Pod/trainer: ") and err.count("\n") == 1
+
+def test_a_bad_quantity_is_named_and_left_as_written_exit_1(tmp_path: Path) -> None:
+    """As the audit reports it (pod-invalid-gpu-request), not as unreadable input: the file was read."""
+    odd = POD.replace('nvidia.com/gpu: "2"}', 'nvidia.com/gpu: "two"}', 1)
+    (tmp_path / "odd.yaml").write_text(odd)
+
+    code, out, err = run("-f", str(tmp_path / "odd.yaml"))
+
+    assert (code, out) == (1, odd)
+    assert err.startswith(f"{tmp_path}/odd.yaml: Pod/team-a/trainer: not converted: spec.containers[0]")
+    assert err.count("\n") == 1
 
 
 DEPLOYMENT_AND_CONFIGMAP = """

@@ -136,11 +136,20 @@ def test_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
     assert (code, err.strip().splitlines()) == (2, [message])
 
 
-def test_an_unreadable_quota_is_one_line(tmp_path: Path) -> None:
+def test_an_unreadable_quota_is_left_out_with_a_note_and_the_others_shown(tmp_path: Path) -> None:
+    """As audit leaves it out of the tree it judges with (and reports it, quota-invalid): one bad quota
+    never hides the others."""
     state = tmp_path / "bad.yaml"
     state.write_text(yaml.safe_dump({"kind": "ElasticQuota", "metadata": {"name": "q"}, "spec": {"max": []}}))
-    code, _, err = run("-f", str(state))
-    assert code == 2 and err.startswith("Error: cannot read an ElasticQuota: ") and err.count("\n") == 1
+    _, example, _ = run("-f", EXAMPLE)
+
+    code, out, err = run("-f", str(state), "-f", EXAMPLE)
+
+    assert (code, out) == (0, example)
+    assert err == "note: unreadable ElasticQuota left out: ElasticQuota q: spec.max: expected an object, got list\n"
+    _, as_json, _ = run("-f", str(state), "-f", EXAMPLE, "-o", "json")
+    assert json.loads(as_json)["notes"] == ["unreadable ElasticQuota left out: ElasticQuota q: spec.max: expected "
+                                            "an object, got list"]
 
 
 def test_wide_adds_namespace_chain_free_limit_source_and_every_card_count() -> None:
@@ -168,3 +177,16 @@ def test_an_unreadable_pod_is_a_note_not_a_crash(tmp_path: Path) -> None:
     assert re.split(r"\s{3,}", out.splitlines()[1].strip())[4] == "0"  # USED
     _, document, _ = run("-f", str(state), "-o", "json")
     assert json.loads(document)["unreadablePods"] == ["a/odd"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "wide"])
+def test_colour_into_a_pipe_keeps_every_column(fmt: str) -> None:
+    """``quota --color always | less -R``: colour and bars, and every column of the piped table, whatever
+    width $COLUMNS claims: only a terminal's width is fitted to."""
+    _, plain, _ = run("-f", EXAMPLE, "-o", fmt, "--color", "never", columns=80)
+    _, coloured, _ = run("-f", EXAMPLE, "-o", fmt, "--color", "always", columns=80)
+
+    assert "\x1b[32m" in coloured
+    bars = re.compile(r"[█░]+ ")
+    assert [bars.sub("", ANSI.sub("", line), count=1) for line in coloured.splitlines()] == plain.splitlines()
+    assert "(4 cards)" in coloured

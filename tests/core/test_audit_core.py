@@ -68,7 +68,7 @@ def only(report: AuditReport, check: str) -> Finding:
 def test_every_documented_check_id_has_tests_here() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "audit-checks.md").read_text()
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE))
-    assert len(documented) == 20
+    assert len(documented) == 21
     source = Path(__file__).read_text()
     for check in documented:
         assert f'"{check}"' in source, check
@@ -567,3 +567,44 @@ def test_a_pod_is_judged_after_the_mutating_webhooks_rewrite_as_validate_pods_ju
     # With no node that advertises the canonical names the webhook leaves it as written, and
     # /validate-pods then refuses the mix of names.
     assert only(audit_objects([mixed]), "pod-invalid-gpu-request").details["rules"] == ["combination"]
+
+
+# -- objects that cannot be judged ---------------------------------------------------------------
+
+def test_object_not_judged_names_the_path_and_the_file() -> None:
+    listed = {"kind": "Deployment", "metadata": {"name": "d", "namespace": "a"}, "spec": {"template": [1]}}
+    bare = {"kind": "Pod", "metadata": {"name": "p", "namespace": "a"}}
+    cron = {"kind": "CronJob", "metadata": {"name": "c", "namespace": "a"}, "spec": {"jobTemplate": {"spec": "x"}}}
+    review = {"kind": "AdmissionReview", "request": {"object": {"kind": "Pod"}}}
+    files = {id(listed): "d.yaml", id(bare): "p.yaml"}
+
+    report = audit_objects([listed, bare, cron, review], origin=lambda obj: files.get(id(obj)))
+
+    assert [(f.severity, f.kind, f.name, f.message, dict(f.details)) for f in with_check(report, "object-not-judged")] \
+        == [(Severity.WARNING, "AdmissionReview", "", "request.object: an AdmissionReview is a request to the webhook, "
+             "not an object of the cluster; `gpuquota explain -f FILE` answers it as the webhook would",
+             {"path": "request.object"}),
+            (Severity.ERROR, "CronJob", "c", "spec.jobTemplate.spec: is a string, not a mapping; the audit cannot "
+             "judge this object", {"path": "spec.jobTemplate.spec"}),
+            (Severity.ERROR, "Deployment", "d", "d.yaml: spec.template: is a list, not a mapping; the audit cannot "
+             "judge this object", {"file": "d.yaml", "path": "spec.template"}),
+            (Severity.ERROR, "Pod", "p", "p.yaml: spec: is missing; the audit cannot judge this object",
+             {"file": "p.yaml", "path": "spec"})]
+
+
+def test_object_not_judged_is_not_said_of_readable_objects_or_other_kinds() -> None:
+    report = audit_objects([pod("fine", "a", {"cpu": "1"}),
+                            {"kind": "ConfigMap", "metadata": {"name": "c", "namespace": "a"}, "data": []},
+                            {"kind": "Deployment", "metadata": {"name": "d", "namespace": "a"},
+                             "spec": {"template": {"spec": {"containers": []}}}}])
+
+    assert with_check(report, "object-not-judged") == []
+
+
+def test_object_not_judged_follows_the_scopes() -> None:
+    bare = {"kind": "Pod", "metadata": {"name": "p", "namespace": "a"}}
+    listed = {"kind": "Job", "metadata": {"name": "j", "namespace": "a"}, "spec": {"template": "x"}}
+
+    assert [f.kind for f in audit_objects([bare, listed], ["pods"]).findings] == ["Pod"]
+    assert [f.kind for f in audit_objects([bare, listed], ["workloads"]).findings] == ["Job"]
+    assert audit_objects([bare, listed], ["nodes"]).findings == []

@@ -90,6 +90,9 @@ def generated(seed: int) -> list[dict[str, Any]]:
                         "spec": {"template": {"metadata": {}, "spec": pod_spec(rng)}}})
     objects.append({"kind": "CronJob", "metadata": {"name": "cj", "namespace": "b"},
                     "spec": {"jobTemplate": {"spec": {"template": {"spec": pod_spec(rng)}}}}})
+    if rng.random() < 0.3:  # a workload the audit cannot read as far as its pod spec
+        objects.append({"kind": "Deployment", "metadata": {"name": "unread", "namespace": "a"},
+                        "spec": {"template": rng.choice([[1], "text", None, {"spec": 3}])}})
     objects.append({"kind": "ResourceQuota", "metadata": {"name": "rq", "namespace": "a"},
                     "spec": {"hard": {"requests.nvidia.com/gpu": "4", "limits.nvidia.com/gpu": "4"}}})
     return objects

@@ -139,7 +139,8 @@ def test_wide_tree_order_and_the_window_in_canonical_units() -> None:
         "steps 1-7 are one maintenance window: with ElasticQuotaEnableUpdateResourceKey off, Koordinator refuses any "
         "update that leaves an attached parent and child with different max keys, so dept, team-a, team-b leave "
         f"their parent (parent label {ROOT}) while keys change and are reattached right after; run the whole plan "
-        "with `gpuquota migrate apply --all-at-once` and let nothing else edit these quotas until it ends",
+        "with `gpuquota migrate apply --all-at-once --backup FILE` and let nothing else edit these quotas until it "
+        "ends",
         f"steps 1-4: team-a is detached from dept: pods in its subtree are limited by its own max {{{CORE}: 300, "
         f"{RATIO}: 300}} (canonical units) and not by dept's max {{{CORE}: 600, {RATIO}: 600}} nor by org above it",
         f"steps 2-5: team-b is detached from dept: pods in its subtree are limited by its own max {{{CORE}: 400, "

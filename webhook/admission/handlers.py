@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from flask import Flask, Response
+from flask import Flask, Response, request
+from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
@@ -446,7 +447,30 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
         text, content_type = metrics.render(quota)
         return Response(text, status=200, content_type=content_type)
 
+    # What the API server answers for a path or method it does not serve: a JSON Status, so that a
+    # client (or a misconfigured webhook path) reads the reason, not Flask's HTML page.
+    @app.errorhandler(NotFound)
+    def not_found(error: NotFound) -> Response:
+        message = f"the server could not find the requested resource ({request.method} {_shown_path()})"
+        return Response(status_body(404, "NotFound", message), status=404, mimetype=JSON)
+
+    @app.errorhandler(MethodNotAllowed)
+    def method_not_allowed(error: MethodNotAllowed) -> Response:
+        allowed = ", ".join(sorted(error.valid_methods or ()))
+        message = f"{_shown_path()} does not allow {request.method}; it answers {allowed}"
+        return Response(status_body(405, "MethodNotAllowed", message), status=405, mimetype=JSON,
+                        headers={"Allow": allowed})
+
     return app
+
+
+# A path is echoed in the Status up to this many characters (a client may send any length).
+SHOWN_PATH_LIMIT = 200
+
+
+def _shown_path() -> str:
+    path = request.path
+    return path if len(path) <= SHOWN_PATH_LIMIT else path[:SHOWN_PATH_LIMIT] + "..."
 
 
 def _object_name(req: AdmissionRequest) -> str:
