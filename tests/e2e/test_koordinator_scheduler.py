@@ -521,3 +521,84 @@ def test_seeded_workloads_are_counted_alike_by_gpuquota_and_koord_scheduler_and_
         if quota["name"] in (tree.parent, *tree.leaves):
             for row in quota["resources"]:
                 assert Quantity.parse(row["used"]) <= Quantity.parse(row["limit"]), (quota["name"], row)
+
+
+# -- f. migration under the real scheduler -------------------------------------------------------
+
+IGNORE_LABEL = "gpuquota.koord-gpuquota.io/ignore"
+
+
+def gpuquota(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, against the live cluster."""
+    return subprocess.run([str(GPUQUOTA), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def bare_pod(name: str, where: Scene, resources: Mapping[str, str], quota: str, node: str) -> dict[str, Any]:
+    return one_pod_of(deployment(name, where, resources, replicas=1, quota=quota, node_selector={HOSTNAME: node}))
+
+
+def koordinator_percent(used: Mapping[str, str]) -> Quantity:
+    """koord-scheduler's used in percent of a card: a whole card of a vendor name is 100, a
+    gpu-memory-ratio point is 1."""
+    whole_cards = Quantity.parse(used.get(GPU, "0"))
+    return sum((whole_cards for _ in range(100)), Quantity.parse(used.get(RATIO, "0")))
+
+
+def test_migrating_a_legacy_quota_with_running_pods_keeps_koord_scheduler_counting_every_card_and_rolls_back(
+        koordinator: Koordinator, shipped_webhook: ShippedWebhook, tmp_path: Path) -> None:
+    where = scene(koordinator, {"both": BOTH})
+    node, kubeconfig = where.nodes["both"], str(koordinator.plane.kubeconfig_path)
+    quota = f"legacy-{where.namespace}"
+    create_quota(koordinator.api, where.namespace, quota, {GPU: "4"})
+    # Two pods that ran before the webhook judged this namespace: they store nvidia.com/gpu.
+    koordinator.api.core.patch_namespace(where.namespace, {"metadata": {"labels": {IGNORE_LABEL: "true"}}})
+    for index in range(2):
+        koordinator.api.core.create_namespaced_pod(where.namespace, bare_pod(f"old-{index}", where, {GPU: "1"},
+                                                                              quota, node))
+    koordinator.api.core.patch_namespace(where.namespace, {"metadata": {"labels": {IGNORE_LABEL: None}}})
+    wait_for(lambda: scheduler_used(koordinator.api, where.namespace, quota).get(GPU) == "2",
+             "koord-scheduler counts the two running vendor pods", QUOTA_STATUS_DEADLINE)
+    original = read_quota(koordinator.api, where.namespace, quota)["spec"]
+
+    planned = gpuquota("migrate", "plan", "--kubeconfig", kubeconfig, "-o", "json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    mine = [step for step in plan["steps"] if step["quota"] == quota]
+    assert [(step["phase"], step["after"]["max"]) for step in mine] == [
+        ("add-canonical", {GPU: "4", GPU_CORE: "400", RATIO: "400"})]
+    assert any(item["name"] == quota and item["check"] == "vendor-pods-running" for item in plan["revisit"])
+
+    backup = tmp_path / "backup.yaml"
+    applied = gpuquota("migrate", "apply", "--kubeconfig", kubeconfig, "-n", where.namespace, "--backup", str(backup))
+    assert applied.returncode == 0, applied.stderr
+    # koord-scheduler still counts both running cards, and a new pod, rewritten by the webhook, in
+    # the canonical names beside them: three cards, as gpuquota counts them.
+    koordinator.api.core.create_namespaced_pod(where.namespace, bare_pod("new", where, {GPU: "1"}, quota, node))
+    used = wait_for(lambda: (lambda used: used if used.get(RATIO) == "100" else None)(
+        scheduler_used(koordinator.api, where.namespace, quota)), "koord-scheduler counts the new pod",
+        QUOTA_STATUS_DEADLINE)
+    assert nonzero(used) == {GPU: Quantity.parse("2"), GPU_CORE: Quantity.parse("100"), RATIO: Quantity.parse("100")}
+    ours = {quota_view["name"]: quota_view for quota_view in our_view(koordinator)["quotas"]}[quota]
+    (ratio_row,) = [row for row in ours["resources"] if row["name"] == RATIO]
+    assert Quantity.parse(ratio_row["used"]) == koordinator_percent(used) == Quantity.parse("300")
+
+    rolled_back = gpuquota("migrate", "rollback", "-f", str(backup), "--kubeconfig", kubeconfig)
+    assert rolled_back.returncode == 0, rolled_back.stderr
+    assert read_quota(koordinator.api, where.namespace, quota)["spec"] == original
+
+    # Once the vendor pods are replaced through the webhook, the next plan drops the vendor key.
+    applied = gpuquota("migrate", "apply", "--kubeconfig", kubeconfig, "-n", where.namespace,
+                       "--backup", str(tmp_path / "again.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    for index in range(2):
+        koordinator.api.core.delete_namespaced_pod(f"old-{index}", where.namespace, grace_period_seconds=0)
+        koordinator.api.core.create_namespaced_pod(where.namespace, bare_pod(f"old-{index}", where, {GPU: "1"},
+                                                                              quota, node))
+    applied = gpuquota("migrate", "apply", "--kubeconfig", kubeconfig, "-n", where.namespace,
+                       "--backup", str(tmp_path / "last.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    assert read_quota(koordinator.api, where.namespace, quota)["spec"]["max"] == {GPU_CORE: "400", RATIO: "400"}
+    used = wait_for(lambda: (lambda used: used if used.get(RATIO) == "300" else None)(
+        scheduler_used(koordinator.api, where.namespace, quota)), "koord-scheduler counts three cards in ratio",
+        QUOTA_STATUS_DEADLINE)
+    assert koordinator_percent(used) == Quantity.parse("300")
