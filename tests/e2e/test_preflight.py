@@ -306,3 +306,38 @@ def test_install_needs_the_configurations(install: Install) -> None:
 
     assert result.returncode == 2
     assert result.stderr.startswith("Error: --install writes the configurations of -f")
+
+
+def test_the_apiserver_addresses_are_the_endpoints_of_the_kubernetes_service(install: Install, api: Api) -> None:
+    """Without --apiserver-address the NetworkPolicy is checked against the addresses the apiserver
+    publishes for Service default/kubernetes. The test apiserver publishes none (its endpoint
+    reconciler is off), so the test writes one EndpointSlice as a kubeadm apiserver would have it."""
+    install.deploy(ca_bundle=base64.b64encode(b"not a CA").decode())
+    install.network_policy({"ipBlock": {"cidr": "10.30.0.0/24"}})
+    discovery = k8s.DiscoveryV1Api(api.client)
+    name = f"kubernetes-preflight-{uuid.uuid4().hex[:6]}"
+
+    unknown = lines(install.preflight("--skip", "webhook"))
+    assert unknown["networkpolicy"] == (
+        f"FAIL NetworkPolicy {install.namespace}/gpuquota-webhook selects the webhook pods, and the apiserver's "
+        "addresses are unknown (the endpoints of Service default/kubernetes): give --apiserver-address")
+
+    discovery.create_namespaced_endpoint_slice("default", {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4", "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["10.30.0.5"]}, {"addresses": ["10.40.0.5"]}]})
+    try:
+        outside = lines(install.preflight("--skip", "webhook"))
+        assert outside["networkpolicy"] == (
+            f"FAIL NetworkPolicy {install.namespace}/gpuquota-webhook admits no peer that covers the apiserver's "
+            "address 10.40.0.5 (the endpoints of Service default/kubernetes) to the webhook's port: add an "
+            "ipBlock for it (docs/deploy.md, NetworkPolicy)")
+
+        discovery.patch_namespaced_endpoint_slice(name, "default", {"endpoints": [{"addresses": ["10.30.0.5"]}]})
+        inside = lines(install.preflight("--skip", "webhook"))
+        assert inside["networkpolicy"] == (
+            f"ok NetworkPolicy {install.namespace}/gpuquota-webhook admits the apiserver's address(es) 10.30.0.5 "
+            "(the endpoints of Service default/kubernetes)")
+    finally:
+        discovery.delete_namespaced_endpoint_slice(name, "default")
