@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit e2e control-plane koordinator helm test-tools certs bench fuzz-atheris clean
+.PHONY: run test lint unit e2e control-plane koordinator helm test-tools certs bench fuzz-atheris clean image push dist
 
 $(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,20 @@ certs: $(CERT_DIR)/tls.crt
 ## run: serve the webhook over TLS on https://127.0.0.1:8443 from the example cluster in examples/
 run: $(RUNTIME_STAMP) $(CERT_DIR)/tls.crt
 	$(BIN)/gpuquota serve --state $(STATE) --cert-dir $(CERT_DIR) --host $(HOST) --port $(PORT)
+
+## image: build the webhook's image from Containerfile with podman, buildah or docker (a daemon that answers): make image IMAGE=registry.example.com/team/koord-gpuquota:0.1.0
+IMAGE ?=
+image:
+	hack/build-image.sh "$(IMAGE)"
+
+## push: push that image with the same builder (make push IMAGE=...)
+push:
+	hack/build-image.sh --push "$(IMAGE)"
+
+## dist: the wheel, a self-contained zipapp of the CLI (kubectl-gpuquota), its krew archive and manifest, SHA256SUMS, in dist/
+DIST_DIR ?= dist
+dist: $(STAMP)
+	DIST_DIR="$(DIST_DIR)" PYTHON="$(BIN)/python" hack/dist.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -81,4 +95,4 @@ bench: $(STAMP) control-plane test-tools
 	bench/run.sh
 
 clean:
-	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf dist $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -29,6 +29,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("cli.quota", "quota"),
     ("cli.explain", "explain"),
     ("cli.policyreport", "policyreport"),
+    ("cli.preflight", "preflight"),
     ("cli.completion", "completion"),
 )
 

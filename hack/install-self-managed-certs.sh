@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Serving certificate for manifests/overlays/self-managed, without cert-manager.
 #
-#   kubectl apply -k manifests/overlays/self-managed
+#   kubectl apply -k manifests/overlays/self-managed          (step 1: no webhook configurations yet)
 #   hack/install-self-managed-certs.sh [--namespace gpuquota-system] [--kubeconfig FILE] [--context NAME]
+#   kubectl kustomize manifests/webhooks | gpuquota preflight --install -f -   (step 2, with this CA)
 #
-# 1. checks that both webhook configurations exist and call <service>.<namespace>;
+# 1. checks that the webhook configurations that exist call <service>.<namespace> (on a first
+#    install there are none yet: `gpuquota preflight --install` writes them later, with the CA of the
+#    Secret as caBundle);
 # 2. `gpuquota certs generate` makes a fresh CA and a certificate for that Service in a private
 #    temporary directory, removed on exit (the CA key never leaves this machine, and is gone after
 #    the run: nobody can sign another certificate with it);
-# 3. patches the CA into caBundle of every webhook of both configurations, one JSON patch per
+# 3. patches the CA into caBundle of every webhook of the configurations that exist, one JSON patch per
 #    configuration with a `test` of each webhook's name, so a reordered list fails instead of
 #    getting the wrong field patched;
 # 4. creates or updates the kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt) that the
@@ -33,8 +36,9 @@ usage() {
 Usage: $PROG [options]
 
 Generate a CA and serving certificate for the gpuquota webhook, store them in its TLS Secret and
-put the CA into caBundle of every webhook of both webhook configurations. Idempotent: each run
-rotates the certificate. Apply manifests/overlays/self-managed first.
+put the CA into caBundle of every webhook of the webhook configurations that exist (none on a first
+install: gpuquota preflight --install writes them with this CA). Idempotent: each run rotates the
+certificate. Apply manifests/overlays/self-managed first.
 
 Options:
   -n, --namespace NS          namespace of the webhook Service and Secret (default: gpuquota-system)
@@ -114,10 +118,16 @@ kubectl=(kubectl)
 "${kubectl[@]}" get namespace "$namespace" -o name >/dev/null ||
   die "cannot read namespace $namespace (apply manifests/overlays/self-managed first, or see --namespace)"
 declare -A webhook_names=()
+installed_kinds=()
 for kind in "${KINDS[@]}"; do
-  if ! listing="$("${kubectl[@]}" get "$kind" "$configuration" -o \
+  # --ignore-not-found: a missing configuration prints nothing and exits 0; any other failure stops.
+  if ! listing="$("${kubectl[@]}" get "$kind" "$configuration" --ignore-not-found -o \
     jsonpath='{range .webhooks[*]}{.name}{" "}{.clientConfig.service.namespace}{"/"}{.clientConfig.service.name}{"\n"}{end}')"; then
-    die "cannot read $kind/$configuration (apply manifests/overlays/self-managed first)"
+    die "cannot read $kind/$configuration"
+  fi
+  if [[ -z "$listing" ]] && ! "${kubectl[@]}" get "$kind" "$configuration" -o name >/dev/null 2>&1; then
+    echo "$PROG: $kind/$configuration is not installed yet; gpuquota preflight --install writes it with this CA" >&2
+    continue
   fi
   names=()
   while read -r name target; do
@@ -130,6 +140,7 @@ for kind in "${KINDS[@]}"; do
   done <<<"$listing"
   ((${#names[@]} > 0)) || die "$kind/$configuration has no webhooks"
   webhook_names[$kind]="${names[*]}"
+  installed_kinds+=("$kind")
 done
 
 # The CA that signed what the pods serve right now (empty on the first run).
@@ -151,7 +162,7 @@ if [[ -n "$previous_ca" && "$previous_ca" != "$ca_bundle" ]]; then
 fi
 
 # -- 3. caBundle of every webhook -----------------------------------------------------------------
-for kind in "${KINDS[@]}"; do
+for kind in "${installed_kinds[@]}"; do
   read -r -a names <<<"${webhook_names[$kind]}"
   patch=""
   for index in "${!names[@]}"; do

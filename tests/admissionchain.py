@@ -11,7 +11,7 @@ import yaml
 from controlplane import Api
 from kubernetes.client.exceptions import ApiException
 
-WEBHOOK_CONFIGURATIONS = Path(__file__).resolve().parents[1] / "manifests" / "base" / "webhook-configurations.yaml"
+WEBHOOK_CONFIGURATIONS = Path(__file__).resolve().parents[1] / "manifests" / "webhooks" / "webhook-configurations.yaml"
 WEBHOOK_READY_TIMEOUT = 60.0
 
 

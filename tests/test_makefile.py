@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,71 @@ def test_the_runtime_install_holds_everything_the_server_and_cli_import() -> Non
         if not owners & closure:
             missing[module] = sorted(owners)
     assert missing == {}
+
+
+# -- make image / make push (hack/build-image.sh) -------------------------------------------------
+
+BUILD_IMAGE = ROOT / "hack" / "build-image.sh"
+# What the script runs besides the builder, linked into a PATH of its own: no builder of the host
+# machine can be found through it.
+SCRIPT_TOOLS = ("bash", "dirname", "env")
+
+
+def tools_only_path(tmp_path: Path, builders: dict[str, str]) -> str:
+    """A PATH with the script's own tools and ``builders`` (name -> shell script body), nothing else."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in SCRIPT_TOOLS:
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    for name, body in builders.items():
+        (bin_dir / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return str(bin_dir)
+
+
+def build_image(tmp_path: Path, builders: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BUILD_IMAGE), *args], capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": tools_only_path(tmp_path, builders)}, cwd=tmp_path)
+
+
+def test_make_image_without_a_builder_says_what_it_needs_in_one_line(tmp_path: Path) -> None:
+    result = build_image(tmp_path, {}, "registry.example.com/team/koord-gpuquota:0.1.0")
+
+    assert result.returncode == 1
+    assert result.stderr == ("build-image.sh: no OCI image builder to build registry.example.com/team/koord-gpuquota:"
+                             "0.1.0: install podman or buildah, or docker with a running daemon; or set BUILDER\n")
+
+
+def test_a_docker_client_without_a_daemon_is_not_a_builder(tmp_path: Path) -> None:
+    # What this machine has: the client, and `docker info` failing for want of a daemon.
+    result = build_image(tmp_path, {"docker": 'echo "Cannot connect to the Docker daemon" >&2; exit 1'}, "img:1")
+
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "(docker is installed but its daemon does not answer 'docker info')" in result.stderr
+
+
+def test_make_image_builds_the_containerfile_with_the_first_builder_and_pushes_with_it(tmp_path: Path) -> None:
+    record = tmp_path / "calls"
+    recorder = f'echo "$PWD $*" >> {record}'
+    builders = {"buildah": recorder, "docker": recorder}
+
+    built = build_image(tmp_path, builders, "registry.example.com/gq:1")
+    pushed = subprocess.run([str(BUILD_IMAGE), "--push", "registry.example.com/gq:1"], capture_output=True,
+                            text=True, timeout=60, check=False, env={"PATH": str(tmp_path / "bin")})
+
+    assert (built.returncode, pushed.returncode) == (0, 0), built.stderr + pushed.stderr
+    # buildah comes before docker; the build runs from the repository root, where Containerfile is.
+    assert record.read_text().splitlines() == [
+        f"{ROOT} build -f Containerfile -t registry.example.com/gq:1 .",
+        f"{ROOT} push registry.example.com/gq:1",
+    ]
+
+
+def test_make_image_needs_an_image_name(tmp_path: Path) -> None:
+    result = subprocess.run(["make", "image"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+
+    assert result.returncode != 0
+    assert "build-image.sh: usage: build-image.sh [--push] IMAGE (make image IMAGE=" in result.stderr

@@ -1,23 +1,19 @@
-"""``gpuquota completion`` scripts (bash run for real) and the krew plugin manifest's shape."""
+"""``gpuquota completion`` scripts (bash run for real). The krew manifest: tests/test_dist.py."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from cli.main import SUBCOMMANDS, cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KREW_MANIFEST = REPO_ROOT / "manifests" / "krew" / "gpuquota.yaml"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -65,30 +61,3 @@ def test_bash_completes_subcommands_and_choices() -> None:
     assert sorted(bash_completions(["gpuquota", "migrate", ""])) == ["apply", "plan", "rollback"]
     assert bash_completions(["gpuquota", "completion", ""]) == ["bash", "zsh", "fish"]
     assert set(bash_completions(["gpuquota", ""])) == {name for _, name in SUBCOMMANDS}
-
-
-def test_krew_manifest_shape() -> None:
-    manifest = yaml.safe_load(KREW_MANIFEST.read_text())
-    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
-
-    assert manifest["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2"
-    assert manifest["kind"] == "Plugin"
-    assert manifest["metadata"]["name"] == KREW_MANIFEST.stem == "gpuquota"
-    spec = manifest["spec"]
-    assert spec["version"] == f"v{version}"
-    assert spec["shortDescription"] and spec["description"] and spec["homepage"].startswith("https://")
-    selectors = [(p["selector"]["matchLabels"]["os"], p["selector"]["matchLabels"]["arch"]) for p in spec["platforms"]]
-    assert sorted(selectors) == sorted({(o, a) for o in ("linux", "darwin") for a in ("amd64", "arm64")})
-    for platform, (os_name, arch) in zip(spec["platforms"], selectors, strict=True):
-        assert platform["bin"] == "kubectl-gpuquota"
-        assert platform["uri"].startswith("https://") and platform["uri"].endswith(
-            f"/v{version}/kubectl-gpuquota_{os_name}_{arch}.tar.gz")
-        # Filled in at release time; nothing else may stand where the digest goes.
-        assert platform["sha256"] == f"${{SHA256_{os_name.upper()}_{arch.upper()}}}"
-        assert {f["from"] for f in platform["files"]} == {"kubectl-gpuquota"}
-
-
-def test_krew_manifest_has_no_placeholder_but_the_digests() -> None:
-    placeholders = set(re.findall(r"\$\{([A-Z0-9_]+)\}", KREW_MANIFEST.read_text()))
-
-    assert placeholders == {f"SHA256_{o}_{a}" for o in ("LINUX", "DARWIN") for a in ("AMD64", "ARM64")}

@@ -13,7 +13,7 @@ import yaml
 from gpuquota_core.conversion import DEFAULT_CONFIG
 from gpuquota_core.resources import DEPRECATED_RENAMES, KOORDINATOR_GPU_NAMES, VENDOR_WHOLE_GPU_NAMES
 
-CONFIGURATIONS = Path(__file__).resolve().parents[2] / "manifests" / "base" / "webhook-configurations.yaml"
+CONFIGURATIONS = Path(__file__).resolve().parents[2] / "manifests" / "webhooks" / "webhook-configurations.yaml"
 PREFIXES = ("koordinator.sh/gpu", "kubernetes.io/gpu")
 
 

@@ -14,6 +14,7 @@ cluster-scoped and writes one in; kubectl and the apiserver drop it).
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ CERT_MANAGER = MANIFESTS / "overlays" / "cert-manager"
 SELF_MANAGED = MANIFESTS / "overlays" / "self-managed"
 MONITORING = MANIFESTS / "monitoring"
 AUDIT_CRONJOB = MANIFESTS / "audit-cronjob"
+WEBHOOKS = MANIFESTS / "webhooks"
+CERT_MANAGER_WEBHOOKS = CERT_MANAGER / "webhooks"
+NETWORK_POLICY = MANIFESTS / "networkpolicy"
+ELASTICQUOTA_CRD = MANIFESTS / "elasticquota-crd"
 
 Key = tuple[str, str, str]
 CLUSTER_SCOPED = frozenset({"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
@@ -82,6 +87,31 @@ def test_default_values_are_the_base_and_the_self_managed_overlay(base: list[dic
 
 def test_cert_manager_switch_is_the_cert_manager_overlay() -> None:
     assert_same_objects(helm_template("certManager.enabled=true"), kustomize(CERT_MANAGER))
+
+
+def test_webhook_configurations_switch_is_step_two(base: list[dict[str, Any]]) -> None:
+    """Off by default (installed only once `gpuquota preflight` sees the webhook answer), as the
+    kustomize base leaves them to manifests/webhooks."""
+    assert not [o for o in helm_template() if o["kind"].endswith("WebhookConfiguration")]
+    assert_same_objects(helm_template("webhookConfigurations.enabled=true"), base + kustomize(WEBHOOKS))
+    assert_same_objects(helm_template("webhookConfigurations.enabled=true", "certManager.enabled=true"),
+                        kustomize(CERT_MANAGER) + kustomize(CERT_MANAGER_WEBHOOKS))
+
+
+def test_networkpolicy_switch_is_the_networkpolicy_component(base: list[dict[str, Any]], tmp_path: Path) -> None:
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                     "resources": [os.path.relpath(BASE, tmp_path)],
+                     "components": [os.path.relpath(NETWORK_POLICY, tmp_path)]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+
+    assert not [o for o in helm_template() if o["kind"] == "NetworkPolicy"]
+    assert_same_objects(helm_template("networkPolicy.enabled=true"), kustomize(tmp_path))
+
+
+def test_elasticquota_crd_only_on_request(base: list[dict[str, Any]]) -> None:
+    """Koordinator brings its own ElasticQuota CRD: the chart installs none unless asked."""
+    assert not [o for o in helm_template() if o["kind"] == "CustomResourceDefinition"]
+    assert_same_objects(helm_template("elasticQuotaCRD.install=true"), base + kustomize(ELASTICQUOTA_CRD))
 
 
 def test_monitoring_switches_add_the_monitoring_kustomization(base: list[dict[str, Any]]) -> None:
@@ -158,7 +188,7 @@ def test_namespace_create_false_leaves_the_namespace_to_the_user(base: list[dict
 @pytest.mark.parametrize(("copy_in_chart", "source"), [
     ("files/prometheus-rules.yaml", MONITORING / "prometheus-rules.yaml"),
     ("files/grafana-dashboard.json", MONITORING / "grafana-dashboard.json"),
-    ("crds/elasticquota.yaml", BASE / "crd-elasticquota.yaml"),
+    ("files/crd-elasticquota.yaml", ELASTICQUOTA_CRD / "crd-elasticquota.yaml"),
 ])
 def test_the_charts_copies_equal_their_sources(copy_in_chart: str, source: Path) -> None:
     # Helm reads files only from inside the chart; these copies must not drift from manifests/.
@@ -196,3 +226,7 @@ def test_install_notes_say_how_the_certificate_arrives() -> None:
     assert "hack/install-self-managed-certs.sh --namespace gpu-ops" in self_managed
     assert "install-self-managed-certs" not in cert_manager and "cert-manager issues" in cert_manager
     assert "kubectl -n gpu-ops rollout status deployment/gpuquota-webhook" in self_managed
+    # Step 2 is named until the configurations are on, and only then.
+    assert "gpuquota preflight -n gpu-ops" in self_managed
+    assert "--set webhookConfigurations.enabled=true" in self_managed
+    assert "preflight" not in install_notes("webhookConfigurations.enabled=true")

@@ -45,7 +45,9 @@ def dry_run(objects: list[dict[str, Any]], kubeconfig_path: Path) -> str:
 
 @pytest.mark.parametrize(("namespace", "sets"), [
     ("gpuquota-system", ()),
-    ("gpuquota-system", ("certManager.enabled=true", "monitoring.dashboard.enabled=true")),
+    ("gpuquota-system", ("certManager.enabled=true", "monitoring.dashboard.enabled=true",
+                         "webhookConfigurations.enabled=true", "networkPolicy.enabled=true",
+                         "elasticQuotaCRD.install=true")),
     ("gpu-ops", ("replicas=1", "accounting=local", "auditCronJob.enabled=true")),
 ])
 def test_chart_output_passes_a_server_side_dry_run(

@@ -1,5 +1,6 @@
-"""The install manifests (manifests/base and both overlays) render with kustomize and are accepted by
-a real apiserver; hack/install-self-managed-certs.sh runs against it end to end.
+"""The install manifests (manifests/base, both overlays, the webhook configurations of step 2 and the
+optional NetworkPolicy component and ElasticQuota CRD) render with kustomize and are accepted by a
+real apiserver; hack/install-self-managed-certs.sh runs against it end to end.
 
 Only the Namespace is created for real by the manifest checks. Everything else goes through
 server-side dry-run: the apiserver validates and admits it but stores nothing. That matters most for
@@ -11,6 +12,7 @@ patch, so it gets uniquely named copies that select no namespace at all, deleted
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import re
 import shlex
@@ -37,6 +39,11 @@ BASE = REPO_ROOT / "manifests" / "base"
 OVERLAYS = REPO_ROOT / "manifests" / "overlays"
 CERT_MANAGER = OVERLAYS / "cert-manager"
 SELF_MANAGED = OVERLAYS / "self-managed"
+WEBHOOKS = REPO_ROOT / "manifests" / "webhooks"
+CERT_MANAGER_WEBHOOKS = CERT_MANAGER / "webhooks"
+NETWORK_POLICY = REPO_ROOT / "manifests" / "networkpolicy"
+ELASTICQUOTA_CRD_DIR = REPO_ROOT / "manifests" / "elasticquota-crd"
+PLACEHOLDER_PEER = {"ipBlock": {"cidr": "192.0.2.1/32"}}
 INSTALL_CERTS = REPO_ROOT / "hack" / "install-self-managed-certs.sh"
 CONTAINERFILE = REPO_ROOT / "Containerfile"
 DEPLOY_DOC = REPO_ROOT / "docs" / "deploy.md"
@@ -82,6 +89,30 @@ def cert_manager_rendered(kubectl: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def self_managed_rendered(kubectl: str) -> list[dict[str, Any]]:
     return render(kubectl, SELF_MANAGED)
+
+
+@pytest.fixture(scope="module")
+def webhooks_rendered(kubectl: str) -> list[dict[str, Any]]:
+    return render(kubectl, WEBHOOKS)
+
+
+@pytest.fixture(scope="module")
+def cert_manager_webhooks_rendered(kubectl: str) -> list[dict[str, Any]]:
+    return render(kubectl, CERT_MANAGER_WEBHOOKS)
+
+
+def render_with_component(kubectl: str, directory: Path, component: Path, workdir: Path,
+                          extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``directory`` with ``component`` added, as a user's overlay adds it."""
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        # kustomize refuses absolute paths, but a relative one may climb out of the overlay's root.
+        "resources": [os.path.relpath(directory, workdir)],
+        "components": [os.path.relpath(component, workdir)],
+        **(extra or {}),
+    }
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+    return render(kubectl, workdir)
 
 
 @pytest.fixture(scope="module")
@@ -136,21 +167,21 @@ BASE_OBJECTS = [
     ("Deployment", "gpuquota-webhook"),
     ("Service", "gpuquota-webhook"),
     ("PodDisruptionBudget", "gpuquota-webhook"),
-    ("NetworkPolicy", "gpuquota-webhook"),
     ("ConfigMap", "gpuquota-config"),
-    ("CustomResourceDefinition", "elasticquotas.scheduling.sigs.k8s.io"),
-    ("MutatingWebhookConfiguration", "gpuquota-webhook"),
-    ("ValidatingWebhookConfiguration", "gpuquota-webhook"),
     ("ValidatingAdmissionPolicy", "gpuquota-opt-out-label"),
     ("ValidatingAdmissionPolicyBinding", "gpuquota-opt-out-label"),
 ]
-NAMESPACED_BASE_KINDS = {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy",
-                         "ConfigMap", "Role", "RoleBinding"}
+WEBHOOK_OBJECTS = [(kind, "gpuquota-webhook") for kind in WEBHOOK_CONFIGURATION_KINDS]
+NAMESPACED_BASE_KINDS = {"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Role",
+                         "RoleBinding"}
 
 
-def test_kustomize_renders_every_listed_resource(rendered: list[dict[str, Any]]) -> None:
+def test_kustomize_renders_every_listed_resource(
+    rendered: list[dict[str, Any]], webhooks_rendered: list[dict[str, Any]],
+) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered)
     assert kinds == sorted(BASE_OBJECTS)
+    assert identities(webhooks_rendered) == sorted(WEBHOOK_OBJECTS)
     # The kustomization's namespace reached every namespaced object.
     for obj in rendered:
         if obj["kind"] in NAMESPACED_BASE_KINDS:
@@ -174,10 +205,38 @@ def dry_run_apply(objects: list[dict[str, Any]], kubectl: str, kubeconfig_path: 
 
 
 def test_apiserver_accepts_every_object(
-    rendered: list[dict[str, Any]], kubectl: str, kubeconfig_path: Path, api: Api, install_namespace: str,
-    elasticquota_crd: k8s.V1CustomResourceDefinition,
+    rendered: list[dict[str, Any]], webhooks_rendered: list[dict[str, Any]], kubectl: str, kubeconfig_path: Path,
+    api: Api, install_namespace: str, elasticquota_crd: k8s.V1CustomResourceDefinition,
 ) -> None:
-    dry_run_apply([o for o in rendered if o["kind"] != "Namespace"], kubectl, kubeconfig_path, api)
+    dry_run_apply([o for o in rendered if o["kind"] != "Namespace"] + webhooks_rendered, kubectl, kubeconfig_path,
+                  api)
+
+
+# -- beside Koordinator ---------------------------------------------------------------------------
+
+def test_no_install_of_ours_replaces_koordinators_elasticquota_crd(
+    rendered: list[dict[str, Any]], cert_manager_rendered: list[dict[str, Any]],
+    self_managed_rendered: list[dict[str, Any]], webhooks_rendered: list[dict[str, Any]],
+    cert_manager_webhooks_rendered: list[dict[str, Any]], kubectl: str,
+) -> None:
+    """Koordinator installs the ElasticQuota CRD; the base, the overlays and step 2 never carry one
+    (an apply would replace Koordinator's schema). Only manifests/elasticquota-crd does, on its own."""
+    for objects in (rendered, cert_manager_rendered, self_managed_rendered, webhooks_rendered,
+                    cert_manager_webhooks_rendered):
+        assert [o for o in objects if o["kind"] == "CustomResourceDefinition"] == []
+    (crd,) = render(kubectl, ELASTICQUOTA_CRD_DIR)
+    assert crd["metadata"]["name"] == "elasticquotas.scheduling.sigs.k8s.io"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_the_webhook_configurations_are_a_step_of_their_own(
+    rendered: list[dict[str, Any]], cert_manager_rendered: list[dict[str, Any]],
+    self_managed_rendered: list[dict[str, Any]],
+) -> None:
+    """Validation fails closed: no step-1 kustomization installs a webhook configuration, so nothing
+    refuses GPU pods before `gpuquota preflight --install` has seen the webhook answer."""
+    for objects in (rendered, cert_manager_rendered, self_managed_rendered):
+        assert [o for o in objects if o["kind"] in WEBHOOK_CONFIGURATION_KINDS] == []
 
 
 def test_deployment_is_locked_down(rendered: list[dict[str, Any]]) -> None:
@@ -248,20 +307,31 @@ def container_ports(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ports
 
 
+@pytest.fixture(scope="module")
+def network_policy(kubectl: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    objects = render_with_component(kubectl, BASE, NETWORK_POLICY, tmp_path_factory.mktemp("netpol"))
+    return find(objects, "NetworkPolicy", "gpuquota-webhook")
+
+
+def test_the_networkpolicy_is_an_optional_component(rendered: list[dict[str, Any]], kubectl: str) -> None:
+    assert [o for o in rendered if o["kind"] == "NetworkPolicy"] == []
+    component = yaml.safe_load((NETWORK_POLICY / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert component["kind"] == "Component"
+
+
 def test_networkpolicy_admits_control_plane_and_monitoring_to_the_deployments_port(
-    rendered: list[dict[str, Any]],
+    rendered: list[dict[str, Any]], network_policy: dict[str, Any],
 ) -> None:
-    policy = find(rendered, "NetworkPolicy", "gpuquota-webhook")["spec"]
+    policy = network_policy["spec"]
+    assert network_policy["metadata"]["namespace"] == NAMESPACE
     pod_labels = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert policy["policyTypes"] == ["Ingress"]
     control_plane, monitoring = policy["ingress"]
     # Index 0 is the control plane: docs/deploy.md and the policy's comment tell overlays to replace
-    # /spec/ingress/0/from.
-    assert control_plane["from"] == [{
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-        "podSelector": {"matchLabels": {"component": "kube-apiserver"}},
-    }]
+    # /spec/ingress/0/from. Shipped: a placeholder that matches nothing, never a selector of
+    # kube-system pods (which matches neither a host-network nor a managed apiserver).
+    assert control_plane["from"] == [PLACEHOLDER_PEER]
     assert monitoring["from"] == [
         {"namespaceSelector": {"matchLabels": {"gpuquota.koord-gpuquota.io/monitoring": "true"}}},
     ]
@@ -274,18 +344,19 @@ def test_networkpolicy_admits_control_plane_and_monitoring_to_the_deployments_po
         assert [(p["port"] in names_and_numbers, p["protocol"]) for p in rule["ports"]] == [(True, "TCP")]
 
 
-def test_documented_networkpolicy_override_renders_and_is_accepted(
+def test_documented_overlay_renders_and_is_accepted(
     kubectl: str, kubeconfig_path: Path, api: Api, install_namespace: str, tmp_path: Path,
-    elasticquota_crd: k8s.V1CustomResourceDefinition,
 ) -> None:
-    """The example overlay of docs/deploy.md, step 0, pointed at the real overlay directory."""
+    """The example overlay of docs/deploy.md, step 0, pointed at the real directories."""
     text = DEPLOY_DOC.read_text(encoding="utf-8")
     match = re.search(r"```yaml\n# my-cluster/kustomization.yaml\n(.*?)```", text, re.DOTALL)
     assert match, "docs/deploy.md lost its example overlay"
     kustomization = yaml.safe_load(match.group(1))
     assert kustomization["resources"] == ["../manifests/overlays/cert-manager"]
+    assert kustomization["components"] == ["../manifests/networkpolicy"]
     # kustomize refuses absolute paths, but a relative one may climb out of the overlay's root.
     kustomization["resources"] = [os.path.relpath(CERT_MANAGER, tmp_path)]
+    kustomization["components"] = [os.path.relpath(NETWORK_POLICY, tmp_path)]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
     objects = render(kubectl, tmp_path)
     policy = find(objects, "NetworkPolicy", "gpuquota-webhook")["spec"]
@@ -309,6 +380,7 @@ def identities(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def test_overlays_render_the_base_plus_their_certificates(
     cert_manager_rendered: list[dict[str, Any]], self_managed_rendered: list[dict[str, Any]],
+    webhooks_rendered: list[dict[str, Any]], cert_manager_webhooks_rendered: list[dict[str, Any]],
 ) -> None:
     assert identities(self_managed_rendered) == sorted(BASE_OBJECTS)
     assert identities(cert_manager_rendered) == sorted([
@@ -322,17 +394,23 @@ def test_overlays_render_the_base_plus_their_certificates(
         if is_cert_manager(obj):
             assert obj["apiVersion"] == "cert-manager.io/v1", printed_name(obj)
             assert obj["metadata"]["namespace"] == NAMESPACE, printed_name(obj)
-    # Self-managed configurations carry no caBundle: re-applying the overlay never overwrites the
-    # one the script patched in.
+    # Step 2 with cert-manager is step 2 plus cainjector's annotation, nothing else.
+    assert identities(cert_manager_webhooks_rendered) == identities(webhooks_rendered)
+    for plain in webhooks_rendered:
+        annotated = copy.deepcopy(find(cert_manager_webhooks_rendered, plain["kind"], plain["metadata"]["name"]))
+        assert annotated["metadata"].pop("annotations") == {INJECT_CA_FROM: f"{NAMESPACE}/gpuquota-webhook"}
+        assert annotated == plain
+    # The rendered configurations carry no caBundle: re-applying them never overwrites the one
+    # preflight or the script wrote.
     for kind in WEBHOOK_CONFIGURATION_KINDS:
-        for webhook in find(self_managed_rendered, kind, "gpuquota-webhook")["webhooks"]:
+        for webhook in find(webhooks_rendered, kind, "gpuquota-webhook")["webhooks"]:
             assert "caBundle" not in webhook["clientConfig"], webhook["name"]
 
 
 def test_cert_manager_overlay_wires_certificate_secret_service_and_webhooks(
-    cert_manager_rendered: list[dict[str, Any]],
+    cert_manager_rendered: list[dict[str, Any]], cert_manager_webhooks_rendered: list[dict[str, Any]],
 ) -> None:
-    objects = cert_manager_rendered
+    objects = cert_manager_rendered + cert_manager_webhooks_rendered
     service = find(objects, "Service", "gpuquota-webhook")
     svc, ns = service["metadata"]["name"], service["metadata"]["namespace"]
     certificates = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects
@@ -379,7 +457,15 @@ def test_apiserver_accepts_every_overlay_object(
     # dry-run; the wiring test above checks what they must agree on.
     objects = [o for o in render(kubectl, OVERLAYS / overlay) if o["kind"] != "Namespace" and not is_cert_manager(o)]
     assert len(objects) == len(BASE_OBJECTS) - 1
-    dry_run_apply(objects, kubectl, kubeconfig_path, api)
+    step_two = render(kubectl, CERT_MANAGER_WEBHOOKS if overlay == "cert-manager" else WEBHOOKS)
+    dry_run_apply(objects + step_two, kubectl, kubeconfig_path, api)
+
+
+def test_apiserver_accepts_the_optional_crd_and_networkpolicy(
+    kubectl: str, kubeconfig_path: Path, api: Api, install_namespace: str, network_policy: dict[str, Any],
+    elasticquota_crd: k8s.V1CustomResourceDefinition,
+) -> None:
+    dry_run_apply([*render(kubectl, ELASTICQUOTA_CRD_DIR), network_policy], kubectl, kubeconfig_path, api)
 
 
 # -- monitoring (optional kustomization) ----------------------------------------------------------
@@ -499,9 +585,9 @@ def run_install_certs(args: list[str], kubectl: str) -> subprocess.CompletedProc
 
 @pytest.fixture
 def inert_configurations(
-    self_managed_rendered: list[dict[str, Any]], namespace: str, kubectl: str, kubeconfig_path: Path, api: Api,
+    webhooks_rendered: list[dict[str, Any]], namespace: str, kubectl: str, kubeconfig_path: Path, api: Api,
 ) -> Iterator[list[dict[str, Any]]]:
-    """The self-managed overlay's configurations, stored for real under a unique name, calling the
+    """The configurations of step 2, stored for real under a unique name, calling the
     webhook Service in ``namespace``, and selecting no namespace at all.
 
     Stored configurations are shared by every test of the session, and validation fails closed: a
@@ -511,7 +597,7 @@ def inert_configurations(
     name = f"gpuquota-certs-{uuid.uuid4().hex[:8]}"
     documents = []
     for kind in WEBHOOK_CONFIGURATION_KINDS:
-        document = find(self_managed_rendered, kind, "gpuquota-webhook")
+        document = find(webhooks_rendered, kind, "gpuquota-webhook")
         document = yaml.safe_load(yaml.safe_dump(document))  # a deep copy
         document["metadata"]["name"] = name
         for webhook in document["webhooks"]:
@@ -617,3 +703,21 @@ def test_install_self_managed_certs_usage(kubectl: str) -> None:
     assert (bad.returncode, bad.stdout) == (2, "")
     assert "unknown argument: --frobnicate" in bad.stderr
     assert "--help" in bad.stderr
+
+
+def test_install_self_managed_certs_before_step_two_writes_the_secret_only(
+    namespace: str, kubectl: str, kubeconfig_path: Path, api: Api,
+) -> None:
+    """On a first install the configurations do not exist yet (preflight writes them later, with the
+    CA of the Secret): the script writes the Secret and says so, and creates no configuration."""
+    name = f"gpuquota-certs-{uuid.uuid4().hex[:8]}"
+    result = run_install_certs(["--namespace", namespace, "--kubeconfig", str(kubeconfig_path), "--configuration",
+                                name, "--gpuquota", gpuquota_command()], kubectl)
+
+    assert result.returncode == 0, result.stderr
+    assert f"validatingwebhookconfiguration/{name} is not installed yet" in result.stderr
+    secret = api.core.read_namespaced_secret("gpuquota-webhook-tls", namespace)
+    assert set(secret.data) == {"tls.crt", "tls.key", "ca.crt"}
+    with pytest.raises(ApiException) as missing:
+        api.admissionregistration.read_validating_webhook_configuration(name)
+    assert missing.value.status == 404

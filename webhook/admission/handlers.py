@@ -251,7 +251,7 @@ class AdmissionHandlers:
     def validate_elasticquota(self, req: AdmissionRequest, caller: str = "") -> Outcome:
         if not req.is_kind(ELASTICQUOTA_GROUP, "ElasticQuota"):
             return Outcome(allowed(req), "not an ElasticQuota")
-        # The webhook is registered for CREATE and UPDATE only (manifests/base/webhook-configurations.yaml);
+        # The webhook is registered for CREATE and UPDATE only (manifests/webhooks/webhook-configurations.yaml);
         # anything else that reaches it is let through unreviewed.
         if req.operation not in ("CREATE", "UPDATE"):
             return Outcome(allowed(req), f"{req.operation} not reviewed")

@@ -31,7 +31,7 @@ matchExpressions:
     values: ["true"]
 {{- end }}
 
-{{/* manifests/base/webhook-configurations.yaml says why: mirror pods and pods without a GPU name are skipped. */}}
+{{/* manifests/webhooks/webhook-configurations.yaml says why: mirror pods and pods without a GPU name are skipped. */}}
 {{- define "gpuquota.podMatchConditions" -}}
 - name: not-a-mirror-pod
   expression: >-
