@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import uuid
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from admissionchain import (
     delete_webhook_configurations,
     local_webhook_configurations,
@@ -39,7 +41,7 @@ from clusterhelpers import (
     wait_until_bound,
     wait_until_unschedulable,
 )
-from controlplane import ELASTICQUOTA_PLURAL, Api, Binaries, ControlPlane, create_gpu_node, make_api
+from controlplane import ELASTICQUOTA_PLURAL, REPO_ROOT, Api, Binaries, ControlPlane, create_gpu_node, make_api
 from koordinator import (
     GPU_CORE,
     KOORD_SCHEDULER_NAME,
@@ -230,7 +232,8 @@ def shipped_webhook(koordinator: Koordinator, tmp_path_factory: pytest.TempPathF
     serve_args = ["--kubeconfig", str(koordinator.plane.kubeconfig_path), "--workers", "1", "--threads", "8",
                   "--accounting", "strict", "--ledger-namespace", ledger_namespace]
     servers, balancer = start_replicas_behind_haproxy(tmp_path_factory.mktemp("koordinator-webhook"), serve_args)
-    documents = local_webhook_configurations(balancer.url, servers[0].ca_bundle)
+    # Named apart from the shipped "gpuquota-webhook", which the install test applies and removes.
+    documents = local_webhook_configurations(balancer.url, servers[0].ca_bundle, name_suffix="-shipped")
     try:
         register_webhook_configurations(koordinator.api, documents)
         yield ShippedWebhook(servers, balancer, documents)
@@ -602,3 +605,49 @@ def test_migrating_a_legacy_quota_with_running_pods_keeps_koord_scheduler_counti
         scheduler_used(koordinator.api, where.namespace, quota)), "koord-scheduler counts three cards in ratio",
         QUOTA_STATUS_DEADLINE)
     assert koordinator_percent(used) == Quantity.parse("300")
+
+
+# -- installing beside Koordinator (§2) ----------------------------------------------------------
+
+def kubectl(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    kubectl_path = shutil.which("kubectl")
+    assert kubectl_path, "kubectl is required (hack/install-test-tools.sh installs it)"
+    return subprocess.run([kubectl_path, *args], input=stdin, capture_output=True, text=True, timeout=120,
+                          check=False, cwd=REPO_ROOT)
+
+
+def test_our_manifests_apply_server_side_beside_koordinators_crds_and_webhook_configurations(
+        koordinator: Koordinator) -> None:
+    kubeconfig = str(koordinator.plane.kubeconfig_path)
+    theirs = kubectl("kustomize", str(koordinator.build.webhook_dir))
+    assert theirs.returncode == 0, theirs.stderr
+    koordinator_configurations = [document for document in yaml.safe_load_all(theirs.stdout)
+                                  if document and document["kind"].endswith("WebhookConfiguration")]
+    crd_name = "elasticquotas.scheduling.sigs.k8s.io"
+    before = koordinator.api.apiextensions.read_custom_resource_definition(crd_name)
+    ours: list[dict[str, Any]] = []
+    try:
+        applied = kubectl("apply", "--server-side", "--kubeconfig", kubeconfig, "-f", "-",
+                          stdin=yaml.safe_dump_all(koordinator_configurations))
+        assert applied.returncode == 0, applied.stderr
+        for step in ("manifests/overlays/self-managed", "manifests/webhooks"):
+            rendered = kubectl("kustomize", step)
+            assert rendered.returncode == 0, rendered.stderr
+            ours.extend(document for document in yaml.safe_load_all(rendered.stdout) if document)
+            applied = kubectl("apply", "--server-side", "--kubeconfig", kubeconfig, "-f", "-", stdin=rendered.stdout)
+            assert applied.returncode == 0, f"{step}:\n{applied.stdout}\n{applied.stderr}"
+
+        after = koordinator.api.apiextensions.read_custom_resource_definition(crd_name)
+        assert after.metadata.resource_version == before.metadata.resource_version, "Koordinator's CRD was changed"
+        stored = {configuration.metadata.name for configuration in
+                  koordinator.api.admissionregistration.list_validating_webhook_configuration().items}
+        assert {c["metadata"]["name"] for c in koordinator_configurations
+                if c["kind"] == "ValidatingWebhookConfiguration"} | {"gpuquota-webhook"} <= stored
+    finally:
+        # Both sets point at Services nothing serves here: leave no fail-closed webhook behind.
+        for document in [*koordinator_configurations, *ours]:
+            if document["kind"] == "MutatingWebhookConfiguration":
+                koordinator.api.admissionregistration.delete_mutating_webhook_configuration(document["metadata"]["name"])
+            elif document["kind"] == "ValidatingWebhookConfiguration":
+                koordinator.api.admissionregistration.delete_validating_webhook_configuration(
+                    document["metadata"]["name"])
