@@ -651,3 +651,58 @@ def test_our_manifests_apply_server_side_beside_koordinators_crds_and_webhook_co
             elif document["kind"] == "ValidatingWebhookConfiguration":
                 koordinator.api.admissionregistration.delete_validating_webhook_configuration(
                     document["metadata"]["name"])
+
+
+# -- g. the differences table, against koord-scheduler as it is -----------------------------------
+
+def ignored_scene(koordinator: Koordinator, layouts: Mapping[str, Layout]) -> Scene:
+    """A scene whose namespace the webhook does not judge: what Koordinator alone does."""
+    where = scene(koordinator, layouts)
+    koordinator.api.core.patch_namespace(where.namespace, {"metadata": {"labels": {IGNORE_LABEL: "true"}}})
+    return where
+
+
+def test_koord_scheduler_holds_a_count_past_its_int64_range_pending_where_gpuquota_refuses_it(
+        koordinator: Koordinator, shipped_webhook: ShippedWebhook) -> None:
+    where = ignored_scene(koordinator, {"both": BOTH})
+    huge = {"amd.com/gpu": "92233720368548"}
+    koordinator.apps.create_namespaced_deployment(where.namespace, deployment(
+        "huge", where, huge, replicas=1, quota=None, node_selector={HOSTNAME: where.nodes["both"]}))
+
+    condition = wait_until_unschedulable(koordinator.api, where.namespace, "huge")
+    assert condition.reason == "Unschedulable", condition.message
+
+    judged = scene(koordinator, {"both": BOTH})
+    status, message = refusal_of(koordinator, judged.namespace, bare_pod(
+        "huge", judged, huge, f"none-{judged.namespace}", judged.nodes["both"]))
+    assert status == 422 and message.startswith(
+        f'{DENIED_BY}container "main" resources.requests[amd.com/gpu]: 92233720368548 is larger than '
+        "92233720368547, beyond what the scheduler can count [rule: out-of-range]"), message
+
+
+def test_koord_scheduler_without_the_parent_check_lets_leaves_share_a_parent_by_runtime_only(
+        koordinator: Koordinator) -> None:
+    where = ignored_scene(koordinator, {"both": BOTH})
+    parent = f"org-{where.namespace}"
+    create_quota(koordinator.api, where.namespace, parent, {GPU_CORE: "200", RATIO: "200"},
+                 labels={"quota.scheduling.koordinator.sh/is-parent": "true"})
+    leaves = [f"{side}-{where.namespace}" for side in ("a", "b")]
+    for leaf in leaves:
+        create_quota(koordinator.api, where.namespace, leaf, {GPU_CORE: "200", RATIO: "200"},
+                     labels={"quota.scheduling.koordinator.sh/parent": parent})
+    for leaf in leaves:
+        koordinator.apps.create_namespaced_deployment(where.namespace, deployment(
+            leaf, where, {GPU_CORE: "100", RATIO: "100"}, replicas=2, quota=leaf,
+            node_selector={HOSTNAME: where.nodes["both"]}))
+
+    def settled() -> list[k8s.V1Pod] | None:
+        pods = koordinator.api.core.list_namespaced_pod(where.namespace).items
+        decided = [pod for pod in pods if pod.spec.node_name or pod_scheduled(pod) is not None]
+        return pods if len(pods) == 4 and len(decided) == 4 else None
+
+    pods = wait_for(settled, "koord-scheduler decided on all four pods")
+    bound = [pod for pod in pods if pod.spec.node_name]
+    # Whatever it binds, the parent's two cards hold: its runtime is shared out among the leaves.
+    assert len(bound) <= 2, [scheduling_state(pod) for pod in pods]
+    used = scheduler_used(koordinator.api, where.namespace, parent)
+    assert Quantity.parse(used.get(RATIO, "0")) <= Quantity.parse("200"), used
