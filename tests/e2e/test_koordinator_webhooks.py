@@ -178,6 +178,28 @@ def read_quota(api: Api, namespace: str, name: str) -> dict[str, Any]:
     return found
 
 
+def their_admission_knows(kapi: Api, scenario: str, quota: str, over: Mapping[str, str]) -> None:
+    """Wait until the koord-manager of ``scenario`` finds ``quota`` when it admits a pod: its quota
+    admission reads quotas from its watch cache and refuses a pod of a quota not there yet
+    (``elastic quota <name> not found``). Probed with dry-run pods asking ``over`` (more than the
+    quota's max) from a namespace only it judges: refused ``exceeded quota`` once it knows the quota,
+    and a refused dry run charges nothing."""
+    if not SCENARIOS[scenario]["EnableQuotaAdmission"]:
+        return
+    namespace = make_namespace(kapi, scenario, ours_too=False)
+    probe = Shape((dict(over),)).pod("knows-quota")
+    probe["metadata"]["labels"] = {"quota.scheduling.koordinator.sh/name": quota}
+
+    def refused_over_quota() -> bool:
+        try:
+            kapi.core.create_namespaced_pod(namespace, probe, dry_run="All")
+        except ApiException as exc:
+            # Its message: "exceeded quota: <namespace>/<quota>, requested: ..."
+            return "vpod.koordinator.sh" in str(exc.body) and f"/{quota}, requested: " in str(exc.body)
+        raise AssertionError(f"a dry run over {quota}'s max was admitted (and charged)")
+    wait_for(refused_over_quota, f"koord-manager of {scenario} knows quota {quota}")
+
+
 # -- pods ------------------------------------------------------------------------------------------
 
 Resources = Mapping[str, str]
@@ -416,6 +438,7 @@ def judged_two_ways(kapi: Api, scenario: str) -> list[tuple[Shape, Outcome, Outc
     alone_namespace, both_namespace = make_namespace(kapi, None), make_namespace(kapi, scenario)
     for namespace in (alone_namespace, both_namespace):
         create_quota(kapi, namespace, namespace, ROOMY_MAX)
+    their_admission_knows(kapi, scenario, both_namespace, {"cpu": "2000"})
     return [(shape, create(kapi, alone_namespace, shape, f"shape-{index}"),
              create(kapi, both_namespace, shape, f"shape-{index}")) for index, shape in enumerate(SHAPES)]
 
@@ -545,6 +568,7 @@ def test_their_quota_admission_does_not_count_vendor_cards_against_a_canonical_m
     for label, ours_too in (("theirs alone", False), ("both", True)):
         namespace = make_namespace(kapi, GATED, ours_too=ours_too)
         create_quota(kapi, namespace, namespace, {GPU_RATIO: "200"})
+        their_admission_knows(kapi, GATED, namespace, {GPU_RATIO: "300"})
         outcomes = [create(kapi, namespace, one_card, f"card-{index}") for index in range(3)]
         admitted[label] = [outcome.admitted for outcome in outcomes]
         if ours_too:
@@ -562,6 +586,7 @@ def test_their_quota_admission_charges_pods_that_are_never_stored(
     dry runs) are charged although nothing is stored. Ours reserves neither."""
     namespace = make_namespace(kapi, GATED)
     create_quota(kapi, namespace, namespace, {GPU_RATIO: "1000"})
+    their_admission_knows(kapi, GATED, namespace, {GPU_RATIO: "1100"})
 
     refused = create(kapi, namespace, Shape(({GPU_RATIO: "150"},)), "refused-by-ours")
     kapi.core.create_namespaced_pod(namespace, Shape(({GPU_RATIO: "50"},)).pod("dry-run"), dry_run="All")
