@@ -9,6 +9,12 @@ unless ``--workers`` is given. Every mode has its own namespaces:
 - ``native``: a ResourceQuota on ``requests.nvidia.com/gpu`` and no webhook;
 - ``local`` / ``strict``: the project's webhook configurations, selected by a namespace label,
   pointing at the local server or at HAProxy; the pods charge ElasticQuotas.
+- ``koord`` / ``koord3``: Koordinator's own quota admission (koord-manager with
+  ``EnableQuotaAdmission``, built by hack/build-koordinator.sh, run by tests/koordmanager.py): one
+  koord-manager, or three behind HAProxy as its chart deploys them, its webhook configurations
+  selected by the namespace label. Its admission counts resource names as written, so its quotas
+  name the pods' own ``nvidia.com/gpu`` (the best it can do for this workload; a
+  ``gpu-memory-ratio`` max would not count these pods at all), and it checks the leaf only.
 
 Every create is the same one-card ``nvidia.com/gpu`` pod (one Node advertises the canonical names,
 so our webhook rewrites it as in a cluster where Koordinator's device plugin runs). It measures:
@@ -36,7 +42,7 @@ PYTHONPATH, so its webhook/ and gpuquota_core/ are the ones imported), measured 
 
 Usage: .venv/bin/python bench/production_shape.py [--repetitions 10] [--bursts 10] [--cycles 300]
        [--burst-size 300] [--clients 32] [--room 100] [--issue-sizes] [--workers N]
-       [--baseline CHECKOUT] [--modes none,native,strict,strict-baseline]
+       [--baseline CHECKOUT] [--modes none,native,strict,strict-baseline,koord,koord3]
 """
 
 from __future__ import annotations
@@ -84,6 +90,8 @@ from controlplane import (  # noqa: E402
     locate_binaries,
     make_api,
 )
+from koordinator import install_koordinator_crds, locate_koordinator  # noqa: E402
+from koordmanager import KoordManager, start_koord_manager, start_koord_manager_replicas  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
@@ -92,15 +100,23 @@ from webhookproc import WebhookProcess  # noqa: E402
 
 STRICT_BASELINE = "strict-baseline"
 MODES = ("native", "local", "strict")  # what runs unless --modes or --baseline says otherwise
-KNOWN_MODES = (*MODES, STRICT_BASELINE)
+KOORDINATOR = ("koord", "koord3")  # Koordinator's own quota admission, only when --modes names them
+KNOWN_MODES = (*MODES, STRICT_BASELINE, *KOORDINATOR)
 OURS = ("local", "strict", STRICT_BASELINE)  # the modes our webhook admits
+VENDOR_GPU = "nvidia.com/gpu"
+IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
+# Named in the table's title; EnableQuotaAdmission is what makes koord-manager admit by quota.
+KOORDINATOR_GATES = {"EnableQuotaAdmission": True}
 UNADMITTED = "none"  # the namespace every sequential create is paired against
 TITLES = {"native": "native ResourceQuota (`requests.nvidia.com/gpu`)", "local": "ours, local, 1 server",
           "strict": "ours, strict, 3 replicas + HAProxy",
-          STRICT_BASELINE: "baseline checkout: ours, strict, 3 replicas + HAProxy"}
+          STRICT_BASELINE: "baseline checkout: ours, strict, 3 replicas + HAProxy",
+          "koord": "Koordinator (koord-manager, EnableQuotaAdmission), 1 replica",
+          "koord3": "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy"}
 # Per mode of ours, the names of its process groups in the CPU table: its servers, then its HAProxy.
 GROUPS = {"local": ("local server", ""), "strict": ("strict replicas", "HAProxy"),
-          STRICT_BASELINE: ("baseline strict replicas", "baseline's HAProxy")}
+          STRICT_BASELINE: ("baseline strict replicas", "baseline's HAProxy"),
+          "koord": ("koord-manager", ""), "koord3": ("koord-manager replicas", "koord-manager's HAProxy")}
 MODE_LABEL = "gpuquota-bench-mode"
 NATIVE_RESOURCE = "requests.nvidia.com/gpu"
 LEDGER_NAMESPACE = "gpuquota-ledger"
@@ -172,13 +188,18 @@ class Rig:
     burst_core: k8s.CoreV1Api
     servers: dict[str, list[WebhookProcess]] = field(default_factory=dict)  # per mode of ours, once started
     balancers: dict[str, HAProxy] = field(default_factory=dict)  # per mode behind HAProxy
+    koord_managers: dict[str, list[KoordManager]] = field(default_factory=dict)  # per Koordinator mode
 
     def servers_of(self, mode: str) -> list[WebhookProcess]:
         return self.servers.get(mode, [])
 
     def measured_groups(self) -> dict[str, list[int]]:
-        groups = {"apiserver + etcd": self.plane.pids}
+        # koord-manager runs as a component of the plane (its processes are among the plane's).
+        koord = {manager.pid for managers in self.koord_managers.values() for manager in managers}
+        groups = {"apiserver + etcd": [pid for pid in self.plane.pids if pid not in koord]}
         groups |= {GROUPS[mode][0]: [server.pid for server in servers] for mode, servers in self.servers.items()}
+        groups |= {GROUPS[mode][0]: [manager.pid for manager in managers]
+                   for mode, managers in self.koord_managers.items()}
         groups |= {GROUPS[mode][1]: [balancer.process.pid] for mode, balancer in self.balancers.items()}
         return groups
 
@@ -191,11 +212,14 @@ def burst_client(kubeconfig: Path, clients: int) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(k8s.ApiClient(configuration))
 
 
-def start_plane(work: Path, clients: int) -> Rig:
+def start_plane(work: Path, clients: int, modes: tuple[str, ...]) -> Rig:
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
-    install_elasticquota_crd(api)
+    if any(mode in KOORDINATOR for mode in modes):
+        install_koordinator_crds(api, locate_koordinator())  # its ElasticQuota CRD, as on its clusters
+    else:
+        install_elasticquota_crd(api)
     create_canonical_gpu_node(api.core, "bench-canonical")
     api.core.create_namespace({"metadata": {"name": LEDGER_NAMESPACE}})
     return Rig(plane, api, burst_client(plane.kubeconfig_path, clients))
@@ -225,6 +249,16 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
     for mode, (url, ca_bundle) in urls.items():
         register_webhook_configurations(rig.api, local_webhook_configurations(
             url, ca_bundle, name_suffix=f"-{mode}", namespace_selector={"matchLabels": {MODE_LABEL: mode}}))
+    labels = {mode: {MODE_LABEL: mode} for mode in KOORDINATOR}
+    if "koord" in modes:
+        rig.koord_managers["koord"] = [start_koord_manager(
+            rig.plane, rig.api, locate_koordinator(), feature_gates=KOORDINATOR_GATES, namespace_labels=labels["koord"],
+            name="koord-manager-bench")]
+    if "koord3" in modes:
+        replicas, balancer = start_koord_manager_replicas(
+            rig.plane, rig.api, locate_koordinator(), feature_gates=KOORDINATOR_GATES,
+            namespace_labels=labels["koord3"], name="koord-manager-bench3")
+        rig.koord_managers["koord3"], rig.balancers["koord3"] = replicas, balancer
 
 
 def stop_rig(rig: Rig | None, work: Path) -> None:
@@ -236,12 +270,12 @@ def stop_rig(rig: Rig | None, work: Path) -> None:
                 server.stop()
         rig.api.close()
         rig.plane.stop()
-    for directory in ("cp", *OURS):  # etcd's data, logs, certificates
+    for directory in ("cp", *OURS):  # etcd's data, logs, certificates (koord-manager's are under cp)
         shutil.rmtree(work / directory, ignore_errors=True)
 
 
 def create_namespace(api: Api, name: str, mode: str) -> None:
-    labels = {MODE_LABEL: mode} if mode in OURS else {}
+    labels = {MODE_LABEL: mode} if mode in OURS or mode in KOORDINATOR else {}
     api.core.create_namespace({"metadata": {"name": name, "labels": labels}})
 
 
@@ -255,12 +289,28 @@ def create_native_quota(api: Api, namespace: str, cards: int) -> None:
 
 
 def refused_for_quota(api: Api, namespace: str, quota: str, cards: int) -> bool:
-    """Whether a dry-run create of ``cards`` cards is refused for exceeding a quota (reserves nothing)."""
+    """Whether a dry-run create of ``cards`` cards is refused for exceeding a quota (reserves nothing, in
+    Koordinator's admission too: it charges a dry run it admits, not one it refuses)."""
     try:
         api.core.create_namespaced_pod(namespace, whole_card_pod("probe", quota, cards), dry_run="All")
     except ApiException as error:
-        return error.status == 403 and "exceeded quota" in str(error.body)
+        # 403 from ours and the apiserver's ResourceQuota; koord-manager answers its refusals with 400.
+        return error.status in (400, 403) and "exceeded quota" in str(error.body)
     return False
+
+
+def create_koordinator_quota(api: Api, namespace: str, name: str, cards: int, labels: dict[str, str]) -> None:
+    """A quota of ``cards`` nvidia.com/gpu, created once koord-manager's ElasticQuota webhook knows its
+    parent (a replica learns of a quota another one admitted through its watch)."""
+    def created() -> bool:
+        try:
+            create_quota(api, namespace, name, {VENDOR_GPU: str(cards)}, labels=labels)
+        except ApiException as error:
+            if "not find parentInfo" in str(error.body):
+                return False
+            raise
+        return True
+    eventually(created, f"quota {name} accepted")
 
 
 def admitted_dry_run(api: Api, namespace: str, quota: str) -> bool:
@@ -286,6 +336,16 @@ def prepare_burst_target(rig: Rig, mode: str, namespace: str, room: int, burst_s
     if mode == "native":
         create_native_quota(rig.api, namespace, room)
         target = Target(namespace, (namespace,), room)  # the label is the same pod's; nothing reads it here
+    elif mode in KOORDINATOR:
+        # The same tree in the pods' own name. No dry-run admission probe: koord-manager charges every
+        # dry run it admits (see refused_for_quota); a refused one shows it knows the leaf.
+        parent, leaves = f"org-{namespace}", (f"a-{namespace}", f"b-{namespace}")
+        create_koordinator_quota(rig.api, namespace, parent, room, {IS_PARENT_LABEL: "true"})
+        for leaf in leaves:
+            create_koordinator_quota(rig.api, namespace, leaf, burst_size, {PARENT_LABEL: parent})
+            eventually(lambda q=leaf: refused_for_quota(rig.api, namespace, q, burst_size + 1),
+                       f"{namespace} refuses {burst_size + 1} cards in {leaf}")
+        return Target(namespace, leaves, room)
     else:
         parent, leaves = f"org-{namespace}", (f"a-{namespace}", f"b-{namespace}")
         create_quota(rig.api, namespace, parent, {RATIO: str(100 * room)},
@@ -327,8 +387,8 @@ def create_one(core: k8s.CoreV1Api, namespace: str, body: dict[str, Any]) -> str
         response.read()
         response.release_conn()
     except ApiException as error:
-        if error.status == 403 and "exceeded quota" in str(error.body):
-            return "403 exceeded quota"
+        if error.status in (400, 403) and "exceeded quota" in str(error.body):
+            return f"{error.status} exceeded quota"
         return f"{error.status} {refusal_reason(error)}"
     return "stored"
 
@@ -369,6 +429,9 @@ def sequential_namespaces(rig: Rig, modes: tuple[str, ...], room: int) -> None:
         create_namespace(rig.api, namespace, mode)
         if mode == "native":
             create_native_quota(rig.api, namespace, room)
+        elif mode in KOORDINATOR:
+            create_koordinator_quota(rig.api, namespace, namespace, room, {})
+            eventually(lambda n=namespace: refused_for_quota(rig.api, n, n, room + 1), f"{namespace} refuses")
         elif mode in OURS:
             # bench/apiserver_overhead.py's pod charges the quota named after its namespace.
             create_quota(rig.api, namespace, namespace, {RATIO: str(100 * room)})
@@ -502,7 +565,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             args.baseline = baseline_checkout(args.baseline)
         except ValueError as error:
             parser.error(str(error))
-    available = KNOWN_MODES if args.baseline is not None else MODES
+    available = (*MODES, STRICT_BASELINE) if args.baseline is not None else MODES
     if args.modes is None:
         args.modes = available
     else:
@@ -537,7 +600,7 @@ def main(argv: list[str]) -> None:
     samples = Samples(modes)
     rig: Rig | None = None
     try:
-        rig = start_plane(work, args.clients)
+        rig = start_plane(work, args.clients, modes)
         start_servers(rig, work, modes, worker_args, args.baseline)
         sequential_namespaces(rig, modes, args.repetitions * args.cycles + WARMUP_CYCLES + 1)
         sequential_cycles(rig, modes, WARMUP_CYCLES, 0, shuffle)

@@ -168,18 +168,18 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
         before = {"min": _text(quota.min), "max": _text(quota.max)}
         new_min, new_max = converted[quota.name]
         if (quota in nested and update_resource_key_gate) or quota.name in keeps_vendor_keys:
-            union_max = {**quota.max, **{k: v for k, v in new_max.items() if k not in quota.max}}
+            union_min, union_max = _union(quota.min, new_min), _union(quota.max, new_max)
             steps.append(Step(quota.name, quota.namespace, "add-canonical", before,
-                              {"min": _text(quota.min), "max": _text(union_max)}))
+                              {"min": _text(union_min), "max": _text(union_max)}))
         else:
             steps.append(Step(quota.name, quota.namespace, "convert", before,
                               {"min": _text(new_min), "max": _text(new_max)}))
     if update_resource_key_gate:
         for quota in reversed([q for q in order if q in nested and q.name not in keeps_vendor_keys]):
             new_min, new_max = converted[quota.name]
-            union_max = {**quota.max, **{k: v for k, v in new_max.items() if k not in quota.max}}
+            union_min, union_max = _union(quota.min, new_min), _union(quota.max, new_max)
             steps.append(Step(quota.name, quota.namespace, "drop-legacy",
-                              {"min": _text(quota.min), "max": _text(union_max)},
+                              {"min": _text(union_min), "max": _text(union_max)},
                               {"min": _text(new_min), "max": _text(new_max)}))
     blocked.extend(_webhook_refusals(objects, steps, config))
     blocked.extend(_over_limit(objects, set(converted), config))
@@ -248,6 +248,15 @@ def _vendor_pods_note(quota: QuotaInfo, pods: list[str], kept: bool) -> dict[str
             "message": message}
 
 
+def _union(legacy: ResourceList, canonical: ResourceList) -> ResourceList:
+    """``legacy`` with the canonical keys it lacks added: the state between add-canonical and
+    drop-legacy. Min as well as max: Koordinator's ElasticQuota webhook requires a child's min keys
+    to be within its parent's on every update, whatever the gates (checkSubAndParentGroupQuotaKey in
+    pkg/webhook/elasticquota/quota_topology_check.go), so a child's canonical min must find the
+    canonical keys already in its parent's min when the child drops its legacy ones."""
+    return {**legacy, **{key: value for key, value in canonical.items() if key not in legacy}}
+
+
 def _tree_blocks(quotas: list[QuotaInfo], migrated: set[str]) -> list[Blocked]:
     """A quota to be migrated that does not fit in the tree (a repeated name, a missing parent, a
     parent cycle): where its step leaves it cannot be known, nor what Koordinator will say."""
@@ -312,7 +321,7 @@ def _revisit(objects: list[Mapping[str, Any]], config: ConversionConfig) -> list
 #
 # ``gpuquota migrate rollback`` undoes ``apply`` in the reverse of apply's order. Apply moves a
 # quota through at most three states: the original (s0), with the gate the union of legacy and
-# canonical max keys (s1, "add-canonical"), and the canonical spec (s2, "drop-legacy"/"convert").
+# canonical keys in max and min (s1, "add-canonical"), and the canonical spec (s2, "drop-legacy"/"convert").
 # Rollback walks the same states backwards: top-down "re-add-legacy" (s2 -> s1) for every quota of
 # a multi-level tree, then bottom-up "restore" (s1 -> s0, or s2 -> s0 for a single-step quota),
 # so the parent/child key relation holds at every step exactly as it did on the way forward.

@@ -102,14 +102,14 @@ def test_rollback_client_dry_run_prints_the_reverse_steps(monkeypatch: pytest.Mo
     assert (code, err) == (0, "")
     assert out.splitlines() == [
         "# step 1: re-add-legacy ElasticQuota org/org",
-        "-  min.koordinator.sh/gpu-core: 400", "-  min.koordinator.sh/gpu-memory-ratio: 400",
         "+  min.nvidia.com/gpu: 4", "+  max.nvidia.com/gpu: 4",
         "# step 2: re-add-legacy ElasticQuota team/team",
-        "-  min.koordinator.sh/gpu-core: 200", "-  min.koordinator.sh/gpu-memory-ratio: 200",
         "+  min.nvidia.com/gpu: 2", "+  max.nvidia.com/gpu: 2",
         "# step 3: restore ElasticQuota team/team",
+        "-  min.koordinator.sh/gpu-core: 200", "-  min.koordinator.sh/gpu-memory-ratio: 200",
         "-  max.koordinator.sh/gpu-core: 200", "-  max.koordinator.sh/gpu-memory-ratio: 200",
         "# step 4: restore ElasticQuota org/org",
+        "-  min.koordinator.sh/gpu-core: 400", "-  min.koordinator.sh/gpu-memory-ratio: 400",
         "-  max.koordinator.sh/gpu-core: 400", "-  max.koordinator.sh/gpu-memory-ratio: 400",
         "would apply step 1: re-add-legacy ElasticQuota org/org",
         "would apply step 2: re-add-legacy ElasticQuota team/team",

@@ -2,8 +2,9 @@
 
 The order the code intends (gpuquota_core/migration.py): legacy quotas top-down by depth (name
 breaks ties); with the gate, every quota of a multi-level tree first gets ``add-canonical``
-(legacy keys kept) top-down, and after all of those ``drop-legacy`` runs in exactly the reverse
-order (children before parents). Quotas outside such a tree get one ``convert`` step in place.
+(legacy keys kept, canonical ones added to max and min) top-down, and after all of those
+``drop-legacy`` runs in exactly the reverse order (children before parents). Quotas outside such
+a tree get one ``convert`` step in place.
 """
 
 from __future__ import annotations
@@ -89,13 +90,14 @@ def test_gate_on_before_and_after_of_every_phase() -> None:
     steps = {(s.phase, s.quota): s for s in plan_migration(TREE, update_resource_key_gate=True).steps}
     add_org, drop_org = steps[("add-canonical", "org")], steps[("drop-legacy", "org")]
     assert add_org.before == {"min": {"nvidia.com/gpu": "4"}, "max": {"nvidia.com/gpu": "8"}}
-    # add-canonical: legacy keys kept in max and min untouched, canonical max keys added.
-    assert add_org.after == {"min": {"nvidia.com/gpu": "4"}, "max": canonical("800", **{"nvidia.com/gpu": "8"})}
+    # add-canonical: legacy keys kept, canonical keys added to max and to min.
+    assert add_org.after == {"min": canonical("400", **{"nvidia.com/gpu": "4"}),
+                             "max": canonical("800", **{"nvidia.com/gpu": "8"})}
     # drop-legacy starts where add-canonical ended and ends fully canonical (min too).
     assert drop_org.before == add_org.after
     assert drop_org.after == {"min": canonical("400"), "max": canonical("800")}
     drop_a = steps[("drop-legacy", "team-a")]
-    assert drop_a.before == {"min": {"nvidia.com/gpu": "500m"},
+    assert drop_a.before == {"min": canonical("50", **{"nvidia.com/gpu": "500m"}),
                              "max": canonical("300", cpu="8", **{"nvidia.com/gpu": "3"})}
     assert drop_a.after == {"min": canonical("50"), "max": canonical("300", cpu="8")}
     assert steps[("convert", "solo")].after == {"min": {}, "max": canonical("100")}
@@ -112,6 +114,22 @@ def test_gate_on_keeps_child_max_keys_within_the_parent_at_every_step() -> None:
         for child, parent in parent_of.items():
             assert keys[child] - {"cpu"} <= keys[parent], (step, child)
     assert {name: keys[name] - {"cpu"} for name in parent_of} == {name: {CORE, RATIO} for name in parent_of}
+
+
+def test_gate_on_keeps_child_min_keys_within_the_parent_at_every_step() -> None:
+    # Koordinator's webhook checks min keys child-within-parent on every update, gate or not: a
+    # child's drop-legacy (canonical min only) needs the canonical keys already in its parent's min.
+    plan = plan_migration(TREE, update_resource_key_gate=True)
+    parent_of = {"dept": "org", "team-a": "dept", "team-b": "dept"}
+    keys = {o["metadata"]["name"]: set(o["spec"].get("min", {})) for o in TREE}
+    # Where it held before the migration (TREE's dept has no min, which that webhook would refuse).
+    held = {child: parent for child, parent in parent_of.items() if keys[child] <= keys[parent]}
+    assert held == {"dept": "org", "team-b": "dept"}
+    for step in plan.steps:
+        assert set(step.before["min"]) == keys[step.quota]
+        keys[step.quota] = set(step.after["min"])
+        for child, parent in held.items():
+            assert keys[child] <= keys[parent], (step, child)
 
 
 def test_gate_off_blocks_the_tree_and_lists_its_quotas_top_down() -> None:
@@ -217,8 +235,8 @@ def at(obj: dict[str, Any], spec: dict[str, dict[str, str]] | None, in_progress:
 
 ORG = eq("org", "ops", {"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "4"}, is_parent=True)
 TEAM = eq("team", "team", {"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "2"}, parent="org")
-ORG_UNION = {"min": {"nvidia.com/gpu": "4"}, "max": canonical("800", **{"nvidia.com/gpu": "8"})}
-TEAM_UNION = {"min": {"nvidia.com/gpu": "2"}, "max": canonical("400", **{"nvidia.com/gpu": "4"})}
+ORG_UNION = {"min": canonical("400", **{"nvidia.com/gpu": "4"}), "max": canonical("800", **{"nvidia.com/gpu": "8"})}
+TEAM_UNION = {"min": canonical("200", **{"nvidia.com/gpu": "2"}), "max": canonical("400", **{"nvidia.com/gpu": "4"})}
 ORG_DONE = {"min": canonical("400"), "max": canonical("800")}
 TEAM_DONE = {"min": canonical("200"), "max": canonical("400")}
 

@@ -139,6 +139,32 @@ def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
     assert all(cell.startswith("3 of 3 at the ancestor; leaves ") for cell in room[2:]), room
 
 
+def test_production_shape_measures_koordinators_own_quota_admission() -> None:
+    # koord-manager with EnableQuotaAdmission, one replica and three behind HAProxy, beside native.
+    output = run_script(["bench/production_shape.py", "--repetitions", "1", "--bursts", "1", "--cycles", "3",
+                         "--burst-size", "10", "--clients", "4", "--room", "3", "--modes", "none,native,koord,koord3"])
+    figures, by_group = output.split("CPU per admitted pod by process group")
+    [header] = table_rows(figures, "")
+    assert header[1:] == ["native ResourceQuota (`requests.nvidia.com/gpu`)",
+                          "Koordinator (koord-manager, EnableQuotaAdmission), 1 replica",
+                          "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy"], header
+    rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    overhead, rate, refused, room, cpu = ([cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows)
+    assert all(re.fullmatch(r"[+-]\d+\.\d\d \(.*native\)", cell) for cell in overhead[2:]), overhead
+    assert all(float(cell.split()[0]) > 0 for cell in rate[1:]), rate
+    assert refused[1:] == ["0, 0; 0 of 1 bursts"] * 3, refused
+    # Its admission checks the leaf only: both leaves have room for the burst, so the parent's room
+    # of 3 holds nothing back and all 10 are stored.
+    assert room[1] == "3 of 3 (the namespace's ResourceQuota)"
+    assert all(cell.startswith("10 of 3 at the ancestor; leaves ") for cell in room[2:]), room
+    assert all(float(cell.split()[0]) >= 0 for cell in cpu[1:]), cpu
+    [group_header] = table_rows(by_group, "")
+    assert group_header[1:] == ["apiserver + etcd", "koord-manager", "koord-manager replicas",
+                                "koord-manager's HAProxy"], group_header
+    [replicas] = table_rows(by_group, "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy")
+    assert float(replicas[3]) > 0, replicas  # its own replicas did its admissions
+
+
 def test_production_shape_measures_a_baseline_checkout_beside_strict(tmp_path: Path) -> None:
     # This commit as its own baseline, exported (not a worktree: nothing is left registered in the repository).
     baseline = tmp_path / "baseline"

@@ -208,9 +208,8 @@ def test_rollback_dry_runs_store_nothing(kubeconfig_path: Path, api: Api, legacy
         f"would apply step 4: restore ElasticQuota {namespace}/{parent}",
     ]
     if mode == "client":
-        # Back to the union state of apply's add-canonical step: legacy min, both families in max.
-        assert lines[:5] == [f"# step 1: re-add-legacy ElasticQuota {namespace}/{parent}",
-                             "-  min.koordinator.sh/gpu-core: 400", "-  min.koordinator.sh/gpu-memory-ratio: 400",
+        # Back to the union state of apply's add-canonical step: both families in min and in max.
+        assert lines[:3] == [f"# step 1: re-add-legacy ElasticQuota {namespace}/{parent}",
                              "+  min.nvidia.com/gpu: 4", "+  max.nvidia.com/gpu: 8"]
     assert [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)] == versions
 
