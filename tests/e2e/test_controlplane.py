@@ -64,7 +64,10 @@ def test_gpu_node_advertises_gpus_in_status(api: Api, gpu_node: GpuNodeFactory) 
 
 
 def test_elasticquota_round_trips(api: Api, elasticquota_crd: k8s.V1CustomResourceDefinition, namespace: str) -> None:
-    assert elasticquota_crd.spec.names.short_names == ["eq", "eqs"]
+    # Koordinator's CRD, as on a cluster running it (ours, for clusters without Koordinator, adds the
+    # short names eq/eqs: tests/e2e/test_manifests.py).
+    assert elasticquota_crd.metadata.annotations["controller-gen.kubebuilder.io/version"]
+    assert elasticquota_crd.spec.names.short_names is None
     conditions = {c.type: c.status for c in elasticquota_crd.status.conditions}
     assert conditions["Established"] == "True"
 
