@@ -91,7 +91,12 @@ from controlplane import (  # noqa: E402
     make_api,
 )
 from koordinator import install_koordinator_crds, locate_koordinator  # noqa: E402
-from koordmanager import KoordManager, start_koord_manager, start_koord_manager_replicas  # noqa: E402
+from koordmanager import (  # noqa: E402
+    KoordManager,
+    create_quota_once_parent_known,
+    start_koord_manager,
+    start_koord_manager_replicas,
+)
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
@@ -300,17 +305,8 @@ def refused_for_quota(api: Api, namespace: str, quota: str, cards: int) -> bool:
 
 
 def create_koordinator_quota(api: Api, namespace: str, name: str, cards: int, labels: dict[str, str]) -> None:
-    """A quota of ``cards`` nvidia.com/gpu, created once koord-manager's ElasticQuota webhook knows its
-    parent (a replica learns of a quota another one admitted through its watch)."""
-    def created() -> bool:
-        try:
-            create_quota(api, namespace, name, {VENDOR_GPU: str(cards)}, labels=labels)
-        except ApiException as error:
-            if "not find parentInfo" in str(error.body):
-                return False
-            raise
-        return True
-    eventually(created, f"quota {name} accepted")
+    """A quota of ``cards`` nvidia.com/gpu (its admission counts names as written)."""
+    create_quota_once_parent_known(api, namespace, name, {VENDOR_GPU: str(cards)}, labels=labels)
 
 
 def admitted_dry_run(api: Api, namespace: str, quota: str) -> bool:

@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-scheduler and kube-controller-manager from the Go module proxy
-# into .cache/control-plane/<key>/, where <key> hashes the tools modules' go.mod + go.sum and this
-# script: an unchanged pin reuses the binaries, a changed one (or a fresh clone) rebuilds. The three
-# kube-* binaries come from the one k8s.io/kubernetes pin in tools/kube, so they are the same release.
-# Prints the directory holding the binaries.
+# into .cache/control-plane/<key>/ (hack/lib/cached-build.sh: <key> hashes the tools modules' go.mod
+# + go.sum and the scripts). The three kube-* binaries come from the one k8s.io/kubernetes pin in
+# tools/kube, so they are the same release. Prints the directory holding the binaries.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/hack/lib/cached-build.sh"
 export GOTOOLCHAIN=local CGO_ENABLED=0
 K8S_VERSION=v1.36.3
 KUBE_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager)
 BINARIES=(etcd "${KUBE_BINARIES[@]}")
-
-key=$(cat "$root"/tools/kube/go.mod "$root"/tools/kube/go.sum \
-          "$root"/tools/etcd/go.mod "$root"/tools/etcd/go.sum "$0" | sha256sum | cut -c1-16)
-cache="$root/.cache/control-plane"
-out="$cache/$key"
 
 all_built() {
   local binary
@@ -23,32 +18,15 @@ all_built() {
   done
 }
 
-if all_built "$out"; then
-  echo "$out"; exit 0
-fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "build-control-plane: go is not installed; cannot build ${BINARIES[*]}" >&2
-  exit 1
-fi
-mkdir -p "$cache"
-# make, pytest and people may start this at the same moment; one builds, the others then reuse it.
-exec 9>"$cache/.lock"
-flock 9
-if all_built "$out"; then
-  echo "$out"; exit 0
-fi
-# A binary left over from an earlier failed run must not pass for this run's output.
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
-log="$cache/build-$key.log"
-status=0
+begin_cached_build control-plane "$root"/tools/kube/go.mod "$root"/tools/kube/go.sum \
+  "$root"/tools/etcd/go.mod "$root"/tools/etcd/go.sum
 {
   echo "# $(date -u +%FT%TZ) $(go version) on $(nproc) cores"
   cd "$root/tools/etcd"
   echo "## etcd"
   # Full compiler output stays in the log: Go's diagnostics ("file.go:1:2: undefined: x") do not
   # contain a fixed word that a filter could keep.
-  /usr/bin/time -v go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3 || status=1
+  /usr/bin/time -v go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3 || status=1
   cd "$root/tools/kube"
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1"
   ldflags="$ldflags -X k8s.io/component-base/version.gitMinor=36 -X k8s.io/component-base/version.gitTreeState=clean"
@@ -57,20 +35,13 @@ status=0
   # are compiled once and come from the build cache for the next.
   for binary in "${KUBE_BINARIES[@]}"; do
     echo "## $binary"
-    /usr/bin/time -v go build -trimpath -ldflags "$ldflags" -o "$out.tmp/$binary" "k8s.io/kubernetes/cmd/$binary" || status=1
+    /usr/bin/time -v go build -trimpath -ldflags "$ldflags" -o "$tmp/$binary" "k8s.io/kubernetes/cmd/$binary" || status=1
   done
-  ls -l "$out.tmp"
+  ls -l "$tmp"
   if [ "$status" -eq 0 ]; then
     for binary in "${BINARIES[@]}"; do
-      "$out.tmp/$binary" --version || status=1
+      "$tmp/$binary" --version || status=1
     done
   fi
 } >"$log" 2>&1 || status=1
-if [ "$status" -ne 0 ] || ! all_built "$out.tmp"; then
-  echo "build-control-plane: build failed, see $log:" >&2
-  cat "$log" >&2
-  exit 1
-fi
-rm -rf "$out"; mv "$out.tmp" "$out"
-cp "$log" "$out/build.log"
-echo "$out"
+finish_cached_build

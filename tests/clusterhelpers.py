@@ -34,12 +34,18 @@ def eventually(condition: Callable[[], bool], what: str, deadline: float = 20.0)
 
 
 def create_quota(api: Api, namespace: str, name: str, max_: Mapping[str, str], *,
-                 labels: Mapping[str, str] | None = None) -> None:
+                 min_: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None) -> None:
     api.custom.create_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace,
                                                ELASTICQUOTA_PLURAL, {
         "apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-        "spec": {"max": dict(max_), "min": {}}})
+        "spec": {"max": dict(max_), "min": dict(min_ or {})}})
+
+
+def read_quota(api: Api, namespace: str, name: str) -> dict[str, Any]:
+    quota: dict[str, Any] = api.custom.get_namespaced_custom_object(
+        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, name)
+    return quota
 
 
 def whole_card_pod(name: str, quota: str, cards: int = 1) -> dict[str, Any]:

@@ -86,8 +86,11 @@ class Binaries:
         return (self.etcd, self.kube_apiserver, self.kube_scheduler, self.kube_controller_manager)
 
 
-def locate_binaries(build_script: Path = BUILD_SCRIPT) -> Binaries:
-    """Run the (cached) build and return where it put the binaries."""
+def run_build_script(build_script: Path) -> Path:
+    """Run a (cached) build script of hack/ and return the directory it printed last.
+
+    BuildUnavailableError when it fails and no Go toolchain exists: the only case a local run may skip.
+    """
     try:
         result = subprocess.run(
             [str(build_script)],
@@ -110,7 +113,12 @@ def locate_binaries(build_script: Path = BUILD_SCRIPT) -> Binaries:
     lines = result.stdout.strip().splitlines()
     if not lines:
         raise ControlPlaneError(f"{build_script} printed no directory")
-    directory = Path(lines[-1])
+    return Path(lines[-1])
+
+
+def locate_binaries(build_script: Path = BUILD_SCRIPT) -> Binaries:
+    """Run the (cached) build and return where it put the binaries."""
+    directory = run_build_script(build_script)
     binaries = Binaries(
         etcd=directory / "etcd",
         kube_apiserver=directory / "kube-apiserver",

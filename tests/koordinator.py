@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,13 +21,12 @@ from typing import Any
 
 import yaml
 from controlplane import (
-    BUILD_TIMEOUT,
     REPO_ROOT,
     Api,
-    BuildUnavailableError,
     ControlPlane,
     ControlPlaneError,
     free_ports,
+    run_build_script,
     wait_for_crd_established,
 )
 from kubernetes import client as k8s
@@ -86,22 +83,7 @@ class KoordinatorBuild:
 
 def locate_koordinator(build_script: Path = BUILD_SCRIPT) -> KoordinatorBuild:
     """Run the (cached) build and return where it put koord-scheduler, koord-manager and the config."""
-    try:
-        result = subprocess.run([str(build_script)], cwd=REPO_ROOT, stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=BUILD_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise ControlPlaneError(f"{build_script} did not finish within {BUILD_TIMEOUT:.0f}s") from exc
-    except OSError as exc:
-        raise ControlPlaneError(f"cannot run {build_script}: {exc}") from exc
-    if result.returncode != 0:
-        message = f"{build_script} failed (exit {result.returncode}):\n{result.stderr.strip()}"
-        if shutil.which("go") is None:
-            raise BuildUnavailableError(message)
-        raise ControlPlaneError(message)
-    lines = result.stdout.strip().splitlines()
-    if not lines:
-        raise ControlPlaneError(f"{build_script} printed no directory")
-    build = KoordinatorBuild(Path(lines[-1]))
+    build = KoordinatorBuild(run_build_script(build_script))
     for binary in (build.koord_scheduler, build.koord_manager):
         if not os.access(binary, os.X_OK):
             raise ControlPlaneError(f"{build_script} reported {build.directory}, but {binary} is not executable")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from clusterhelpers import create_quota
 from controlplane import LOOPBACK, Api, ControlPlane, free_ports
 from koordinator import KOORDINATOR_NAMESPACE, KoordinatorBuild, ensure_namespace, feature_gates_flag, wait_for
 from kubernetes import client as k8s
@@ -317,3 +318,21 @@ def stored_configurations(api: Api, manager: KoordManager) -> tuple[dict[str, An
         api.admissionregistration.read_validating_webhook_configuration(manager.validating_configuration))
     return dict(mutating), dict(validating)
 
+
+def create_quota_once_parent_known(api: Api, namespace: str, name: str, max_: Mapping[str, str], *,
+                                   min_: Mapping[str, str] | None = None,
+                                   labels: Mapping[str, str] | None = None) -> None:
+    """Create an ElasticQuota once koord-manager's ElasticQuota webhook knows its parent: a replica
+    judges a child against a topology fed by its own watch, and refuses it ("not find parentInfo")
+    until the parent another replica admitted has arrived there."""
+    def created() -> bool:
+        try:
+            create_quota(api, namespace, name, max_, min_=min_, labels=labels)
+        except ApiException as error:
+            if "not find parentInfo" in str(error.body):
+                return False
+            raise
+        return True
+
+    parent = (labels or {}).get("quota.scheduling.koordinator.sh/parent", "the root")
+    wait_for(created, f"quota {name} accepted under {parent}")

@@ -11,7 +11,6 @@ and one with the label and our opt-out label by theirs alone.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import uuid
@@ -28,13 +27,10 @@ from admissionchain import (
     wait_until_webhook_is_called,
 )
 from click.testing import CliRunner
+from clusterhelpers import create_quota, read_quota
 from controlplane import (
-    ELASTICQUOTA_GROUP,
-    ELASTICQUOTA_PLURAL,
-    ELASTICQUOTA_VERSION,
     Api,
     Binaries,
-    BuildUnavailableError,
     ControlPlane,
     create_gpu_node,
     make_api,
@@ -45,11 +41,16 @@ from koordinator import (
     create_gpu_device,
     install_koordinator_crds,
     koordinator_allocatable,
-    locate_koordinator,
     quota_annotation,
     wait_for,
 )
-from koordmanager import GPU_SHARED, KoordManager, start_koord_manager, stored_configurations
+from koordmanager import (
+    GPU_SHARED,
+    KoordManager,
+    create_quota_once_parent_known,
+    start_koord_manager,
+    stored_configurations,
+)
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from webhookproc import WebhookProcess
@@ -88,16 +89,6 @@ ROOMY_MAX = {"cpu": "1000", GPU_CORE: "1000000"}
 
 
 # -- the cluster ---------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def koordinator_build() -> KoordinatorBuild:
-    try:
-        return locate_koordinator()
-    except BuildUnavailableError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no koord-manager and no Go to build it: {str(exc).splitlines()[-1]}")
-
 
 @pytest.fixture(scope="module")
 def plane(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
@@ -160,22 +151,6 @@ def make_namespace(api: Api, scenario: str | None, *, ours_too: bool = True) -> 
     name = f"{'ours' if scenario is None else scenario[:12]}-{uuid.uuid4().hex[:8]}"
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels)))
     return name
-
-
-def create_quota(api: Api, namespace: str, name: str, max_: Mapping[str, str], *,
-                 min_: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    body = {"apiVersion": f"{ELASTICQUOTA_GROUP}/{ELASTICQUOTA_VERSION}", "kind": "ElasticQuota",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
-            "spec": {"max": dict(max_), **({"min": dict(min_)} if min_ else {})}}
-    created: dict[str, Any] = api.custom.create_namespaced_custom_object(
-        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, body)
-    return created
-
-
-def read_quota(api: Api, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = api.custom.get_namespaced_custom_object(
-        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, name)
-    return found
 
 
 def their_admission_knows(kapi: Api, scenario: str, quota: str, over: Mapping[str, str]) -> None:
@@ -523,17 +498,8 @@ def legacy_tree(kapi: Api, namespace: str, levels: Sequence[tuple[int, int]]) ->
         if names:
             labels[PARENT_LABEL] = names[-1]
 
-        def created(name: str = name, labels: dict[str, str] = labels, cards: tuple[int, int] = (cards_max, cards_min)
-                    ) -> bool:
-            try:
-                create_quota(kapi, namespace, name, {"nvidia.com/gpu": str(cards[0])},
-                             min_={"nvidia.com/gpu": str(cards[1])}, labels=labels)
-            except ApiException as exc:
-                if "not find parentInfo" in str(exc.body):
-                    return False
-                raise
-            return True
-        wait_for(created, f"quota {name} accepted under {names[-1] if names else 'the root'}")
+        create_quota_once_parent_known(kapi, namespace, name, {"nvidia.com/gpu": str(cards_max)},
+                                       min_={"nvidia.com/gpu": str(cards_min)}, labels=labels)
         names.append(name)
     return names
 
