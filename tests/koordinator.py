@@ -32,6 +32,8 @@ from controlplane import (
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from gpuquota_core.quantity import Quantity
+
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-koordinator.sh"
 KOORD_SCHEDULER_NAME = "koord-scheduler"
 # Where koord-scheduler creates its root, system and default quotas (ElasticQuotaArgs default).
@@ -198,8 +200,6 @@ def koordinator_allocatable(gpus: Sequence[Gpu]) -> dict[str, str]:
     """What koord-manager's GPUDeviceResource plugin writes into a node's allocatable for these GPUs:
     100 gpu-core and 100 gpu-memory-ratio per healthy card, their memory summed, and the legacy
     ``koordinator.sh/gpu`` equal to gpu-core (NVIDIA or no vendor label)."""
-    from gpuquota_core.quantity import Quantity
-
     healthy = [gpu for gpu in gpus if gpu.healthy]
     memory = sum((Quantity.parse(gpu.memory) for gpu in healthy), Quantity.parse("0"))
     return {GPU_CORE: str(100 * len(healthy)), GPU_MEMORY_RATIO: str(100 * len(healthy)),
