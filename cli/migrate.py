@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,10 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
     Exits 1 when any step is blocked (what blocks it comes first), as `apply` would write nothing.
     """
     _check_modes(update_resource_key_gate, all_at_once)
-    objects = objects_or_fail(paths, nothing_to="plan") if paths else _live_objects(kubeconfig, context)
-    result = _plan(objects, update_resource_key_gate, all_at_once)
+    origins: dict[int, str] = {}
+    objects = (objects_or_fail(paths, nothing_to="plan", origins=origins) if paths
+               else _live_objects(kubeconfig, context))
+    result = _plan(objects, update_resource_key_gate, all_at_once, lambda obj: origins.get(id(obj)))
     nothing = _nothing_to_migrate(result, objects, "the input" if paths else "the cluster")
     if fmt != "diff":
         click.echo(document(result.as_dict(), fmt))
@@ -78,6 +80,8 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
         _print_blocked(result)
         _print_steps(result.steps, result.blocked_quotas())
         _print_window_and_revisit(result)
+        for note in result.notes:
+            click.echo(f"NOTE: {note}")
         if nothing:
             click.echo(nothing)
     if result.blocked:
@@ -117,11 +121,10 @@ def _print_window_and_revisit(result: Plan) -> None:
         click.echo(f"REVISIT: {item['kind']} {item['namespace']}/{item['name']}: {item['message']}")
 
 
-def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False) -> Plan:
-    try:
-        return plan_migration(objects, gate, all_at_once=all_at_once)
-    except QuotaShapeError as error:
-        raise CommandError(str(error)) from None
+def _plan(objects: list[dict[str, Any]], gate: bool, all_at_once: bool = False,
+          origin: Callable[[Mapping[str, Any]], str | None] | None = None) -> Plan:
+    # An unreadable ElasticQuota is a blocked entry of the plan, not an error: the others are still shown.
+    return plan_migration(objects, gate, all_at_once=all_at_once, origin=origin)
 
 
 def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str, Any]]:

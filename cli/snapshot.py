@@ -13,6 +13,7 @@ from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
+from gpuquota_core.unjudged import ADMISSION_REVIEW
 
 from . import hints
 from .errors import CommandError, cluster_error
@@ -65,9 +66,13 @@ def conversion_config(path: Path | None) -> ConversionConfig:
 
 
 def from_files(paths: Iterable[str], nothing_to: str) -> Snapshot:
-    """The cluster the files hold; files that hold no object at all are refused (see cli/inputs.py)."""
-    objects = objects_or_fail(tuple(paths), nothing_to)
-    return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False)
+    """The cluster the files hold; files that hold no object at all are refused (see cli/inputs.py).
+    An AdmissionReview is no part of a cluster: left out with a note naming its file, never silently."""
+    origins: dict[int, str] = {}
+    objects = objects_or_fail(tuple(paths), nothing_to, origins=origins)
+    notes = [f"{origins.get(id(o), '<input>')}: AdmissionReview left out: {ADMISSION_REVIEW}"
+             for o in objects if o.get("kind") == "AdmissionReview"]
+    return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False, notes=notes)
 
 
 def from_cluster(kubeconfig: str | None, context: str | None, *, with_ledgers: bool = True) -> Snapshot:

@@ -22,17 +22,19 @@ from .pod_records import pod_is_counted, pod_record
 from .podspec import CONTAINER_KINDS, PodShapeError, mapping_or_empty, parse_resource_list
 from .quantity import ZERO, Quantity, QuantityError
 from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, review_quota_object
-from .quota_integrity import tree_problems
+from .quota_integrity import PARENT_MISSING, tree_problems
 from .quota_objects import (
     PARENT_LABEL,
     ROOT_QUOTA,
     QuotaInfo,
+    QuotaShapeError,
     canonical_resource_list,
     legacy_gpu_names,
     quota_from_object,
 )
 from .quota_tree import QuotaTree
 from .resources import VENDOR_WHOLE_GPU_NAMES, ResourceList, format_names
+from .unjudged import ADMISSION_REVIEW
 from .usage_index import UsageIndex
 
 # Written by ``gpuquota migrate apply``: the spec before the first migration step (for rollback),
@@ -70,6 +72,9 @@ OVER_LIMIT = "over-limit"  # usage already exceeds the canonical limit the step 
 TREE_ID = "tree-id"  # all-at-once: a quota with a tree id cannot be detached
 KOORDINATOR_REFUSES = "koordinator-refuses"  # Koordinator's ElasticQuota webhook would refuse the step
 REFUSED_BY_WEBHOOK = "refused-by-webhook"  # gpuquota's own ElasticQuota webhook would refuse the step
+# An ElasticQuota that cannot be read: its place in the tree and its step are unknown, so no plan
+# over the objects given can be trusted; the readable quotas are still planned, to show the rest.
+UNREADABLE_QUOTA = "unreadable-quota"
 # Not a block: a quota keeps its vendor keys beside the canonical ones while pods charged to it still
 # store vendor names (a ``revisit`` entry says so; re-planning once they are replaced finishes it).
 VENDOR_PODS_RUNNING = "vendor-pods-running"
@@ -86,9 +91,11 @@ class Blocked:
     namespace: str
     reason: str
     message: str
+    file: str | None = None  # the manifest the quota was read from, where known
 
     def as_dict(self) -> dict[str, str]:
-        return {"quota": self.quota, "namespace": self.namespace, "reason": self.reason, "message": self.message}
+        result = {"quota": self.quota, "namespace": self.namespace, "reason": self.reason, "message": self.message}
+        return {**result, "file": self.file} if self.file else result
 
 
 @dataclass(slots=True)
@@ -98,6 +105,8 @@ class Plan:
     revisit: list[dict[str, Any]] = field(default_factory=list)  # workloads / ResourceQuotas to update
     # --all-at-once only: which steps form the maintenance window and which limits do not hold during it.
     window: list[str] = field(default_factory=list)
+    # Objects given that the plan does not take into account, and why (an AdmissionReview): never silence.
+    notes: list[str] = field(default_factory=list)
 
     def blocked_quotas(self) -> set[str]:
         return {entry.quota for entry in self.blocked}
@@ -107,6 +116,8 @@ class Plan:
                                   "blocked": [b.as_dict() for b in self.blocked], "revisit": self.revisit}
         if self.window:
             result["window"] = self.window
+        if self.notes:
+            result["notes"] = self.notes
         return result
 
 
@@ -123,13 +134,82 @@ def _depth(quota: QuotaInfo, by_name: Mapping[str, QuotaInfo]) -> int:
     return depth
 
 
+Origin = Callable[[Mapping[str, Any]], str | None]
+
+
 def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gate: bool = False,
-                   config: ConversionConfig = DEFAULT_CONFIG, all_at_once: bool = False) -> Plan:
+                   config: ConversionConfig = DEFAULT_CONFIG, all_at_once: bool = False,
+                   origin: Origin | None = None) -> Plan:
     """The steps of the migration. ``all_at_once`` (gate off only): the detach/convert/reattach
-    procedure for multi-level trees instead of a blocked plan (see ``sequence_all_at_once``)."""
-    objects = list(objects)
+    procedure for multi-level trees instead of a blocked plan (see ``sequence_all_at_once``).
+
+    An ElasticQuota that cannot be read is an ``unreadable-quota`` entry of ``blocked`` and the
+    others are planned without it; an AdmissionReview is a note. ``origin`` names the file an
+    object was read from, for both.
+    """
+    objects, unreadable = _readable_objects(objects, origin)
+    notes = _not_planned(objects, origin)
     if all_at_once and not update_resource_key_gate:
-        return _plan_all_at_once(objects, config)
+        plan = _plan_all_at_once(objects, config)
+    else:
+        plan = _plan_step_by_step(objects, update_resource_key_gate, config)
+    plan.blocked[:0] = unreadable
+    plan.notes.extend(notes)
+    unreadable_names = {entry.quota for entry in unreadable if entry.quota}
+    if unreadable_names:
+        # Left out of the tree, an unreadable parent would read as a missing one: say what it is.
+        parents = {info.name: info.parent for info in (quota_from_object(o) for o in objects
+                                                       if o.get("kind") == "ElasticQuota")}
+        plan.blocked = [_below_unreadable(entry, parents[entry.quota])
+                        if entry.reason == PARENT_MISSING and parents.get(entry.quota) in unreadable_names else entry
+                        for entry in plan.blocked]
+    return plan
+
+
+def _readable_objects(objects: Iterable[Mapping[str, Any]],
+                      origin: Origin | None) -> tuple[list[Mapping[str, Any]], list[Blocked]]:
+    """The objects without the ElasticQuotas that cannot be read, and a block naming each of those."""
+    readable: list[Mapping[str, Any]] = []
+    blocked: list[Blocked] = []
+    for obj in objects:
+        if obj.get("kind") == "ElasticQuota":
+            try:
+                quota_from_object(obj)
+            except QuotaShapeError as error:
+                blocked.append(_unreadable_block(obj, error, origin(obj) if origin is not None else None))
+                continue
+        readable.append(obj)
+    return readable, blocked
+
+
+def _unreadable_block(obj: Mapping[str, Any], error: QuotaShapeError, file: str | None) -> Blocked:
+    namespace, name = _key(obj)
+    ref = f"{namespace}/{name or '?'}" if namespace else (name or "?")
+    # quota_from_object starts most messages with the name; the reference here already says it.
+    detail = str(error).removeprefix(f"ElasticQuota {name}: ").removeprefix(f"{name}: ") if name else str(error)
+    where = f"{file}: " if file else ""
+    return Blocked(name, namespace, UNREADABLE_QUOTA,
+                   f"{where}ElasticQuota {ref} cannot be read: {detail}; where it sits in the tree and what its step "
+                   "would be are unknown, so no plan over these quotas can be trusted: fix it and re-plan", file)
+
+
+def _below_unreadable(entry: Blocked, parent: str) -> Blocked:
+    return Blocked(entry.quota, entry.namespace, UNREADABLE_QUOTA,
+                   f"ElasticQuota {entry.namespace}/{entry.quota} is below {parent}, an ElasticQuota that cannot be "
+                   "read: its step cannot be judged until that quota is fixed")
+
+
+def _not_planned(objects: Iterable[Mapping[str, Any]], origin: Origin | None) -> list[str]:
+    notes = []
+    for obj in objects:
+        if obj.get("kind") == "AdmissionReview":
+            file = origin(obj) if origin is not None else None
+            notes.append(f"{f'{file}: ' if file else ''}AdmissionReview not planned: {ADMISSION_REVIEW}")
+    return notes
+
+
+def _plan_step_by_step(objects: list[Mapping[str, Any]], update_resource_key_gate: bool,
+                       config: ConversionConfig) -> Plan:
     quotas = [quota_from_object(o) for o in objects if o.get("kind") == "ElasticQuota"]
     by_name = {q.name: q for q in quotas}
     legacy = [q for q in quotas if legacy_gpu_names(set(q.min) | set(q.max))]

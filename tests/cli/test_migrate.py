@@ -197,3 +197,46 @@ def test_a_missing_parent_blocks_the_plan_and_exits_1(tmp_path: Path) -> None:
     [blocked] = json.loads(result.stdout)["blocked"]
     assert {key: blocked[key] for key in ("quota", "namespace", "reason")} == {
         "quota": "team", "namespace": "team", "reason": "quota-parent-missing"}
+
+
+# -- an unreadable ElasticQuota: blocked, named with its file; the others still planned ------------
+
+UNREADABLE = {"kind": "ElasticQuota", "metadata": {"name": "broken", "namespace": "lab"},
+              "spec": {"max": {"nvidia.com/gpu": "lots"}}}
+UNREADABLE_LINE = ("ElasticQuota lab/broken cannot be read: spec.max[nvidia.com/gpu]: quantities must match the "
+                   "regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': 'lots'; where it sits in the "
+                   "tree and what its step would be are unknown, so no plan over these quotas can be trusted: fix it "
+                   "and re-plan [unreadable-quota]")
+
+
+def test_an_unreadable_quota_blocks_the_plan_and_the_others_are_still_shown(tmp_path: Path) -> None:
+    (tmp_path / "tree.yaml").write_text(yaml.safe_dump_all(TREE))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(UNREADABLE))
+
+    result = CliRunner().invoke(cli, ["migrate", "plan", "--update-resource-key-gate", "-f", str(tmp_path)])
+
+    assert (result.exit_code, result.stderr) == (1, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"BLOCKED: {broken}: {UNREADABLE_LINE}"
+    assert [line for line in lines if line.startswith("# step")] == [
+        "# step 1: add-canonical ElasticQuota org/org", "# step 2: add-canonical ElasticQuota team/team",
+        "# step 3: drop-legacy ElasticQuota team/team", "# step 4: drop-legacy ElasticQuota org/org"]
+    result = CliRunner().invoke(cli, ["migrate", "plan", "--update-resource-key-gate", "-f", str(tmp_path),
+                                      "-o", "json"])
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    assert [{key: b[key] for key in ("quota", "namespace", "reason", "file")} for b in document["blocked"]] == [
+        {"quota": "broken", "namespace": "lab", "reason": "unreadable-quota", "file": str(broken)}]
+    assert len(document["steps"]) == 4
+
+
+def test_apply_writes_nothing_when_a_quota_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("cli.migrate._live_objects", lambda kubeconfig, context: [*TREE, UNREADABLE])
+
+    result = CliRunner().invoke(cli, ["migrate", "apply", "--dry-run", "client", "--update-resource-key-gate"])
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == f"BLOCKED: {UNREADABLE_LINE}"
+    assert "would apply" not in result.stdout
+    assert result.stderr == "nothing written: the plan is blocked\n"

@@ -157,3 +157,21 @@ def test_rollback_bodies_restore_the_label_and_drop_the_annotations() -> None:
     body = _restored(body, Step("team", "ml", "reattach", legacy, legacy, ROOT, "dept"))
     assert body["metadata"]["labels"] == TREE[2]["metadata"]["labels"]
     assert body["metadata"]["annotations"] == {}
+
+
+def test_all_at_once_plan_blocks_on_an_unreadable_quota_and_still_shows_the_procedure(tmp_path: Path) -> None:
+    write_tree(tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump({"kind": "ElasticQuota", "metadata": {"name": "lab", "namespace": "ml"},
+                                      "spec": {"min": "none"}}))
+
+    code, out, err = invoke("migrate", "plan", "--all-at-once", "-f", str(tmp_path))
+
+    assert (code, err) == (1, "")
+    lines = out.splitlines()
+    assert lines[0] == (f"BLOCKED: {broken}: ElasticQuota ml/lab cannot be read: spec.min: expected an object, "
+                        "got str; where it sits in the tree and what its step would be are unknown, so no plan over "
+                        "these quotas can be trusted: fix it and re-plan [unreadable-quota]")
+    assert [line.split(":")[0] for line in lines if line.startswith("# step")] == [
+        "# step 1", "# step 2", "# step 3", "# step 4", "# step 5"]
+    assert any(line.startswith("WINDOW: steps 1-5 are one maintenance window") for line in lines)

@@ -149,3 +149,38 @@ def test_explain_of_only_an_unreadable_workload_says_why_in_one_error_line(tmp_p
     assert (code, out) == (2, "")
     assert err == (f"Error: {paths['listed']}: Deployment team-a/listed: spec.template: is a list, not a mapping; "
                    "nothing to explain\n")
+
+
+QUOTA = """apiVersion: scheduling.sigs.k8s.io/v1alpha1
+kind: ElasticQuota
+metadata: {name: team-a, namespace: team-a}
+spec:
+  max: {nvidia.com/gpu: 2}
+"""
+REVIEW_NOT_AN_OBJECT = ("an AdmissionReview is a request to the webhook, not an object of the cluster; "
+                        "`gpuquota explain -f FILE` answers it as the webhook would")
+
+
+def test_migrate_plan_says_what_it_does_not_do_with_an_admission_review(tmp_path: Path) -> None:
+    paths = write(tmp_path, quota=QUOTA, review=REVIEW)
+    note = f"{paths['review']}: AdmissionReview not planned: {REVIEW_NOT_AN_OBJECT}"
+
+    code, out, err = run("migrate", "plan", "-f", str(tmp_path))
+
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == "# step 1: convert ElasticQuota team-a/team-a"
+    assert out.splitlines()[-1] == f"NOTE: {note}"
+    code, out, err = run("migrate", "plan", "-f", str(tmp_path), "-o", "json")
+    assert (code, err, json.loads(out)["notes"]) == (0, "", [note])
+
+
+def test_quota_says_what_it_does_not_do_with_an_admission_review(tmp_path: Path) -> None:
+    paths = write(tmp_path, quota=QUOTA, review=REVIEW)
+    note = f"{paths['review']}: AdmissionReview left out: {REVIEW_NOT_AN_OBJECT}"
+
+    code, out, err = run("quota", "-f", str(tmp_path))
+
+    assert (code, err) == (0, f"note: {note}\n")
+    assert out.splitlines()[1].split()[:2] == ["team-a", "gpu-core"]
+    code, out, _ = run("quota", "-f", str(tmp_path), "-o", "json")
+    assert (code, json.loads(out)["notes"]) == (0, [note])

@@ -24,7 +24,6 @@ from gpuquota_core.migration import (
     plan_migration,
     plan_rollback,
 )
-from gpuquota_core.quota_objects import QuotaShapeError
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
@@ -212,9 +211,50 @@ def test_as_dict_is_plain_data() -> None:
                               "blocked": [], "revisit": []}
 
 
-def test_an_unreadable_quota_is_an_error_naming_it() -> None:
-    with pytest.raises(QuotaShapeError, match=r"^ElasticQuota bad: spec\.max\[nvidia\.com/gpu\]: "):
-        plan_migration([eq("bad", "bad", {"nvidia.com/gpu": "lots"})])
+UNREADABLE_TAIL = ("; where it sits in the tree and what its step would be are unknown, so no plan over these "
+                   "quotas can be trusted: fix it and re-plan")
+
+
+@pytest.mark.parametrize("all_at_once", [False, True])
+def test_an_unreadable_quota_blocks_the_plan_and_the_others_are_still_planned(all_at_once: bool) -> None:
+    bad = eq("bad", "team-b", {"nvidia.com/gpu": "lots"})
+    nameless = {"kind": "ElasticQuota", "metadata": 3}
+    files = {id(bad): "quotas/bad.yaml"}
+
+    plan = plan_migration([bad, eq("team", "team", {"nvidia.com/gpu": "1"}), nameless], all_at_once=all_at_once,
+                          origin=lambda obj: files.get(id(obj)))
+
+    assert [(s.quota, s.phase, s.after["max"]) for s in plan.steps] == [("team", "convert", canonical("100"))]
+    assert plan.blocked == [
+        Blocked("bad", "team-b", "unreadable-quota",
+                "quotas/bad.yaml: ElasticQuota team-b/bad cannot be read: spec.max[nvidia.com/gpu]: quantities must "
+                "match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': 'lots'"
+                + UNREADABLE_TAIL, "quotas/bad.yaml"),
+        Blocked("", "", "unreadable-quota", "ElasticQuota ? cannot be read: metadata: expected an object"
+                + UNREADABLE_TAIL)]
+    assert plan.as_dict()["blocked"][0]["file"] == "quotas/bad.yaml"
+    assert "file" not in plan.as_dict()["blocked"][1]
+
+
+def test_a_child_of_an_unreadable_quota_is_blocked_as_such_not_as_missing_its_parent() -> None:
+    plan = plan_migration([eq("org", "org", {"nvidia.com/gpu": []}, is_parent=True),  # type: ignore[dict-item]
+                           eq("team", "team", {"nvidia.com/gpu": "1"}, parent="org")])
+
+    assert [(b.quota, b.reason) for b in plan.blocked] == [("org", "unreadable-quota"), ("team", "unreadable-quota")]
+    assert plan.blocked[1].message == ("ElasticQuota team/team is below org, an ElasticQuota that cannot be read: "
+                                       "its step cannot be judged until that quota is fixed")
+
+
+def test_an_admission_review_is_a_note_of_the_plan() -> None:
+    review = {"kind": "AdmissionReview", "request": {"object": {"kind": "Pod"}}}
+
+    plan = plan_migration([review, eq("team", "team", {"nvidia.com/gpu": "1"})],
+                          origin=lambda obj: "review.json" if obj is review else None)
+
+    assert plan.notes == ["review.json: AdmissionReview not planned: an AdmissionReview is a request to the webhook, "
+                          "not an object of the cluster; `gpuquota explain -f FILE` answers it as the webhook would"]
+    assert plan.as_dict()["notes"] == plan.notes
+    assert [s.quota for s in plan.steps] == ["team"] and plan.blocked == []
 
 
 # -- rollback ------------------------------------------------------------------------------------
