@@ -170,6 +170,9 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
         raise CommandError(f"{', '.join(paths)}: no Pod, workload with a pod template, or AdmissionReview")
     for where, why in unreadable:
         click.echo(f"{where}: not explained: {why}", err=True)
+    if not state_snapshot.live:  # what the --state files hold that is no part of a cluster (an AdmissionReview)
+        for note in state_snapshot.notes:
+            click.echo(f"note: --state {note}", err=True)
     explanations = explain_all(subjects, state_snapshot, config)
     if fmt == "text":
         click.echo("\n\n".join(render(e) for e in explanations))

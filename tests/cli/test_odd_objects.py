@@ -184,3 +184,16 @@ def test_quota_says_what_it_does_not_do_with_an_admission_review(tmp_path: Path)
     assert out.splitlines()[1].split()[:2] == ["team-a", "gpu-core"]
     code, out, _ = run("quota", "-f", str(tmp_path), "-o", "json")
     assert (code, json.loads(out)["notes"]) == (0, [note])
+
+
+def test_explain_says_it_left_an_admission_review_out_of_the_state(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    paths = write(state, quota=QUOTA, review=REVIEW)
+    pod = write(tmp_path, pod=GOOD_POD)["pod"]
+
+    code, out, err = run("explain", "-f", pod, "--state", str(state))
+
+    assert code == 0
+    assert err.splitlines()[0] == f"note: --state {paths['review']}: AdmissionReview left out: {REVIEW_NOT_AN_OBJECT}"
+    assert out.startswith("Pod team-a/good: ")
