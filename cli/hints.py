@@ -38,6 +38,7 @@ NO_CLUSTER: dict[str, Hint] = {
     "migrate apply": Hint(("migrate apply",), "give --kubeconfig: apply writes to a cluster"),
     "migrate rollback": Hint(("migrate rollback",), "give --kubeconfig: rollback writes to a cluster"),
     "policyreport apply": Hint(("policyreport apply",), "give --kubeconfig: the reports are applied to a cluster"),
+    "preflight": Hint(("preflight",), "give --kubeconfig: preflight checks an install in a cluster"),
 }
 
 FILES_OR_CLUSTER = Hint(("audit", "quota"), "-f reads manifests; --kubeconfig/--context are for a live cluster: "

@@ -20,7 +20,7 @@ from gpuquota_core.preflight import (
     read_configurations,
 )
 
-from .errors import CommandError
+from .errors import CommandError, cluster_error
 from .inputs import objects_or_fail
 
 CHECKS = ("image", "pods", "service", "certificate", "networkpolicy", "webhook")
@@ -75,7 +75,7 @@ def preflight(namespace: str, paths: tuple[str, ...], install: bool, apiserver_a
     try:
         api = connect(kubeconfig, context)
     except KubeAccessError as error:
-        raise CommandError(str(error)) from None
+        raise cluster_error(error) from None
     try:
         findings = inspect(api, namespace, target, apiserver_addresses)
         checks = [*findings.checks, probe(api, target, findings.ca_bundle, probe_namespace)]

@@ -143,6 +143,7 @@ LIVE_COMMANDS = {
     "migrate apply": (["migrate", "apply", "--backup", "NEW"], ["--kubeconfig"]),
     "migrate rollback": (["migrate", "rollback"], ["--kubeconfig"]),
     "policyreport apply": (["policyreport", "apply", "-f", "REPORTS"], ["--kubeconfig"]),
+    "preflight": (["preflight"], ["--kubeconfig"]),
 }
 
 
