@@ -115,7 +115,8 @@ class Replica:
     at the reservation each admitted pod leaves in the object; the escrow tests below turn it on."""
 
     def __init__(self, core: FakeCore, name: str, clock: list[float], room: int = 300,
-                 create_deadline: float = 60.0, escrow: int = 0, leaf_room: int = 1000) -> None:
+                 create_deadline: float = 60.0, escrow: int = 0, leaf_room: int = 1000,
+                 monotonic: list[float] | None = None) -> None:
         self.state = QuotaState(ttl_seconds=TTL)
         self.state.load([
             {"kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team"},
@@ -127,12 +128,13 @@ class Replica:
         self.store = LedgerStore(client.ApiClient(), NAMESPACE)
         self.store.core = core
         self.accounting = StrictAccounting(self.state, self.store, replica=name, clock=lambda: clock[0],
-                                           create_deadline_seconds=create_deadline, escrow_most_pods=escrow)
+                                           create_deadline_seconds=create_deadline, escrow_most_pods=escrow,
+                                           monotonic=(lambda: monotonic[0]) if monotonic else time.monotonic)
 
-    def admit(self, pod: str, ratio: str = "100") -> Any:
+    def admit(self, pod: str, ratio: str = "100", answer_by: float = float("inf")) -> Any:
         return self.accounting.admit_pod(PodAdmission(
             uid="adm-" + pod, operation="CREATE", namespace="team", name=pod, pod_uid="uid-" + pod,
-            labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: ratio}))
+            labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: ratio}), answer_by)
 
 
 @pytest.fixture
@@ -490,3 +492,77 @@ def test_a_deleted_ledger_stays_readable_and_holds_its_tree_for_every_replica_un
     assert knew.admit("p5").code == 503
     clock[0] += WINDOW + TTL + 1
     assert knew.admit("p6").allowed
+
+
+def slow_writes(core: FakeCore, monotonic: list[float], seconds: float) -> None:
+    """Every ledger write of ``core`` takes ``seconds`` of the workers' clock (etcd stalled, say)."""
+    for name in ("create_namespaced_config_map", "replace_namespaced_config_map"):
+        write = getattr(core, name)
+
+        def slow(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
+            monotonic[0] += seconds
+            return _write(*args, **kwargs)
+
+        setattr(core, name, slow)
+
+
+def test_an_admission_that_reaches_the_ledger_after_its_worker_gave_up_is_refused_and_writes_nothing(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, monotonic=monotonic)
+    verdict = replica.admit("p1", answer_by=monotonic[0] - 0.1)  # queued while the service was stopped
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    assert verdict.message == ("pod team/p1 not admitted: the quota service arrived after the webhook worker "
+                               "stopped waiting for its answer; retry shortly")
+    assert core.calls == []  # no read, no write: nothing holds room for it
+
+
+def test_an_admission_whose_write_ends_after_its_worker_gave_up_is_refused_and_its_room_withdrawn(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, monotonic=monotonic)
+    assert replica.admit("answered").allowed  # 100 of the 300
+    slow_writes(core, monotonic, 3.0)
+    # Decided in time, but the write that records it returns after the worker's deadline: the
+    # worker never receives "allowed", so the pod is never stored on its strength.
+    verdict = replica.admit("late", "200", answer_by=monotonic[0] + 1.75)
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    assert "decided it after the webhook worker stopped waiting" in verdict.message
+    assert core.stored() == {"team/answered", "team/late"}  # written before the deadline passed
+    replica.accounting.settle_due()  # the settler's next round (no admission needed)
+    assert core.stored() == {"team/answered"}
+    # The room is back at once, long before the reservation's TTL.
+    assert replica.admit("fits", "200").allowed
+
+
+def test_a_late_retry_never_withdraws_the_room_of_an_admission_already_answered(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, monotonic=monotonic)
+    assert replica.admit("p1").allowed  # answered: the pod may be stored
+    slow_writes(core, monotonic, 3.0)
+    clock[0] += 1.0
+    # The same admission delivered again (same uid), decided too late: refused, but the entry it
+    # rewrote is also the answered one's, so it stays.
+    assert replica.admit("p1", answer_by=monotonic[0] + 1.0).reason == "AnswerTooLate"
+    replica.accounting.settle_due()
+    assert core.stored() == {"team/p1"}
+    assert not replica.admit("p2", "250").allowed
+
+
+def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(core: FakeCore,
+                                                                           clock: list[float]) -> None:
+    dead = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
+    restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000)
+    assert dead.admit("small").allowed  # and escrow for 2 more, in the object; then its process is killed
+    # Past the escrow's window and the time its replica takes to give it back: whoever is refused
+    # for that room is refused now, for the quota, instead of asking again until its worker gives up.
+    clock[0] += WINDOW + 2.0
+    reads_before = core.calls.count("read")
+    verdict = restarted.admit("big", "800")  # 7 cards are free while the escrow holds 2
+    assert (verdict.allowed, verdict.code) == (False, 403)
+    assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in verdict.message
+    assert core.calls.count("read") - reads_before <= 1
+    # The escrow's room comes back when it expires, as the room of any admission not yet seen does.
+    clock[0] += TTL
+    assert restarted.admit("big", "800").allowed

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 
 log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
+# An admission tells the quota service to answer it this long before the client gives up on it: an
+# answer decided later is a refusal whose reservation is withdrawn (webhook.quota.strict_accounting),
+# so no "allowed" is ever decided that this client no longer waits for. The margin covers the reply's
+# way back (a few milliseconds, unless the worker itself is starved or stopped).
+ANSWER_MARGIN_SECONDS = 0.25
 
 
 class QuotaServiceTimeout(TimeoutError):
@@ -51,9 +57,10 @@ class QuotaClient:
                     raise ConnectionError("quota service closed the connection")
                 return reply
             except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
+                # Not retried: a stale kept connection fails at once, a timeout means a service that
+                # is slow or stopped, and asking again would only double the wait.
                 self._drop(reader)
-                if attempt == 2:
-                    raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
+                raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
             except (OSError, ValueError):
                 self._drop(reader)
                 if attempt == 2:
@@ -95,7 +102,9 @@ class QuotaClient:
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:
             # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
-            reply = self._call({"op": "admit_pod", "admission": admission})
+            # answer_by: CLOCK_MONOTONIC, which is one clock for every process of the host (Linux).
+            answer_by = time.monotonic() + max(self.timeout - ANSWER_MARGIN_SECONDS, self.timeout / 2)
+            reply = self._call({"op": "admit_pod", "admission": admission, "answer_by": answer_by})
         except (OSError, ValueError) as error:
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
         return self._verdict(reply)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -51,7 +52,7 @@ def private_socket_path() -> Path:
 
 
 class PodAdmitter(Protocol):
-    def admit_pod(self, admission: PodAdmission) -> Verdict: ...
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict: ...
 
 
 def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
@@ -66,7 +67,12 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
         ready, reason = state.ready()
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
-        return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
+        admission = PodAdmission(**message["admission"])
+        if admitter is None:  # local accounting decides in memory at once: no deadline to keep
+            return state.admit_pod(admission)
+        # The monotonic time by which the client must have the answer (QuotaClient.admit_pod).
+        answer_by = message.get("answer_by")
+        return admitter.admit_pod(admission, float(answer_by) if isinstance(answer_by, int | float) else math.inf)
     if op == "quota_figures":
         # Rows, not objects: a frame holds tens of thousands of them (quota_wire.MAX_FRAME).
         return {"figures": [astuple(figure) for figure in state.quota_figures()]}

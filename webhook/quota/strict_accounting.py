@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import random
 import socket
@@ -91,6 +92,10 @@ DEFAULT_ESCROW_MOST_PODS = 32
 ESCROW_SHARE = 4
 # A pod refused while other replicas hold escrow in its tree asks again this often.
 ESCROW_WAIT_SECONDS = 0.05
+# How long after an escrow's window ends its replica is expected to have given back what it did not
+# use (its settler's round plus one write). An entry still there later belongs to a replica that is
+# dead, stopped or cut off: it holds its room until it expires, and nobody waits for it.
+ESCROW_GIVE_BACK_SECONDS = 1.0
 
 
 class LedgerUnavailable(Exception):
@@ -103,6 +108,23 @@ class _Job:
     shape: EscrowShape | None = None
     verdict: Verdict | None = None
     submitted: float = field(default_factory=time.monotonic)
+    # Monotonic time by which the worker must have the answer (inf: no bound); an "allowed" decided
+    # later would reach nobody, so it is turned into a refusal and its reservation withdrawn.
+    answer_by: float = math.inf
+
+
+@dataclass(frozen=True)
+class _Withdrawal:
+    """A reservation this replica wrote for an admission it then refused for answering too late: it is
+    taken out of the object by the next write, if the entry is still exactly the one written."""
+
+    pod_key: str
+    admission_uid: str
+    admitted_at: float
+
+    def matches(self, item: shared_ledger.StoredReservation, replica: str) -> bool:
+        return (item.replica == replica and item.reservation.admission_uid == self.admission_uid
+                and round(item.admitted_at, 3) == round(self.admitted_at, 3))
 
 
 @dataclass
@@ -132,6 +154,8 @@ class _TreeQueue:
     # Open escrows by shape key; closed ones whose pods the next successful write records.
     escrows: dict[Any, _Escrow] = field(default_factory=dict)
     settling: list[_Escrow] = field(default_factory=list)
+    # Reservations of admissions answered as refused after their write; only the committer changes it.
+    withdrawals: list[_Withdrawal] = field(default_factory=list)
 
 
 class LedgerStore:
@@ -373,8 +397,10 @@ class StrictAccounting:
     def __init__(self, state: QuotaState, store: LedgerStore, replica: str | None = None,
                  clock: Callable[[], float] = time.time,
                  create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS,
-                 escrow_most_pods: int = DEFAULT_ESCROW_MOST_PODS) -> None:
+                 escrow_most_pods: int = DEFAULT_ESCROW_MOST_PODS,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.state = state
+        self.monotonic = monotonic  # the clock of the workers' answer deadlines (CLOCK_MONOTONIC)
         self.create_deadline_seconds = create_deadline_seconds
         self.escrow_most_pods = escrow_most_pods
         self.escrow_window = ESCROW_WINDOW_SECONDS if escrow_most_pods else 0.0
@@ -388,14 +414,18 @@ class StrictAccounting:
         self._queues: dict[str, _TreeQueue] = {}
         self._queues_lock = threading.Lock()
 
-    def admit_pod(self, admission: PodAdmission) -> Verdict:
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict:
+        """Decide and record ``admission``; ``answer_by``: the monotonic time after which the worker no
+        longer waits for the answer, so nothing is admitted after it (see ``_late``)."""
+        if self.monotonic() >= answer_by:  # queued in the socket while this process was stopped or busy
+            return self._late(admission, "arrived")
         shape = self.state.escrow_shape(admission) if self.escrow_most_pods else None
         # A shape's chain ends at the tree's root: one resolution of the pod's quota, not two.
         tree_root = shape.quotas[-1] if shape is not None else self.state.tree_of(admission)
         if tree_root is None:
             return self.state.admit_pod(admission)  # no quota: nothing to share
         queue = self._queue(tree_root)
-        job = _Job(admission, shape)
+        job = _Job(admission, shape, answer_by=answer_by)
         with queue.condition:
             if shape is not None:
                 escrow = queue.escrows.get(shape.key())
@@ -445,6 +475,7 @@ class StrictAccounting:
         # of one tree alternate, and each would otherwise close the other's escrow).
         self._close_escrows(queue, only_spent=True)
         settling = list(queue.settling)  # only the committer changes it from here
+        withdrawals = list(queue.withdrawals)
         conflicts = 0
         fresh = False
         # Counted from the oldest job's arrival: time spent queued behind the previous commit is
@@ -452,9 +483,12 @@ class StrictAccounting:
         give_up_at = min((job.submitted for job in batch), default=time.monotonic()) + RETRY_BUDGET_SECONDS
         held = ""
         try:
-            while batch or settling:
+            while batch or settling or withdrawals:
                 if conflicts and time.monotonic() > give_up_at:
                     break
+                batch = self._without_late(batch)
+                if not (batch or settling or withdrawals):
+                    continue
                 version, stored = self.store.read(tree_root, fresh)
                 if self.store.finish_deletion(tree_root, version):
                     fresh = True
@@ -474,6 +508,8 @@ class StrictAccounting:
                     break
                 kept, counted_now = self.state.pruned(stored, now)
                 keep = self._settled(kept, settling, now)
+                withdrawn = self._withdraw(keep, withdrawals)
+                held_before = set(keep)
                 results, holding = self.state.judge_batch_holding([job.admission for job in batch], keep, now)
                 refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
                 if refused_for_room and self._close_escrows(queue, only_spent=False):
@@ -481,7 +517,7 @@ class StrictAccounting:
                     # all of it back in this write and judge the batch again without it.
                     settling = list(queue.settling)
                     continue
-                may_wait = refused_for_room and self._may_wait_for_escrow(keep, give_up_at)
+                may_wait = refused_for_room and self._may_wait_for_escrow(keep, give_up_at, batch, now)
                 waiting = {index for index, (verdict, _) in enumerate(results)
                            if may_wait and verdict.reason == QUOTA_EXCEEDED}
                 new = [r for _, r in results if r is not None]
@@ -490,7 +526,7 @@ class StrictAccounting:
                 taken = None if waiting else self._new_escrow(queue, batch, results, holding, now)
                 if taken is not None:
                     keep[taken[0].entry_key] = taken[1]
-                if new or settling or taken is not None:
+                if new or settling or taken is not None or withdrawn:
                     if not self.store.write(tree_root, version, keep, pods_counted_through=counted_now):
                         metrics.LEDGER_WRITES.labels("conflict").inc()
                         conflicts += 1
@@ -505,6 +541,8 @@ class StrictAccounting:
                         settling = []
                         if taken is not None:  # opened for admissions once its write succeeded
                             queue.escrows[taken[0].shape.key()] = taken[0]
+                queue.withdrawals, withdrawals = [], []  # written, or their entries were gone already
+                results = self._refuse_late_answers(queue, batch, results, waiting, held_before, now)
                 decided = [(job, result) for index, (job, result) in enumerate(zip(batch, results, strict=True))
                            if index not in waiting]
                 self._finish([job for job, _ in decided], [result for _, result in decided])
@@ -528,6 +566,55 @@ class StrictAccounting:
             log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
         for job in batch:
             job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+
+    def _late(self, admission: PodAdmission, when: str) -> Verdict:
+        return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: the quota service "
+                       f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
+                       503, "AnswerTooLate")
+
+    def _without_late(self, batch: list[_Job]) -> list[_Job]:
+        """The jobs whose worker still waits; the others are refused before anything is written for them."""
+        now = self.monotonic()
+        for job in batch:
+            if now >= job.answer_by:
+                job.verdict = self._late(job.admission, "reached it")
+        return [job for job in batch if job.verdict is None]
+
+    def _withdraw(self, keep: dict[str, shared_ledger.StoredReservation], withdrawals: list[_Withdrawal]) -> bool:
+        """Take the withdrawn reservations out of ``keep``; whether any was still there."""
+        withdrawn = False
+        for withdrawal in withdrawals:
+            item = keep.get(withdrawal.pod_key)
+            if item is not None and withdrawal.matches(item, self.replica):
+                del keep[withdrawal.pod_key]
+                withdrawn = True
+        return withdrawn
+
+    def _refuse_late_answers(self, queue: _TreeQueue, batch: list[_Job],
+                             results: list[tuple[Verdict, Reservation | None]], waiting: set[int],
+                             held_before: set[str], now: float) -> list[tuple[Verdict, Reservation | None]]:
+        """Results with every admission decided after its worker's deadline refused, and the
+        reservations written only for such admissions queued for withdrawal (committer only).
+
+        Safe because the worker never receives an "allowed" for these: the pod cannot be stored on
+        their strength. A reservation is withdrawn only when no answered admission shares its entry:
+        one of the same pod earlier in the ledger (an admission already answered) or in this batch.
+        """
+        finished = self.monotonic()
+        late = {index for index, (job, (verdict, _)) in enumerate(zip(batch, results, strict=True))
+                if index not in waiting and verdict.allowed and finished >= job.answer_by}
+        if not late:
+            return results
+        answered = {reservation.pod_key for index, (_, reservation) in enumerate(results)
+                    if reservation is not None and index not in late}
+        for index in sorted(late):
+            reservation = results[index][1]
+            if reservation is not None and reservation.pod_key not in held_before | answered:
+                queue.withdrawals.append(_Withdrawal(reservation.pod_key, reservation.admission_uid, now))
+        log.warning("strict accounting: %d admissions were decided after their workers stopped waiting; "
+                    "refused, and their reservations withdrawn in the next write", len(late))
+        return [(self._late(batch[index].admission, "decided it") if index in late else verdict, reservation)
+                for index, (verdict, reservation) in enumerate(results)]
 
     def _close_escrows(self, queue: _TreeQueue, only_spent: bool) -> bool:
         """Close this replica's open escrows of the tree (the spent ones, or all), for the commit in
@@ -554,11 +641,21 @@ class StrictAccounting:
                         reservation, self.replica, reservation.expires_at - ttl)
         return keep
 
-    def _may_wait_for_escrow(self, keep: dict[str, shared_ledger.StoredReservation], give_up_at: float) -> bool:
-        """Whether a pod refused for room may ask again: another replica holds escrow in the tree,
-        and there is time left to."""
-        return (time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
-                and any(shared_ledger.is_escrow(key) and item.replica != self.replica for key, item in keep.items()))
+    def _may_wait_for_escrow(self, keep: dict[str, shared_ledger.StoredReservation], give_up_at: float,
+                             batch: list[_Job], now: float) -> bool:
+        """Whether a pod refused for room may ask again: another replica holds escrow in the tree that
+        it is about to give back (its window is over or nearly, and that replica is alive to write),
+        and there is time left to, within the budget and before any worker of the batch stops waiting.
+
+        An escrow of a replica whose quota service died (a new one has another name) or is stopped is
+        never given back early: it holds its room until it expires, as the invariant needs (pods may
+        have been admitted from it), and waiting for it would only turn refusals into timeouts."""
+        if (time.monotonic() + ESCROW_WAIT_SECONDS >= give_up_at
+                or self.monotonic() + ESCROW_WAIT_SECONDS >= min((job.answer_by for job in batch), default=math.inf)):
+            return False
+        return any(shared_ledger.is_escrow(key) and item.replica != self.replica
+                   and now < item.admitted_at + ESCROW_WINDOW_SECONDS + ESCROW_GIVE_BACK_SECONDS
+                   for key, item in keep.items())
 
     def _new_escrow(self, queue: _TreeQueue, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
                     holding: ReservationLedger, now: float) -> tuple[_Escrow, shared_ledger.StoredReservation] | None:
@@ -590,7 +687,7 @@ class StrictAccounting:
             queues = list(self._queues.items())
         for tree_root, queue in queues:
             with queue.condition:
-                due = bool(queue.settling) or any(escrow.spent(now, self.state.tree_version)
+                due = bool(queue.settling) or bool(queue.withdrawals) or any(escrow.spent(now, self.state.tree_version)
                                                   for escrow in queue.escrows.values())
                 if not due or queue.committing:
                     continue  # a commit in flight settles them anyway
