@@ -47,6 +47,7 @@ class FakeCore:
         self.clock = clock
         self.config_maps: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, str] = {}  # namespace/name -> uid
+        self.pod_versions: dict[str, str] = {}  # namespace/name -> resourceVersion
         self._versions = itertools.count(1)
         self.calls: list[str] = []
 
@@ -100,11 +101,27 @@ class FakeCore:
     def list_namespaced_config_map(self, namespace: str, **_: Any) -> _Raw:
         return _Raw(json.dumps({"items": list(self.config_maps.values())}).encode())
 
+    def list_pod_for_all_namespaces(self, limit: int, _continue: str | None = None, **_: Any) -> _Raw:
+        """Pages of ``limit`` pods, each at the resourceVersion in ``pod_versions`` ("1" if unset)."""
+        keys = sorted(self.pods)
+        start = int(_continue or 0)
+        items = [{"metadata": {"namespace": key.partition("/")[0], "name": key.partition("/")[2],
+                               "uid": self.pods[key], "resourceVersion": self.pod_versions.get(key, "1")}}
+                 for key in keys[start:start + limit]]
+        more = str(start + limit) if start + limit < len(keys) else ""
+        return _Raw(json.dumps({"metadata": {"continue": more}, "items": items}).encode())
+
     def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> _Raw:
         uid = self.pods.get(f"{namespace}/{name}")
         if uid is None:
             raise ApiException(status=404, reason="Not Found")
         return _Raw(json.dumps({"metadata": {"name": name, "namespace": namespace, "uid": uid}}).encode())
+
+    def overwrite(self, name: str, data: dict[str, str]) -> None:
+        """An update by someone else (a person with kubectl edit): new data, a new resourceVersion."""
+        current = json.loads(json.dumps(self.config_maps[name]))
+        current["data"] = data
+        self._stamp(current, uid=current["metadata"]["uid"])
 
     def stored(self) -> set[str]:
         return set(shared_ledger.decode(self.config_maps[LEDGER]["data"]))
@@ -566,3 +583,58 @@ def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(co
     # The escrow's room comes back when it expires, as the room of any admission not yet seen does.
     clock[0] += TTL
     assert restarted.admit("big", "800").allowed
+
+
+UNREADABLE = {
+    "not JSON": {shared_ledger.LEDGER_DATA_KEY: "{not json"},
+    "a list": {shared_ledger.LEDGER_DATA_KEY: "[]"},
+    "entries of another version": {shared_ledger.LEDGER_DATA_KEY: '{"team/x": {"pod": "x", "version": 2}}'},
+    "no reservations": {"something": "else"},
+    "a bad podsCountedThrough": {shared_ledger.LEDGER_DATA_KEY: "{}", shared_ledger.PODS_COUNTED_THROUGH_KEY: "x"},
+}
+
+
+@pytest.mark.parametrize("garbage", UNREADABLE.values(), ids=UNREADABLE.keys())
+def test_an_unreadable_ledger_is_rebuilt_and_its_tree_held_until_what_it_may_have_held_expired(
+        core: FakeCore, clock: list[float], garbage: dict[str, str]) -> None:
+    knew = Replica(core, "r1", clock)
+    never_saw = Replica(core, "r2", clock)
+    assert knew.admit("p1").allowed
+    core.pods.update({"team/landed": "uid-landed", "team/other": "uid-other"})
+    core.pod_versions.update({"team/landed": "41", "team/other": "57"})
+    core.overwrite(LEDGER, garbage)
+    # Whoever reads it first rebuilds it: the reservations it may have held are unknown, so the tree
+    # is held one TTL, and the rebuilt object says so to every replica.
+    verdict = never_saw.admit("p2")
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "LedgerUnavailable")
+    assert "the shared quota ledger of tree org could not be read and is being rebuilt" in verdict.message
+    data = core.config_maps[LEDGER]["data"]
+    assert shared_ledger.decode(data) == {}
+    assert shared_ledger.recovering_until(data) == clock[0] + TTL
+    # Readers decide on it only once their watch shows every pod that exists now.
+    assert shared_ledger.pods_counted_through(data) == 57
+    # The replica that knew the object holds the tree too, from the rebuilt object.
+    clock[0] += 1.0
+    verdict = knew.admit("p3")
+    assert verdict.code == 503 and "was deleted or could not be read; reservations only it held" in verdict.message
+    clock[0] += TTL
+    for replica in (knew, never_saw):
+        watch_shows(replica, "other", "57")
+    # The room is back: 300, of which "other" takes 100 (p1 expired with the hold).
+    assert never_saw.admit("p4", "200").allowed and not never_saw.admit("p5").allowed
+    assert knew.admit("p6").code == 403
+
+
+def test_an_unreadable_ledger_deleted_under_its_finalizer_goes_once_the_hold_is_over(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed
+    core.overwrite(LEDGER, {shared_ledger.LEDGER_DATA_KEY: "{not json"})
+    core.delete(LEDGER)  # kept, terminating, by the finalizer
+    assert replica.admit("p2").code == 503
+    assert "deletionTimestamp" in core.config_maps[LEDGER]["metadata"]
+    clock[0] += TTL
+    # The finalizer went, the apiserver removed the object, and a new ledger holds the new admission.
+    assert replica.admit("p3", "300").allowed
+    assert "deletionTimestamp" not in core.config_maps[LEDGER]["metadata"]
+    assert core.stored() == {"team/p3"}

@@ -62,6 +62,7 @@ from gpuquota_core.enforcement import QUOTA_EXCEEDED
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
+from webhook.quota.pod_versions import resource_version
 from webhook.quota.state import EscrowShape, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
@@ -193,6 +194,9 @@ class LedgerStore:
         # Per tree whose object was found deleted but kept by its finalizer: when everything it holds
         # has expired (the finalizer may go then), and its deletionTimestamp (kept in every write).
         self._terminating: dict[str, tuple[float, str]] = {}
+        # Per tree whose object was found unreadable and not yet written over: the end of its hold.
+        self._rebuilding: dict[str, float] = {}
+        self._hold_causes: dict[str, str] = {}  # per tree held after its object was found unreadable
         # Per tree: the pod resourceVersion the copy last read or written asks its readers' watches
         # to have reached (shared_ledger.PODS_COUNTED_THROUGH_KEY); only ever raised.
         self._pods_counted_through: dict[str, int] = {}
@@ -216,13 +220,16 @@ class LedgerStore:
             raise LedgerUnavailable(f"cannot read ConfigMap {self.namespace}/{name}: {error.status} {error.reason}") \
                 from None
         body = orjson.loads(response.data)
-        try:
-            stored = shared_ledger.decode(body.get("data"))
-            held = shared_ledger.recovering_until(body.get("data"))
-            counted_through = shared_ledger.pods_counted_through(body.get("data"))
-        except shared_ledger.LedgerFormatError as error:
-            raise LedgerUnavailable(f"ConfigMap {self.namespace}/{name}: {error}") from None
         metadata = body["metadata"]
+        try:
+            data = body.get("data") or {}
+            if shared_ledger.LEDGER_DATA_KEY not in data:  # every write stores it, an empty ledger too
+                raise shared_ledger.LedgerFormatError(f"{shared_ledger.LEDGER_DATA_KEY} is missing")
+            stored = shared_ledger.decode(data)
+            held = shared_ledger.recovering_until(data)
+            counted_through = shared_ledger.pods_counted_through(data)
+        except shared_ledger.LedgerFormatError as error:
+            return self._unreadable(tree_root, metadata, str(error))
         uid = str(metadata.get("uid", ""))
         deleted_at = metadata.get("deletionTimestamp")
         with self._lock:
@@ -233,6 +240,7 @@ class LedgerStore:
                 # that noticed it recorded: either bounds when what was lost expires.
                 self._lost(tree_root, min(held or float("inf"), _created(metadata) + self.hold_seconds))
             self._known[tree_root] = (uid, stored)
+            self._rebuilding.pop(tree_root, None)  # another replica wrote it over first
             if deleted_at:
                 # Deleted, and kept by the finalizer with all it holds: held until that has expired,
                 # by every replica that reads it, the ones that never saw it before included.
@@ -249,6 +257,62 @@ class LedgerStore:
             self._cache[tree_root] = result
             return result
 
+    def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[
+            str, dict[str, shared_ledger.StoredReservation]]:
+        """The object exists but cannot be read (hand-edited, written by an incompatible version):
+        handled as a loss of what it held, and rebuilt over it by the next write (``rebuilding``).
+
+        Every reservation it may have held was written before this read, so all of them have expired
+        one hold (the TTL, and an escrow's window) later: the tree is held until then, from the first
+        read that found it unreadable, and the hold goes into the rebuilt object for every replica.
+        The podsCountedThrough it may have held is replaced by the newest resourceVersion of the
+        pods that exist (``write``). A deleted object stays kept by its finalizer until the hold
+        ends, then goes as any deleted ledger does (``finish_deletion``)."""
+        name = shared_ledger.ledger_object_name(tree_root)
+        with self._lock:
+            now = self.clock()
+            if tree_root not in self._rebuilding:
+                log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s cannot be read (%s); rebuilding it "
+                            "and holding the tree for %.1fs, until what it may have held has expired",
+                            self.namespace, name, tree_root, problem, self.hold_seconds)
+                self._rebuilding[tree_root] = now + self.hold_seconds
+                self._hold_causes[tree_root] = "could not be read and is being rebuilt"
+                self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), now + self.hold_seconds)
+            until = self._rebuilding[tree_root]
+            known = self._known.pop(tree_root, None)
+            if known is not None and known[1]:  # what this replica last read there goes back in
+                carried = self._carried.setdefault(tree_root, {})
+                carried.update({key: item for key, item in known[1].items() if key not in carried})
+            deleted_at = metadata.get("deletionTimestamp")
+            if deleted_at and tree_root not in self._terminating:
+                self._terminating[tree_root] = (until, str(deleted_at))
+            self._cache.pop(tree_root, None)
+            return str(metadata["resourceVersion"]), dict(self._carried.get(tree_root, {}))
+
+    def hold_cause(self, tree_root: str) -> str:
+        """What the tree's hold follows from, for refusals (a hold read from the object does not say)."""
+        with self._lock:
+            return self._hold_causes.get(tree_root, "was deleted or could not be read")
+
+    def rebuilding(self, tree_root: str) -> bool:
+        """Whether the object was found unreadable and this replica has not written it over yet."""
+        with self._lock:
+            return tree_root in self._rebuilding
+
+    def newest_pod_version(self) -> int:
+        """The highest resourceVersion of the pods that exist (a consistent, paged list): every watch
+        that has got that far has shown each of them, so it counts every pod whose reservation an
+        unreadable ledger may have dropped."""
+        newest, token = 0, None
+        while True:
+            page = orjson.loads(self.core.list_pod_for_all_namespaces(limit=500, _continue=token,
+                                                                      _preload_content=False).data)
+            for item in page.get("items", []):
+                newest = max(newest, resource_version((item.get("metadata") or {}).get("resourceVersion")))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return newest
+
     def _lost(self, tree_root: str, hold_until: float | None = None) -> None:
         """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
         terminating = self._terminating.pop(tree_root, None)
@@ -263,6 +327,7 @@ class LedgerStore:
         if known is not None:  # noticed now; a tree already found missing keeps its first hold
             until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
+            self._hold_causes[tree_root] = "was deleted"
         if known is not None and known[1]:
             carried = self._carried.setdefault(tree_root, {})
             carried.update({key: item for key, item in known[1].items() if key not in carried})
@@ -343,6 +408,8 @@ class LedgerStore:
             labels[TREE_LABEL] = tree_root
         metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels,
                                     "finalizers": [] if release else [LEDGER_FINALIZER]}
+        if self.rebuilding(tree_root) and not release:
+            pods_counted_through = max(pods_counted_through, self.newest_pod_version())
         with self._lock:
             terminating = self._terminating.get(tree_root)
             counted_through = max(pods_counted_through, self._pods_counted_through.get(tree_root, 0))
@@ -375,9 +442,11 @@ class LedgerStore:
             if release:  # gone now; a read finds it missing, and _lost knows nothing was lost
                 self._cache.pop(tree_root, None)
                 self._known.pop(tree_root, None)
+                self._rebuilding.pop(tree_root, None)
                 return True
-            # What was carried is in the object now (or was pruned from it on purpose).
+            # What was carried is in the object now (or was pruned from it on purpose), and it reads.
             self._carried.pop(tree_root, None)
+            self._rebuilding.pop(tree_root, None)
             self._pods_counted_through[tree_root] = counted_through
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
@@ -497,8 +566,9 @@ class StrictAccounting:
                 held_until = self.store.recovering_until(tree_root)
                 if now < held_until:
                     self._record_hold(tree_root, version, stored, now)
-                    held = (f"the shared quota ledger of tree {tree_root} was deleted; reservations only it held "
-                            f"may still take room for {held_until - now:.1f}s, until they expire")
+                    held = (f"the shared quota ledger of tree {tree_root} {self.store.hold_cause(tree_root)}; "
+                            f"reservations only it held may still take room for {held_until - now:.1f}s, "
+                            f"until they expire")
                     break
                 counted_through = self.store.pods_counted_through(tree_root)
                 if not self.state.wait_for_pods_through(counted_through, give_up_at - time.monotonic()):
@@ -704,7 +774,7 @@ class StrictAccounting:
     def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
                      now: float) -> None:
         """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
-        if self.store.carrying(tree_root) or not version:
+        if self.store.carrying(tree_root) or self.store.rebuilding(tree_root) or not version:
             kept, counted_through = self.state.pruned(stored, now)
             self.store.write(tree_root, version, kept, pods_counted_through=counted_through)
 
@@ -727,7 +797,7 @@ class StrictAccounting:
             lost = self._lost(keep, now)
             for pod_key in lost:
                 del keep[pod_key]
-            changed = len(keep) < len(stored) or self.store.carrying(tree_root)
+            changed = len(keep) < len(stored) or self.store.carrying(tree_root) or self.store.rebuilding(tree_root)
             if not version and not keep:
                 self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
             elif changed and self.store.write(tree_root, version, keep, pods_counted_through=counted_through):
