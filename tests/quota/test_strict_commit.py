@@ -638,3 +638,23 @@ def test_an_unreadable_ledger_deleted_under_its_finalizer_goes_once_the_hold_is_
     assert replica.admit("p3", "300").allowed
     assert "deletionTimestamp" not in core.config_maps[LEDGER]["metadata"]
     assert core.stored() == {"team/p3"}
+
+
+def test_a_write_that_lands_but_whose_answer_is_lost_leaves_no_room_held_by_the_refused_pods(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=1000, escrow=32, leaf_room=10_000)
+    assert replica.admit("answered").allowed  # creates the object; escrow for 2 more
+    replace = core.replace_namespaced_config_map
+
+    def lands_then_breaks(*args: Any, **kwargs: Any) -> Any:
+        replace(*args, **kwargs)  # stored in etcd, then the connection to this replica broke
+        raise ConnectionResetError("connection reset by peer")
+
+    core.replace_namespaced_config_map = lands_then_breaks  # type: ignore[method-assign]
+    verdict = replica.admit("big", "300")  # not of the escrow's shape: a write of its own
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "LedgerUnavailable")
+    assert "team/big" in core.stored()  # it landed, though the replica cannot know
+    core.replace_namespaced_config_map = replace  # type: ignore[method-assign]
+    replica.accounting.settle_due()
+    assert "team/big" not in core.stored() and "team/answered" in core.stored()
+    assert replica.admit("big", "300").allowed

@@ -148,6 +148,9 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
             from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
             strict = StrictAccounting(state, LedgerStore(api, ledger_namespace))
+            state.decider_problem = strict.ledger_problem  # /readyz: 503 while the ledger cannot be written
+            threading.Thread(target=strict.run_ledger_check, args=(threading.Event(),),
+                             daemon=True, name="ledger-check").start()
             threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
                                                                 threading.Event()),
                              daemon=True, name="ledger-reconciler").start()

@@ -91,6 +91,11 @@ DEFAULT_CREATE_DEADLINE_SECONDS = 60.0
 ESCROW_WINDOW_SECONDS = 0.5
 DEFAULT_ESCROW_MOST_PODS = 32
 ESCROW_SHARE = 4
+# How often the ledger namespace is checked for writes (a dry-run create) while readiness says it
+# cannot be written, and while it can; and how long one check may take.
+LEDGER_CHECK_FAILING_SECONDS = 1.0
+LEDGER_CHECK_SECONDS = 10.0
+LEDGER_CHECK_TIMEOUT_SECONDS = 3.0
 # A pod refused while other replicas hold escrow in its tree asks again this often.
 ESCROW_WAIT_SECONDS = 0.05
 # How long after an escrow's window ends its replica is expected to have given back what it did not
@@ -374,6 +379,24 @@ class LedgerStore:
         self.write(tree_root, version, {}, release=True)
         return True
 
+    def check_writable(self) -> None:
+        """Raise LedgerUnavailable unless a ledger could be created in the namespace now (a dry run:
+        the namespace exists, this replica may create ConfigMaps in it, the apiserver answers)."""
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"{shared_ledger.LEDGER_NAME_PREFIX}write-check", "namespace": self.namespace}}
+        try:
+            self.core.create_namespaced_config_map(self.namespace, body, dry_run="All", field_manager=FIELD_MANAGER,
+                                                   _request_timeout=LEDGER_CHECK_TIMEOUT_SECONDS,
+                                                   _preload_content=False)
+        except ApiException as error:
+            if error.status == 409:  # a ledger of that name exists: creating is allowed there
+                return
+            raise LedgerUnavailable(f"cannot write ledger ConfigMaps in namespace {self.namespace}: "
+                                    f"{error.status} {error.reason}") from None
+        except Exception as error:  # connection errors of every kind
+            raise LedgerUnavailable(f"cannot reach the apiserver to write ledger ConfigMaps in namespace "
+                                    f"{self.namespace}: {error}") from None
+
     def pods_counted_through(self, tree_root: str) -> int:
         """How far a replica's pod watch must have got to decide on the copy of ``tree_root`` last read."""
         with self._lock:
@@ -435,8 +458,14 @@ class LedgerStore:
                         self._lost(tree_root)
                     self._cache.pop(tree_root, None)
                 return False
+            with self._lock:  # a 5xx (etcd timing out, say) does not prove the write did not land
+                self._cache.pop(tree_root, None)
             raise LedgerUnavailable(f"cannot write ConfigMap {self.namespace}/{name}: {error.status} "
                                     f"{error.reason}") from None
+        except BaseException:  # no answer: the write may have landed, so the cached copy may be stale
+            with self._lock:
+                self._cache.pop(tree_root, None)
+            raise
         written = orjson.loads(response.data)["metadata"]
         with self._lock:
             if release:  # gone now; a read finds it missing, and _lost knows nothing was lost
@@ -482,6 +511,31 @@ class StrictAccounting:
         self.clock = clock
         self._queues: dict[str, _TreeQueue] = {}
         self._queues_lock = threading.Lock()
+        # Why this replica cannot decide now ("" when it can), for readiness: set by the namespace
+        # check and by ledger writes that fail for a reason other than a conflict or a held tree.
+        self._ledger_problem = f"the ledger namespace {store.namespace} has not been checked yet"
+
+    def ledger_problem(self) -> str:
+        return self._ledger_problem
+
+    def check_ledger(self) -> bool:
+        """Check that the ledger namespace can be written, for readiness; whether it can."""
+        try:
+            self.store.check_writable()
+        except LedgerUnavailable as error:
+            if str(error) != self._ledger_problem:
+                log.warning("strict accounting: not ready: %s", error)
+            self._ledger_problem = str(error)
+            return False
+        self._ledger_problem = ""
+        return True
+
+    def run_ledger_check(self, stop: threading.Event) -> None:
+        """Check at once, then every LEDGER_CHECK_SECONDS, or every LEDGER_CHECK_FAILING_SECONDS while failing."""
+        while True:
+            ok = self.check_ledger()
+            if stop.wait(LEDGER_CHECK_SECONDS if ok else LEDGER_CHECK_FAILING_SECONDS):
+                return
 
     def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict:
         """Decide and record ``admission``; ``answer_by``: the monotonic time after which the worker no
@@ -546,11 +600,12 @@ class StrictAccounting:
         settling = list(queue.settling)  # only the committer changes it from here
         withdrawals = list(queue.withdrawals)
         conflicts = 0
-        fresh = False
+        fresh = bool(withdrawals)  # the cached copy may predate the write that stored what they withdraw
         # Counted from the oldest job's arrival: time spent queued behind the previous commit is
         # part of the budget, so no admission outlives the API server's webhook timeout.
         give_up_at = min((job.submitted for job in batch), default=time.monotonic()) + RETRY_BUDGET_SECONDS
         held = ""
+        in_flight: list[_Withdrawal] = []
         try:
             while batch or settling or withdrawals:
                 if conflicts and time.monotonic() > give_up_at:
@@ -597,7 +652,15 @@ class StrictAccounting:
                 if taken is not None:
                     keep[taken[0].entry_key] = taken[1]
                 if new or settling or taken is not None or withdrawn:
-                    if not self.store.write(tree_root, version, keep, pods_counted_through=counted_now):
+                    # Should the write fail without saying whether it landed (a timeout, a reset), the
+                    # batch is refused, so whatever of it may be stored is withdrawn (see _Withdrawal).
+                    in_flight = [_Withdrawal(r.pod_key, r.admission_uid, now) for r in new
+                                 if r.pod_key not in held_before]
+                    if taken is not None:
+                        in_flight.append(_Withdrawal(taken[0].entry_key, taken[1].reservation.admission_uid, now))
+                    written = self.store.write(tree_root, version, keep, pods_counted_through=counted_now)
+                    in_flight = []
+                    if not written:
                         metrics.LEDGER_WRITES.labels("conflict").inc()
                         conflicts += 1
                         fresh = True
@@ -628,10 +691,11 @@ class StrictAccounting:
                               f"in {RETRY_BUDGET_SECONDS:g}s)")
         except LedgerUnavailable as error:
             metrics.LEDGER_WRITES.labels("error").inc()
-            reason = str(error)
+            reason = self._ledger_problem = str(error)  # not ready until the namespace check passes again
         except Exception as error:  # connection errors of every kind: refuse rather than admit unrecorded
             metrics.LEDGER_WRITES.labels("error").inc()
-            reason = f"the shared quota ledger is unreachable: {error}"
+            reason = self._ledger_problem = f"the shared quota ledger is unreachable: {error}"
+        queue.withdrawals.extend(in_flight)
         if batch:
             log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
         for job in batch:
