@@ -20,8 +20,9 @@ DEFAULT_TIMEOUT_SECONDS = 2.0
 # An admission tells the quota service to answer it this long before the client gives up on it: an
 # answer decided later is a refusal whose reservation is withdrawn (webhook.quota.strict_accounting),
 # so no "allowed" is ever decided that this client no longer waits for. The margin covers the reply's
-# way back (a few milliseconds, unless the worker itself is starved or stopped).
-ANSWER_MARGIN_SECONDS = 0.25
+# way back; a reply that misses it only leaves its reservation to the TTL, as before: availability,
+# not safety, so it is kept small (a decision taking longer than the timeout less it is refused).
+ANSWER_MARGIN_SECONDS = 0.1
 
 
 class QuotaServiceTimeout(TimeoutError):
@@ -45,9 +46,14 @@ class QuotaClient:
         self.timeout = timeout
         self._local = threading.local()  # one connection per worker thread
 
-    def _call(self, message: dict[str, Any]) -> Any:
+    def _call(self, message: dict[str, Any], deadline_key: str = "") -> Any:
+        """Send ``message`` and read the reply; ``deadline_key``: the field to carry this attempt's
+        answer deadline in (CLOCK_MONOTONIC, one clock for every process of the host on Linux)."""
         for attempt in (1, 2):  # one retry on a stale kept connection
             reader: FrameReader | None = getattr(self._local, "reader", None)
+            if deadline_key:
+                message[deadline_key] = time.monotonic() + max(self.timeout - ANSWER_MARGIN_SECONDS,
+                                                               self.timeout / 2)
             try:
                 if reader is None:
                     reader = self._local.reader = FrameReader(_connect(self.path, self.timeout))
@@ -57,10 +63,9 @@ class QuotaClient:
                     raise ConnectionError("quota service closed the connection")
                 return reply
             except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
-                # Not retried: a stale kept connection fails at once, a timeout means a service that
-                # is slow or stopped, and asking again would only double the wait.
                 self._drop(reader)
-                raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
+                if attempt == 2:
+                    raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
             except (OSError, ValueError):
                 self._drop(reader)
                 if attempt == 2:
@@ -102,9 +107,7 @@ class QuotaClient:
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:
             # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
-            # answer_by: CLOCK_MONOTONIC, which is one clock for every process of the host (Linux).
-            answer_by = time.monotonic() + max(self.timeout - ANSWER_MARGIN_SECONDS, self.timeout / 2)
-            reply = self._call({"op": "admit_pod", "admission": admission, "answer_by": answer_by})
+            reply = self._call({"op": "admit_pod", "admission": admission}, deadline_key="answer_by")
         except (OSError, ValueError) as error:
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
         return self._verdict(reply)
