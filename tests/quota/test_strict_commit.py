@@ -50,6 +50,7 @@ class FakeCore:
         self.pod_versions: dict[str, str] = {}  # namespace/name -> resourceVersion
         self._versions = itertools.count(1)
         self.calls: list[str] = []
+        self.namespace_missing = False
 
     def _stamp(self, body: dict[str, Any], uid: str) -> _Raw:
         stored = json.loads(json.dumps(body))
@@ -63,10 +64,14 @@ class FakeCore:
             raise ApiException(status=404, reason="Not Found")
         return _Raw(json.dumps(self.config_maps[name]).encode())
 
-    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any], **_: Any) -> _Raw:
-        self.calls.append("create")
+    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any], dry_run: str = "", **_: Any) -> _Raw:
+        if self.namespace_missing:
+            raise ApiException(status=404, reason="Not Found")
         if body["metadata"]["name"] in self.config_maps:
             raise ApiException(status=409, reason="AlreadyExists")
+        if dry_run:
+            return _Raw(json.dumps(body).encode())
+        self.calls.append("create")
         body = {**body, "metadata": {**body["metadata"], "creationTimestamp": datetime.fromtimestamp(
             self.clock[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
         return self._stamp(body, uid=f"uid-{next(self._versions)}")
@@ -658,3 +663,22 @@ def test_a_write_that_lands_but_whose_answer_is_lost_leaves_no_room_held_by_the_
     replica.accounting.settle_due()
     assert "team/big" not in core.stored() and "team/answered" in core.stored()
     assert replica.admit("big", "300").allowed
+
+
+def test_readiness_says_why_a_replica_cannot_write_its_ledger_until_it_can(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    replica.state.decider_problem = replica.accounting.ledger_problem
+    assert replica.state.ready() == (False, f"the ledger namespace {NAMESPACE} has not been checked yet")
+    core.namespace_missing = True
+    assert not replica.accounting.check_ledger()
+    missing = f"cannot write ledger ConfigMaps in namespace {NAMESPACE}: 404 Not Found"
+    assert replica.state.ready() == (False, missing)
+    core.namespace_missing = False
+    assert replica.accounting.check_ledger() and replica.state.ready() == (True, "quota state synced")
+    assert core.config_maps == {}  # a dry run: nothing created
+    # A ledger write failing for another reason than a conflict makes it unready until the next check.
+    core.namespace_missing = True
+    assert replica.admit("p1").code == 503
+    assert replica.state.ready() == (False, f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404 Not Found")
+    core.namespace_missing = False
+    assert replica.accounting.check_ledger() and replica.state.ready()[0]
