@@ -137,6 +137,7 @@ class Figures:
     outcomes: Counter[str] = field(default_factory=Counter)
     recovery_seconds: float = 0.0
     refused_with_room: int = 0  # refill creates not stored although the room had space for them
+    refill_outcomes: Counter[str] = field(default_factory=Counter)
     room_back_seconds: float = 0.0  # from the end of the fault until the room left was all stored
     started: float = field(default_factory=time.monotonic)
 
@@ -243,6 +244,7 @@ def refill(cluster: Cluster, tree: Tree, figures: Figures, fault_over: float, pa
         if outcome in ("stored", "403 exceeded") and not recovered:
             recovered = True
             figures.recovery_seconds = max(0.0, time.monotonic() - fault_over)
+        figures.refill_outcomes[outcome] += 1
         if outcome != "stored":
             figures.refused_with_room += 1
             time.sleep(0.2)  # polling: reservations of lost admissions expire within the TTL
@@ -267,7 +269,8 @@ def report(figures: Figures, tree: Tree, cluster: Cluster, run: int, room: int =
     line = {"fault": figures.fault, "run": run, "room": room, "burst": BURST,
             "stored_after_burst": figures.outcomes["stored"], "stored_at_end": sum(stored.values()),
             "outcomes": dict(figures.outcomes), "recovery_seconds": round(figures.recovery_seconds, 2),
-            "refused_with_room": figures.refused_with_room, "room_back_seconds": round(figures.room_back_seconds, 2),
+            "refused_with_room": figures.refused_with_room, "refill_outcomes": dict(figures.refill_outcomes),
+            "room_back_seconds": round(figures.room_back_seconds, 2),
             "over_admitted": max(0, sum(stored.values()) - room),
             "seconds": round(time.monotonic() - figures.started, 1)}
     with Path(REPORT).open("a", encoding="utf-8") as out:
