@@ -23,6 +23,9 @@ DEFAULT_TIMEOUT_SECONDS = 2.0
 # way back; a reply that misses it only leaves its reservation to the TTL, as before: availability,
 # not safety, so it is kept small (a decision taking longer than the timeout less it is refused).
 ANSWER_MARGIN_SECONDS = 0.1
+# The reason of the service's refusal of an admission it could not decide by its deadline: asked
+# again once, as a timeout is (the second attempt has a deadline of its own).
+ANSWER_TOO_LATE = "AnswerTooLate"
 
 
 class QuotaServiceTimeout(TimeoutError):
@@ -49,7 +52,7 @@ class QuotaClient:
     def _call(self, message: dict[str, Any], deadline_key: str = "") -> Any:
         """Send ``message`` and read the reply; ``deadline_key``: the field to carry this attempt's
         answer deadline in (CLOCK_MONOTONIC, one clock for every process of the host on Linux)."""
-        for attempt in (1, 2):  # one retry on a stale kept connection
+        for attempt in (1, 2):  # one retry on a stale kept connection, a timeout or an answer too late
             reader: FrameReader | None = getattr(self._local, "reader", None)
             if deadline_key:
                 message[deadline_key] = time.monotonic() + max(self.timeout - ANSWER_MARGIN_SECONDS,
@@ -61,6 +64,8 @@ class QuotaClient:
                 reply = reader.read()
                 if reply is None:
                     raise ConnectionError("quota service closed the connection")
+                if attempt == 1 and deadline_key and isinstance(reply, dict) and reply.get("reason") == ANSWER_TOO_LATE:
+                    continue  # what a timeout would have meant, said before it: ask again, as then
                 return reply
             except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
                 self._drop(reader)

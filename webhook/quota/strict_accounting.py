@@ -62,6 +62,7 @@ from gpuquota_core.enforcement import QUOTA_EXCEEDED
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
+from webhook.quota.client import ANSWER_TOO_LATE
 from webhook.quota.pod_versions import resource_version
 from webhook.quota.state import EscrowShape, QuotaState
 
@@ -704,7 +705,7 @@ class StrictAccounting:
     def _late(self, admission: PodAdmission, when: str) -> Verdict:
         return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: the quota service "
                        f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
-                       503, "AnswerTooLate")
+                       503, ANSWER_TOO_LATE)
 
     def _without_late(self, batch: list[_Job]) -> list[_Job]:
         """The jobs whose worker still waits; the others are refused before anything is written for them."""
