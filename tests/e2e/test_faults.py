@@ -57,7 +57,7 @@ from kubernetes.client.exceptions import ApiException
 from loadbalancer import HAProxy, start_replicas_behind_haproxy
 from prometheus_client.parser import text_string_to_metric_families
 from reviews import body, pod, review
-from webhookproc import WebhookProcess, quota_service_pid
+from webhookproc import WebhookProcess, post_review, quota_service_pid
 
 from gpuquota_core import shared_ledger
 
@@ -136,6 +136,9 @@ class Figures:
     fault: str
     outcomes: Counter[str] = field(default_factory=Counter)
     recovery_seconds: float = 0.0
+    refused_with_room: int = 0  # refill creates not stored although the room had space for them
+    refill_outcomes: Counter[str] = field(default_factory=Counter)
+    room_back_seconds: float = 0.0  # from the end of the fault until the room left was all stored
     started: float = field(default_factory=time.monotonic)
 
 
@@ -241,8 +244,11 @@ def refill(cluster: Cluster, tree: Tree, figures: Figures, fault_over: float, pa
         if outcome in ("stored", "403 exceeded") and not recovered:
             recovered = True
             figures.recovery_seconds = max(0.0, time.monotonic() - fault_over)
+        figures.refill_outcomes[outcome] += 1
         if outcome != "stored":
+            figures.refused_with_room += 1
             time.sleep(0.2)  # polling: reservations of lost admissions expire within the TTL
+    figures.room_back_seconds = max(0.0, time.monotonic() - fault_over)
     assert assert_within_room(api, tree, parent_room) == parent_room
     # Full: in each leaf the next create is refused for the quota once a decision is made again
     # (an outage may still answer first), and never stored.
@@ -263,6 +269,9 @@ def report(figures: Figures, tree: Tree, cluster: Cluster, run: int, room: int =
     line = {"fault": figures.fault, "run": run, "room": room, "burst": BURST,
             "stored_after_burst": figures.outcomes["stored"], "stored_at_end": sum(stored.values()),
             "outcomes": dict(figures.outcomes), "recovery_seconds": round(figures.recovery_seconds, 2),
+            "refused_with_room": figures.refused_with_room, "refill_outcomes": dict(figures.refill_outcomes),
+            "room_back_seconds": round(figures.room_back_seconds, 2),
+            "over_admitted": max(0, sum(stored.values()) - room),
             "seconds": round(time.monotonic() - figures.started, 1)}
     with Path(REPORT).open("a", encoding="utf-8") as out:
         out.write(json.dumps(line, sort_keys=True) + "\n")
@@ -333,6 +342,17 @@ def recover(cluster: Cluster, tree: Tree, figures: Figures, run: int, fault_over
 
 
 RUN_IDS = [pytest.param(run, id=f"run{run}") for run in range(1, RUNS + 1)]
+# How soon a replica whose quota service was restarted and is ready again answers with a decision.
+DECISION_BOUND = 3.0
+
+
+def decides(server: WebhookProcess, tree: Tree) -> bool:
+    """Whether ``server`` answers a one-card pod of the first leaf with a quota decision (a dry run:
+    allowed, or refused for the quota), not with an outage."""
+    document = review(pod("probe", tree.namespace, labels={QUOTA_LABEL: tree.leaves[0]}, resources={RATIO: "100"}),
+                      dry_run=True)
+    answer = post_review(server, "/validate-pods", document)
+    return bool(answer["allowed"]) or answer["status"]["code"] == 403
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
@@ -349,6 +369,8 @@ def test_decider_killed_mid_burst(cluster_ok: Cluster, run: int) -> None:
     if not victim.alive():
         victim.stop()
         victim.start()
+    # Ready means deciding: no waiting on the dead process's escrow (docs/reliability.md, issue 37).
+    poll(lambda: decides(victim, tree), "the restarted quota service decides", deadline=DECISION_BOUND)
     recover(cluster, tree, figures, run, kill.ended_at)
 
 
@@ -398,6 +420,29 @@ def test_ledger_deleted_mid_burst(cluster_ok: Cluster, run: int) -> None:
     deleted = Fault(delete)
     burst_under(cluster, tree, figures, deleted, at=ROOM // 2, in_thread=False)
     recover(cluster, tree, figures, run, deleted.ended_at)
+
+
+@pytest.mark.parametrize("also_deleted", [False, True], ids=["overwritten", "overwritten-and-deleted"])
+@pytest.mark.parametrize("run", RUN_IDS)
+def test_ledger_overwritten_with_garbage_mid_burst(cluster_ok: Cluster, run: int, also_deleted: bool) -> None:
+    cluster = cluster_ok
+    figures = Figures("ledger garbage, deleted" if also_deleted else "ledger garbage")
+    tree = make_tree(cluster)
+    name = shared_ledger.ledger_object_name(tree.parent)
+
+    def overwrite() -> None:
+        poll(lambda: bool(cluster.api.core.read_namespaced_config_map(name, cluster.ledger_namespace)),
+             "the burst wrote the ledger")
+        # What a bad hand edit leaves: no replica can read it, and nothing says what it held.
+        cluster.api.core.patch_namespaced_config_map(
+            name, cluster.ledger_namespace, {"data": {shared_ledger.LEDGER_DATA_KEY: "{not json"}})
+        if also_deleted:  # kept, terminating, by its finalizer, with the garbage in it
+            cluster.api.core.delete_namespaced_config_map(name, cluster.ledger_namespace)
+
+    garbage = Fault(overwrite)
+    burst_under(cluster, tree, figures, garbage, at=ROOM // 2, in_thread=False)
+    # Rebuilt without a person: the room comes back once what it may have held has expired.
+    recover(cluster, tree, figures, run, garbage.ended_at)
 
 
 @pytest.mark.parametrize("run", RUN_IDS)
@@ -471,3 +516,59 @@ def test_a_refusal_says_how_much_of_used_is_held_by_admissions_not_yet_seen(clus
         f"(100 of it reserved by admissions not yet seen), limited: {RATIO}={100 * LEAF_ROOM}")
     # The reservation expires: the card is free again.
     poll(lambda: create(cluster.api, tree, "one-more", leaf) == "stored", "the lost reservation expired")
+
+
+def test_admissions_refused_while_the_quota_service_was_stopped_hold_no_room_once_it_resumes(
+        cluster_ok: Cluster) -> None:
+    cluster = cluster_ok
+    tree = make_tree(cluster)
+    leaf, victim = tree.leaves[0], cluster.replicas[0]
+
+    def admit(name: str) -> dict[str, object]:
+        document = review(pod(name, tree.namespace, labels={QUOTA_LABEL: leaf}, resources={RATIO: "100"}))
+        return post_review(victim, "/validate-pods", document)
+
+    service = quota_service_pid(victim.pid)
+    os.kill(service, signal.SIGSTOP)
+    try:
+        # Enough to fill the leaf, each waiting in the stopped service's socket until its worker gives up.
+        with ThreadPoolExecutor(max_workers=LEAF_ROOM) as pool:
+            answers = list(pool.map(admit, [f"unanswered{index}" for index in range(LEAF_ROOM)]))
+    finally:
+        os.kill(service, signal.SIGCONT)
+    assert [(answer["allowed"], answer["status"]["code"]) for answer in answers] == [(False, 503)] * LEAF_ROOM
+    # The resumed service reads those admissions first; none may take room now that nobody waits for
+    # its answer, so the leaf's room is all there, well within the reservations' TTL.
+    after = admit("after")
+    assert after["allowed"] is True, after
+    data = cluster.api.core.read_namespaced_config_map(shared_ledger.ledger_object_name(tree.parent),
+                                                       cluster.ledger_namespace).data
+    assert not [key for key in shared_ledger.decode(data) if "/unanswered" in key]
+
+
+def test_pods_of_a_deleted_leaf_quota_no_longer_count_at_its_parent(cluster_ok: Cluster) -> None:
+    """The decision of docs/reliability.md, "A deleted leaf quota": as Koordinator's scheduler, which
+    moves a pod whose quota is gone to the default quota, its former parent stops counting it."""
+    cluster = cluster_ok
+    tree = make_tree(cluster)
+    gone, kept = tree.leaves
+    for index in range(ROOM // 2):  # the parent full: 6 + 6
+        assert create(cluster.api, tree, f"gone{index}", gone) == "stored"
+        assert create(cluster.api, tree, f"kept{index}", kept) == "stored"
+    assert create(cluster.api, tree, "refused", kept) == "403 exceeded"
+    cluster.api.custom.delete_namespaced_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, tree.namespace,
+                                                       ELASTICQUOTA_PLURAL, gone)
+    for server in cluster.replicas:
+        poll(lambda s=server: counted_by(s, tree.parent) == 100 * (ROOM // 2),
+             f"replica {server.port} counts only the pods of {kept} at {tree.parent}")
+    # The parent's room is what the remaining leaf's pods leave; the leaf's own max binds now. Until
+    # the deleted leaf's pods' reservations expire (within a TTL of their admission) they still hold it:
+    # no watch can confirm a reservation for a quota that is gone.
+    for index in range(LEAF_ROOM - ROOM // 2):
+        poll(lambda i=index: create(cluster.api, tree, f"more{i}", kept) == "stored", f"more{index} stored",
+             deadline=RESERVATION_TTL + 10)
+    assert create(cluster.api, tree, "one-too-many", kept) == "403 exceeded"
+    # The pods of the deleted leaf are still there; a new pod naming it is refused (no such quota).
+    assert sum(1 for pod in cluster.api.core.list_namespaced_pod(tree.namespace).items
+               if (pod.metadata.labels or {}).get(QUOTA_LABEL) == gone) == ROOM // 2
+    assert create(cluster.api, tree, "into-gone", gone).startswith("403")

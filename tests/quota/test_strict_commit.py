@@ -47,8 +47,10 @@ class FakeCore:
         self.clock = clock
         self.config_maps: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, str] = {}  # namespace/name -> uid
+        self.pod_versions: dict[str, str] = {}  # namespace/name -> resourceVersion
         self._versions = itertools.count(1)
         self.calls: list[str] = []
+        self.namespace_missing = False
 
     def _stamp(self, body: dict[str, Any], uid: str) -> _Raw:
         stored = json.loads(json.dumps(body))
@@ -62,10 +64,14 @@ class FakeCore:
             raise ApiException(status=404, reason="Not Found")
         return _Raw(json.dumps(self.config_maps[name]).encode())
 
-    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any], **_: Any) -> _Raw:
-        self.calls.append("create")
+    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any], dry_run: str = "", **_: Any) -> _Raw:
+        if self.namespace_missing:
+            raise ApiException(status=404, reason="Not Found")
         if body["metadata"]["name"] in self.config_maps:
             raise ApiException(status=409, reason="AlreadyExists")
+        if dry_run:
+            return _Raw(json.dumps(body).encode())
+        self.calls.append("create")
         body = {**body, "metadata": {**body["metadata"], "creationTimestamp": datetime.fromtimestamp(
             self.clock[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
         return self._stamp(body, uid=f"uid-{next(self._versions)}")
@@ -100,11 +106,27 @@ class FakeCore:
     def list_namespaced_config_map(self, namespace: str, **_: Any) -> _Raw:
         return _Raw(json.dumps({"items": list(self.config_maps.values())}).encode())
 
+    def list_pod_for_all_namespaces(self, limit: int, _continue: str | None = None, **_: Any) -> _Raw:
+        """Pages of ``limit`` pods, each at the resourceVersion in ``pod_versions`` ("1" if unset)."""
+        keys = sorted(self.pods)
+        start = int(_continue or 0)
+        items = [{"metadata": {"namespace": key.partition("/")[0], "name": key.partition("/")[2],
+                               "uid": self.pods[key], "resourceVersion": self.pod_versions.get(key, "1")}}
+                 for key in keys[start:start + limit]]
+        more = str(start + limit) if start + limit < len(keys) else ""
+        return _Raw(json.dumps({"metadata": {"continue": more}, "items": items}).encode())
+
     def read_namespaced_pod(self, name: str, namespace: str, **_: Any) -> _Raw:
         uid = self.pods.get(f"{namespace}/{name}")
         if uid is None:
             raise ApiException(status=404, reason="Not Found")
         return _Raw(json.dumps({"metadata": {"name": name, "namespace": namespace, "uid": uid}}).encode())
+
+    def overwrite(self, name: str, data: dict[str, str]) -> None:
+        """An update by someone else (a person with kubectl edit): new data, a new resourceVersion."""
+        current = json.loads(json.dumps(self.config_maps[name]))
+        current["data"] = data
+        self._stamp(current, uid=current["metadata"]["uid"])
 
     def stored(self) -> set[str]:
         return set(shared_ledger.decode(self.config_maps[LEDGER]["data"]))
@@ -115,7 +137,8 @@ class Replica:
     at the reservation each admitted pod leaves in the object; the escrow tests below turn it on."""
 
     def __init__(self, core: FakeCore, name: str, clock: list[float], room: int = 300,
-                 create_deadline: float = 60.0, escrow: int = 0, leaf_room: int = 1000) -> None:
+                 create_deadline: float = 60.0, escrow: int = 0, leaf_room: int = 1000,
+                 monotonic: list[float] | None = None) -> None:
         self.state = QuotaState(ttl_seconds=TTL)
         self.state.load([
             {"kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team"},
@@ -127,12 +150,13 @@ class Replica:
         self.store = LedgerStore(client.ApiClient(), NAMESPACE)
         self.store.core = core
         self.accounting = StrictAccounting(self.state, self.store, replica=name, clock=lambda: clock[0],
-                                           create_deadline_seconds=create_deadline, escrow_most_pods=escrow)
+                                           create_deadline_seconds=create_deadline, escrow_most_pods=escrow,
+                                           monotonic=(lambda: monotonic[0]) if monotonic else time.monotonic)
 
-    def admit(self, pod: str, ratio: str = "100") -> Any:
+    def admit(self, pod: str, ratio: str = "100", answer_by: float = float("inf")) -> Any:
         return self.accounting.admit_pod(PodAdmission(
             uid="adm-" + pod, operation="CREATE", namespace="team", name=pod, pod_uid="uid-" + pod,
-            labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: ratio}))
+            labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: ratio}), answer_by)
 
 
 @pytest.fixture
@@ -490,3 +514,171 @@ def test_a_deleted_ledger_stays_readable_and_holds_its_tree_for_every_replica_un
     assert knew.admit("p5").code == 503
     clock[0] += WINDOW + TTL + 1
     assert knew.admit("p6").allowed
+
+
+def slow_writes(core: FakeCore, monotonic: list[float], seconds: float) -> None:
+    """Every ledger write of ``core`` takes ``seconds`` of the workers' clock (etcd stalled, say)."""
+    for name in ("create_namespaced_config_map", "replace_namespaced_config_map"):
+        write = getattr(core, name)
+
+        def slow(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
+            monotonic[0] += seconds
+            return _write(*args, **kwargs)
+
+        setattr(core, name, slow)
+
+
+def test_an_admission_that_reaches_the_ledger_after_its_worker_gave_up_is_refused_and_writes_nothing(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, monotonic=monotonic)
+    verdict = replica.admit("p1", answer_by=monotonic[0] - 0.1)  # queued while the service was stopped
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    assert verdict.message == ("pod team/p1 not admitted: the quota service arrived after the webhook worker "
+                               "stopped waiting for its answer; retry shortly")
+    assert core.calls == []  # no read, no write: nothing holds room for it
+
+
+def test_an_admission_whose_write_ends_after_its_worker_gave_up_is_refused_and_its_room_withdrawn(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, monotonic=monotonic)
+    assert replica.admit("answered").allowed  # 100 of the 300
+    slow_writes(core, monotonic, 3.0)
+    # Decided in time, but the write that records it returns after the worker's deadline: the
+    # worker never receives "allowed", so the pod is never stored on its strength.
+    verdict = replica.admit("late", "200", answer_by=monotonic[0] + 1.75)
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    assert "decided it after the webhook worker stopped waiting" in verdict.message
+    assert core.stored() == {"team/answered", "team/late"}  # written before the deadline passed
+    replica.accounting.settle_due()  # the settler's next round (no admission needed)
+    assert core.stored() == {"team/answered"}
+    # The room is back at once, long before the reservation's TTL.
+    assert replica.admit("fits", "200").allowed
+
+
+def test_a_late_retry_never_withdraws_the_room_of_an_admission_already_answered(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, monotonic=monotonic)
+    assert replica.admit("p1").allowed  # answered: the pod may be stored
+    slow_writes(core, monotonic, 3.0)
+    clock[0] += 1.0
+    # The same admission delivered again (same uid), decided too late: refused, but the entry it
+    # rewrote is also the answered one's, so it stays.
+    assert replica.admit("p1", answer_by=monotonic[0] + 1.0).reason == "AnswerTooLate"
+    replica.accounting.settle_due()
+    assert core.stored() == {"team/p1"}
+    assert not replica.admit("p2", "250").allowed
+
+
+def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(core: FakeCore,
+                                                                           clock: list[float]) -> None:
+    dead = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
+    restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000)
+    assert dead.admit("small").allowed  # and escrow for 2 more, in the object; then its process is killed
+    # Past the escrow's window and the time its replica takes to give it back: whoever is refused
+    # for that room is refused now, for the quota, instead of asking again until its worker gives up.
+    clock[0] += WINDOW + 2.0
+    reads_before = core.calls.count("read")
+    verdict = restarted.admit("big", "800")  # 7 cards are free while the escrow holds 2
+    assert (verdict.allowed, verdict.code) == (False, 403)
+    assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in verdict.message
+    assert core.calls.count("read") - reads_before <= 1
+    # The escrow's room comes back when it expires, as the room of any admission not yet seen does.
+    clock[0] += TTL
+    assert restarted.admit("big", "800").allowed
+
+
+UNREADABLE = {
+    "not JSON": {shared_ledger.LEDGER_DATA_KEY: "{not json"},
+    "a list": {shared_ledger.LEDGER_DATA_KEY: "[]"},
+    "entries of another version": {shared_ledger.LEDGER_DATA_KEY: '{"team/x": {"pod": "x", "version": 2}}'},
+    "no reservations": {"something": "else"},
+    "a bad podsCountedThrough": {shared_ledger.LEDGER_DATA_KEY: "{}", shared_ledger.PODS_COUNTED_THROUGH_KEY: "x"},
+}
+
+
+@pytest.mark.parametrize("garbage", UNREADABLE.values(), ids=UNREADABLE.keys())
+def test_an_unreadable_ledger_is_rebuilt_and_its_tree_held_until_what_it_may_have_held_expired(
+        core: FakeCore, clock: list[float], garbage: dict[str, str]) -> None:
+    knew = Replica(core, "r1", clock)
+    never_saw = Replica(core, "r2", clock)
+    assert knew.admit("p1").allowed
+    core.pods.update({"team/landed": "uid-landed", "team/other": "uid-other"})
+    core.pod_versions.update({"team/landed": "41", "team/other": "57"})
+    core.overwrite(LEDGER, garbage)
+    # Whoever reads it first rebuilds it: the reservations it may have held are unknown, so the tree
+    # is held one TTL, and the rebuilt object says so to every replica.
+    verdict = never_saw.admit("p2")
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "LedgerUnavailable")
+    assert "the shared quota ledger of tree org could not be read and is being rebuilt" in verdict.message
+    data = core.config_maps[LEDGER]["data"]
+    assert shared_ledger.decode(data) == {}
+    assert shared_ledger.recovering_until(data) == clock[0] + TTL
+    # Readers decide on it only once their watch shows every pod that exists now.
+    assert shared_ledger.pods_counted_through(data) == 57
+    # The replica that knew the object holds the tree too, from the rebuilt object.
+    clock[0] += 1.0
+    verdict = knew.admit("p3")
+    assert verdict.code == 503 and "was deleted or could not be read; reservations only it held" in verdict.message
+    clock[0] += TTL
+    for replica in (knew, never_saw):
+        watch_shows(replica, "other", "57")
+    # The room is back: 300, of which "other" takes 100 (p1 expired with the hold).
+    assert never_saw.admit("p4", "200").allowed and not never_saw.admit("p5").allowed
+    assert knew.admit("p6").code == 403
+
+
+def test_an_unreadable_ledger_deleted_under_its_finalizer_goes_once_the_hold_is_over(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed
+    core.overwrite(LEDGER, {shared_ledger.LEDGER_DATA_KEY: "{not json"})
+    core.delete(LEDGER)  # kept, terminating, by the finalizer
+    assert replica.admit("p2").code == 503
+    assert "deletionTimestamp" in core.config_maps[LEDGER]["metadata"]
+    clock[0] += TTL
+    # The finalizer went, the apiserver removed the object, and a new ledger holds the new admission.
+    assert replica.admit("p3", "300").allowed
+    assert "deletionTimestamp" not in core.config_maps[LEDGER]["metadata"]
+    assert core.stored() == {"team/p3"}
+
+
+def test_a_write_that_lands_but_whose_answer_is_lost_leaves_no_room_held_by_the_refused_pods(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=1000, escrow=32, leaf_room=10_000)
+    assert replica.admit("answered").allowed  # creates the object; escrow for 2 more
+    replace = core.replace_namespaced_config_map
+
+    def lands_then_breaks(*args: Any, **kwargs: Any) -> Any:
+        replace(*args, **kwargs)  # stored in etcd, then the connection to this replica broke
+        raise ConnectionResetError("connection reset by peer")
+
+    core.replace_namespaced_config_map = lands_then_breaks  # type: ignore[method-assign]
+    verdict = replica.admit("big", "300")  # not of the escrow's shape: a write of its own
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "LedgerUnavailable")
+    assert "team/big" in core.stored()  # it landed, though the replica cannot know
+    core.replace_namespaced_config_map = replace  # type: ignore[method-assign]
+    replica.accounting.settle_due()
+    assert "team/big" not in core.stored() and "team/answered" in core.stored()
+    assert replica.admit("big", "300").allowed
+
+
+def test_readiness_says_why_a_replica_cannot_write_its_ledger_until_it_can(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    replica.state.decider_problem = replica.accounting.ledger_problem
+    assert replica.state.ready() == (False, f"the ledger namespace {NAMESPACE} has not been checked yet")
+    core.namespace_missing = True
+    assert not replica.accounting.check_ledger()
+    missing = f"cannot write ledger ConfigMaps in namespace {NAMESPACE}: 404 Not Found"
+    assert replica.state.ready() == (False, missing)
+    core.namespace_missing = False
+    assert replica.accounting.check_ledger() and replica.state.ready() == (True, "quota state synced")
+    assert core.config_maps == {}  # a dry run: nothing created
+    # A ledger write failing for another reason than a conflict makes it unready until the next check.
+    core.namespace_missing = True
+    assert replica.admit("p1").code == 503
+    assert replica.state.ready() == (False, f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404 Not Found")
+    core.namespace_missing = False
+    assert replica.accounting.check_ledger() and replica.state.ready()[0]

@@ -18,7 +18,7 @@ from webhook.quota.client import QuotaClient
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.service import serve
 from webhook.quota.state import QuotaState
-from webhook.quota.wire import FrameReader
+from webhook.quota.wire import FrameReader, send_frame
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA = {"kind": "ElasticQuota", "metadata": {"name": "team-a", "namespace": "team"},
@@ -314,3 +314,36 @@ def test_a_slow_reply_for_a_client_that_left_never_reaches_another(tmp_path: Pat
         listener.close()
         runner.join(5)
     assert not runner.is_alive()  # closing the listener stops the loop
+
+
+def test_an_admission_the_service_could_not_decide_in_time_is_asked_once_more_with_a_new_deadline(
+        tmp_path: Path) -> None:
+    path = tmp_path / "late.sock"
+    received: list[dict[str, object]] = []
+    too_late = {"allowed": False, "message": "pod team/p not admitted: too late", "code": 503,
+                "reason": "AnswerTooLate"}
+
+    def service(listener: socket.socket) -> None:
+        conn, _ = listener.accept()
+        with conn:
+            reader = FrameReader(conn)
+            for reply in (too_late, {"allowed": True}, too_late, too_late):
+                message = reader.read()
+                if message is None:
+                    return
+                received.append(message)
+                send_frame(conn, reply)
+
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        thread = threading.Thread(target=service, args=(listener,), daemon=True)
+        thread.start()
+        client = QuotaClient(path)
+        assert client.admit_pod(admission("p", "1")).allowed  # the second attempt's answer
+        verdict = client.admit_pod(admission("q", "1"))  # too late twice: the second refusal stands
+        thread.join(timeout=10)
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    first, second = (float(message["answer_by"]) for message in received[:2])  # type: ignore[arg-type]
+    assert first < second  # each attempt has a deadline of its own
+    assert len(received) == 4  # two attempts each, never a third

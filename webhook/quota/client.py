@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,15 @@ from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 
 log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
+# An admission tells the quota service to answer it this long before the client gives up on it: an
+# answer decided later is a refusal whose reservation is withdrawn (webhook.quota.strict_accounting),
+# so no "allowed" is ever decided that this client no longer waits for. The margin covers the reply's
+# way back; a reply that misses it only leaves its reservation to the TTL, as before: availability,
+# not safety, so it is kept small (a decision taking longer than the timeout less it is refused).
+ANSWER_MARGIN_SECONDS = 0.1
+# The reason of the service's refusal of an admission it could not decide by its deadline: asked
+# again once, as a timeout is (the second attempt has a deadline of its own).
+ANSWER_TOO_LATE = "AnswerTooLate"
 
 
 class QuotaServiceTimeout(TimeoutError):
@@ -39,9 +49,14 @@ class QuotaClient:
         self.timeout = timeout
         self._local = threading.local()  # one connection per worker thread
 
-    def _call(self, message: dict[str, Any]) -> Any:
-        for attempt in (1, 2):  # one retry on a stale kept connection
+    def _call(self, message: dict[str, Any], deadline_key: str = "") -> Any:
+        """Send ``message`` and read the reply; ``deadline_key``: the field to carry this attempt's
+        answer deadline in (CLOCK_MONOTONIC, one clock for every process of the host on Linux)."""
+        for attempt in (1, 2):  # one retry on a stale kept connection, a timeout or an answer too late
             reader: FrameReader | None = getattr(self._local, "reader", None)
+            if deadline_key:
+                message[deadline_key] = time.monotonic() + max(self.timeout - ANSWER_MARGIN_SECONDS,
+                                                               self.timeout / 2)
             try:
                 if reader is None:
                     reader = self._local.reader = FrameReader(_connect(self.path, self.timeout))
@@ -49,6 +64,8 @@ class QuotaClient:
                 reply = reader.read()
                 if reply is None:
                     raise ConnectionError("quota service closed the connection")
+                if attempt == 1 and deadline_key and isinstance(reply, dict) and reply.get("reason") == ANSWER_TOO_LATE:
+                    continue  # what a timeout would have meant, said before it: ask again, as then
                 return reply
             except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
                 self._drop(reader)
@@ -95,7 +112,7 @@ class QuotaClient:
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         try:
             # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
-            reply = self._call({"op": "admit_pod", "admission": admission})
+            reply = self._call({"op": "admit_pod", "admission": admission}, deadline_key="answer_by")
         except (OSError, ValueError) as error:
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
         return self._verdict(reply)

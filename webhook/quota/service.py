@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -51,7 +52,7 @@ def private_socket_path() -> Path:
 
 
 class PodAdmitter(Protocol):
-    def admit_pod(self, admission: PodAdmission) -> Verdict: ...
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict: ...
 
 
 def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
@@ -66,7 +67,12 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
         ready, reason = state.ready()
         return {"ready": ready, "reason": reason}
     if op == "admit_pod":
-        return (admitter or state).admit_pod(PodAdmission(**message["admission"]))
+        admission = PodAdmission(**message["admission"])
+        if admitter is None:  # local accounting decides in memory at once: no deadline to keep
+            return state.admit_pod(admission)
+        # The monotonic time by which the client must have the answer (QuotaClient.admit_pod).
+        answer_by = message.get("answer_by")
+        return admitter.admit_pod(admission, float(answer_by) if isinstance(answer_by, int | float) else math.inf)
     if op == "quota_figures":
         # Rows, not objects: a frame holds tens of thousands of them (quota_wire.MAX_FRAME).
         return {"figures": [astuple(figure) for figure in state.quota_figures()]}
@@ -142,6 +148,9 @@ def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, co
             from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
             strict = StrictAccounting(state, LedgerStore(api, ledger_namespace))
+            state.decider_problem = strict.ledger_problem  # /readyz: 503 while the ledger cannot be written
+            threading.Thread(target=strict.run_ledger_check, args=(threading.Event(),),
+                             daemon=True, name="ledger-check").start()
             threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
                                                                 threading.Event()),
                              daemon=True, name="ledger-reconciler").start()

@@ -77,6 +77,9 @@ class QuotaState:
         # How far the pod list and watch have got; strict accounting waits on it (pod_versions.py).
         self.pod_versions = PodVersions()
         self._pods_advanced = threading.Condition(self._lock)
+        # What else must work for this instance to decide, as a problem ("" when none): strict
+        # accounting's ledger namespace (StrictAccounting.ledger_problem). Called without the lock.
+        self.decider_problem: Callable[[], str] | None = None
 
     def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
         """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""
@@ -232,6 +235,7 @@ class QuotaState:
         metrics.RESERVATIONS.set(reservations)
 
     def ready(self) -> tuple[bool, str]:
+        problem = self.decider_problem() if self.decider_problem is not None else ""
         with self._lock:
             if not self.synced:
                 return False, "quota state not synced yet"
@@ -240,6 +244,8 @@ class QuotaState:
             if stale:
                 return False, (f"quota state is stale: the list/watch of {', '.join(stale)} has been failing "
                                f"for more than {self.stale_after_seconds:g}s")
+            if problem:
+                return False, problem
             return True, "quota state synced"
 
     def quota_figures(self) -> list[QuotaFigure]:

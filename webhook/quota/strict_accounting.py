@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import random
 import socket
@@ -61,6 +62,8 @@ from gpuquota_core.enforcement import QUOTA_EXCEEDED
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
+from webhook.quota.client import ANSWER_TOO_LATE
+from webhook.quota.pod_versions import resource_version
 from webhook.quota.state import EscrowShape, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
@@ -89,8 +92,17 @@ DEFAULT_CREATE_DEADLINE_SECONDS = 60.0
 ESCROW_WINDOW_SECONDS = 0.5
 DEFAULT_ESCROW_MOST_PODS = 32
 ESCROW_SHARE = 4
+# How often the ledger namespace is checked for writes (a dry-run create) while readiness says it
+# cannot be written, and while it can; and how long one check may take.
+LEDGER_CHECK_FAILING_SECONDS = 1.0
+LEDGER_CHECK_SECONDS = 10.0
+LEDGER_CHECK_TIMEOUT_SECONDS = 3.0
 # A pod refused while other replicas hold escrow in its tree asks again this often.
 ESCROW_WAIT_SECONDS = 0.05
+# How long after an escrow's window ends its replica is expected to have given back what it did not
+# use (its settler's round plus one write). An entry still there later belongs to a replica that is
+# dead, stopped or cut off: it holds its room until it expires, and nobody waits for it.
+ESCROW_GIVE_BACK_SECONDS = 1.0
 
 
 class LedgerUnavailable(Exception):
@@ -103,6 +115,23 @@ class _Job:
     shape: EscrowShape | None = None
     verdict: Verdict | None = None
     submitted: float = field(default_factory=time.monotonic)
+    # Monotonic time by which the worker must have the answer (inf: no bound); an "allowed" decided
+    # later would reach nobody, so it is turned into a refusal and its reservation withdrawn.
+    answer_by: float = math.inf
+
+
+@dataclass(frozen=True)
+class _Withdrawal:
+    """A reservation this replica wrote for an admission it then refused for answering too late: it is
+    taken out of the object by the next write, if the entry is still exactly the one written."""
+
+    pod_key: str
+    admission_uid: str
+    admitted_at: float
+
+    def matches(self, item: shared_ledger.StoredReservation, replica: str) -> bool:
+        return (item.replica == replica and item.reservation.admission_uid == self.admission_uid
+                and round(item.admitted_at, 3) == round(self.admitted_at, 3))
 
 
 @dataclass
@@ -132,6 +161,8 @@ class _TreeQueue:
     # Open escrows by shape key; closed ones whose pods the next successful write records.
     escrows: dict[Any, _Escrow] = field(default_factory=dict)
     settling: list[_Escrow] = field(default_factory=list)
+    # Reservations of admissions answered as refused after their write; only the committer changes it.
+    withdrawals: list[_Withdrawal] = field(default_factory=list)
 
 
 class LedgerStore:
@@ -169,6 +200,9 @@ class LedgerStore:
         # Per tree whose object was found deleted but kept by its finalizer: when everything it holds
         # has expired (the finalizer may go then), and its deletionTimestamp (kept in every write).
         self._terminating: dict[str, tuple[float, str]] = {}
+        # Per tree whose object was found unreadable and not yet written over: the end of its hold.
+        self._rebuilding: dict[str, float] = {}
+        self._hold_causes: dict[str, str] = {}  # per tree held after its object was found unreadable
         # Per tree: the pod resourceVersion the copy last read or written asks its readers' watches
         # to have reached (shared_ledger.PODS_COUNTED_THROUGH_KEY); only ever raised.
         self._pods_counted_through: dict[str, int] = {}
@@ -192,13 +226,16 @@ class LedgerStore:
             raise LedgerUnavailable(f"cannot read ConfigMap {self.namespace}/{name}: {error.status} {error.reason}") \
                 from None
         body = orjson.loads(response.data)
-        try:
-            stored = shared_ledger.decode(body.get("data"))
-            held = shared_ledger.recovering_until(body.get("data"))
-            counted_through = shared_ledger.pods_counted_through(body.get("data"))
-        except shared_ledger.LedgerFormatError as error:
-            raise LedgerUnavailable(f"ConfigMap {self.namespace}/{name}: {error}") from None
         metadata = body["metadata"]
+        try:
+            data = body.get("data") or {}
+            if shared_ledger.LEDGER_DATA_KEY not in data:  # every write stores it, an empty ledger too
+                raise shared_ledger.LedgerFormatError(f"{shared_ledger.LEDGER_DATA_KEY} is missing")
+            stored = shared_ledger.decode(data)
+            held = shared_ledger.recovering_until(data)
+            counted_through = shared_ledger.pods_counted_through(data)
+        except shared_ledger.LedgerFormatError as error:
+            return self._unreadable(tree_root, metadata, str(error))
         uid = str(metadata.get("uid", ""))
         deleted_at = metadata.get("deletionTimestamp")
         with self._lock:
@@ -209,6 +246,7 @@ class LedgerStore:
                 # that noticed it recorded: either bounds when what was lost expires.
                 self._lost(tree_root, min(held or float("inf"), _created(metadata) + self.hold_seconds))
             self._known[tree_root] = (uid, stored)
+            self._rebuilding.pop(tree_root, None)  # another replica wrote it over first
             if deleted_at:
                 # Deleted, and kept by the finalizer with all it holds: held until that has expired,
                 # by every replica that reads it, the ones that never saw it before included.
@@ -225,6 +263,62 @@ class LedgerStore:
             self._cache[tree_root] = result
             return result
 
+    def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[
+            str, dict[str, shared_ledger.StoredReservation]]:
+        """The object exists but cannot be read (hand-edited, written by an incompatible version):
+        handled as a loss of what it held, and rebuilt over it by the next write (``rebuilding``).
+
+        Every reservation it may have held was written before this read, so all of them have expired
+        one hold (the TTL, and an escrow's window) later: the tree is held until then, from the first
+        read that found it unreadable, and the hold goes into the rebuilt object for every replica.
+        The podsCountedThrough it may have held is replaced by the newest resourceVersion of the
+        pods that exist (``write``). A deleted object stays kept by its finalizer until the hold
+        ends, then goes as any deleted ledger does (``finish_deletion``)."""
+        name = shared_ledger.ledger_object_name(tree_root)
+        with self._lock:
+            now = self.clock()
+            if tree_root not in self._rebuilding:
+                log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s cannot be read (%s); rebuilding it "
+                            "and holding the tree for %.1fs, until what it may have held has expired",
+                            self.namespace, name, tree_root, problem, self.hold_seconds)
+                self._rebuilding[tree_root] = now + self.hold_seconds
+                self._hold_causes[tree_root] = "could not be read and is being rebuilt"
+                self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), now + self.hold_seconds)
+            until = self._rebuilding[tree_root]
+            known = self._known.pop(tree_root, None)
+            if known is not None and known[1]:  # what this replica last read there goes back in
+                carried = self._carried.setdefault(tree_root, {})
+                carried.update({key: item for key, item in known[1].items() if key not in carried})
+            deleted_at = metadata.get("deletionTimestamp")
+            if deleted_at and tree_root not in self._terminating:
+                self._terminating[tree_root] = (until, str(deleted_at))
+            self._cache.pop(tree_root, None)
+            return str(metadata["resourceVersion"]), dict(self._carried.get(tree_root, {}))
+
+    def hold_cause(self, tree_root: str) -> str:
+        """What the tree's hold follows from, for refusals (a hold read from the object does not say)."""
+        with self._lock:
+            return self._hold_causes.get(tree_root, "was deleted or could not be read")
+
+    def rebuilding(self, tree_root: str) -> bool:
+        """Whether the object was found unreadable and this replica has not written it over yet."""
+        with self._lock:
+            return tree_root in self._rebuilding
+
+    def newest_pod_version(self) -> int:
+        """The highest resourceVersion of the pods that exist (a consistent, paged list): every watch
+        that has got that far has shown each of them, so it counts every pod whose reservation an
+        unreadable ledger may have dropped."""
+        newest, token = 0, None
+        while True:
+            page = orjson.loads(self.core.list_pod_for_all_namespaces(limit=500, _continue=token,
+                                                                      _preload_content=False).data)
+            for item in page.get("items", []):
+                newest = max(newest, resource_version((item.get("metadata") or {}).get("resourceVersion")))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return newest
+
     def _lost(self, tree_root: str, hold_until: float | None = None) -> None:
         """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
         terminating = self._terminating.pop(tree_root, None)
@@ -239,6 +333,7 @@ class LedgerStore:
         if known is not None:  # noticed now; a tree already found missing keeps its first hold
             until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
+            self._hold_causes[tree_root] = "was deleted"
         if known is not None and known[1]:
             carried = self._carried.setdefault(tree_root, {})
             carried.update({key: item for key, item in known[1].items() if key not in carried})
@@ -285,6 +380,24 @@ class LedgerStore:
         self.write(tree_root, version, {}, release=True)
         return True
 
+    def check_writable(self) -> None:
+        """Raise LedgerUnavailable unless a ledger could be created in the namespace now (a dry run:
+        the namespace exists, this replica may create ConfigMaps in it, the apiserver answers)."""
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"{shared_ledger.LEDGER_NAME_PREFIX}write-check", "namespace": self.namespace}}
+        try:
+            self.core.create_namespaced_config_map(self.namespace, body, dry_run="All", field_manager=FIELD_MANAGER,
+                                                   _request_timeout=LEDGER_CHECK_TIMEOUT_SECONDS,
+                                                   _preload_content=False)
+        except ApiException as error:
+            if error.status == 409:  # a ledger of that name exists: creating is allowed there
+                return
+            raise LedgerUnavailable(f"cannot write ledger ConfigMaps in namespace {self.namespace}: "
+                                    f"{error.status} {error.reason}") from None
+        except Exception as error:  # connection errors of every kind
+            raise LedgerUnavailable(f"cannot reach the apiserver to write ledger ConfigMaps in namespace "
+                                    f"{self.namespace}: {error}") from None
+
     def pods_counted_through(self, tree_root: str) -> int:
         """How far a replica's pod watch must have got to decide on the copy of ``tree_root`` last read."""
         with self._lock:
@@ -319,6 +432,8 @@ class LedgerStore:
             labels[TREE_LABEL] = tree_root
         metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels,
                                     "finalizers": [] if release else [LEDGER_FINALIZER]}
+        if self.rebuilding(tree_root) and not release:
+            pods_counted_through = max(pods_counted_through, self.newest_pod_version())
         with self._lock:
             terminating = self._terminating.get(tree_root)
             counted_through = max(pods_counted_through, self._pods_counted_through.get(tree_root, 0))
@@ -344,16 +459,24 @@ class LedgerStore:
                         self._lost(tree_root)
                     self._cache.pop(tree_root, None)
                 return False
+            with self._lock:  # a 5xx (etcd timing out, say) does not prove the write did not land
+                self._cache.pop(tree_root, None)
             raise LedgerUnavailable(f"cannot write ConfigMap {self.namespace}/{name}: {error.status} "
                                     f"{error.reason}") from None
+        except BaseException:  # no answer: the write may have landed, so the cached copy may be stale
+            with self._lock:
+                self._cache.pop(tree_root, None)
+            raise
         written = orjson.loads(response.data)["metadata"]
         with self._lock:
             if release:  # gone now; a read finds it missing, and _lost knows nothing was lost
                 self._cache.pop(tree_root, None)
                 self._known.pop(tree_root, None)
+                self._rebuilding.pop(tree_root, None)
                 return True
-            # What was carried is in the object now (or was pruned from it on purpose).
+            # What was carried is in the object now (or was pruned from it on purpose), and it reads.
             self._carried.pop(tree_root, None)
+            self._rebuilding.pop(tree_root, None)
             self._pods_counted_through[tree_root] = counted_through
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
@@ -373,8 +496,10 @@ class StrictAccounting:
     def __init__(self, state: QuotaState, store: LedgerStore, replica: str | None = None,
                  clock: Callable[[], float] = time.time,
                  create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS,
-                 escrow_most_pods: int = DEFAULT_ESCROW_MOST_PODS) -> None:
+                 escrow_most_pods: int = DEFAULT_ESCROW_MOST_PODS,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.state = state
+        self.monotonic = monotonic  # the clock of the workers' answer deadlines (CLOCK_MONOTONIC)
         self.create_deadline_seconds = create_deadline_seconds
         self.escrow_most_pods = escrow_most_pods
         self.escrow_window = ESCROW_WINDOW_SECONDS if escrow_most_pods else 0.0
@@ -387,15 +512,44 @@ class StrictAccounting:
         self.clock = clock
         self._queues: dict[str, _TreeQueue] = {}
         self._queues_lock = threading.Lock()
+        # Why this replica cannot decide now ("" when it can), for readiness: set by the namespace
+        # check and by ledger writes that fail for a reason other than a conflict or a held tree.
+        self._ledger_problem = f"the ledger namespace {store.namespace} has not been checked yet"
 
-    def admit_pod(self, admission: PodAdmission) -> Verdict:
+    def ledger_problem(self) -> str:
+        return self._ledger_problem
+
+    def check_ledger(self) -> bool:
+        """Check that the ledger namespace can be written, for readiness; whether it can."""
+        try:
+            self.store.check_writable()
+        except LedgerUnavailable as error:
+            if str(error) != self._ledger_problem:
+                log.warning("strict accounting: not ready: %s", error)
+            self._ledger_problem = str(error)
+            return False
+        self._ledger_problem = ""
+        return True
+
+    def run_ledger_check(self, stop: threading.Event) -> None:
+        """Check at once, then every LEDGER_CHECK_SECONDS, or every LEDGER_CHECK_FAILING_SECONDS while failing."""
+        while True:
+            ok = self.check_ledger()
+            if stop.wait(LEDGER_CHECK_SECONDS if ok else LEDGER_CHECK_FAILING_SECONDS):
+                return
+
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict:
+        """Decide and record ``admission``; ``answer_by``: the monotonic time after which the worker no
+        longer waits for the answer, so nothing is admitted after it (see ``_late``)."""
+        if self.monotonic() >= answer_by:  # queued in the socket while this process was stopped or busy
+            return self._late(admission, "arrived")
         shape = self.state.escrow_shape(admission) if self.escrow_most_pods else None
         # A shape's chain ends at the tree's root: one resolution of the pod's quota, not two.
         tree_root = shape.quotas[-1] if shape is not None else self.state.tree_of(admission)
         if tree_root is None:
             return self.state.admit_pod(admission)  # no quota: nothing to share
         queue = self._queue(tree_root)
-        job = _Job(admission, shape)
+        job = _Job(admission, shape, answer_by=answer_by)
         with queue.condition:
             if shape is not None:
                 escrow = queue.escrows.get(shape.key())
@@ -445,16 +599,21 @@ class StrictAccounting:
         # of one tree alternate, and each would otherwise close the other's escrow).
         self._close_escrows(queue, only_spent=True)
         settling = list(queue.settling)  # only the committer changes it from here
+        withdrawals = list(queue.withdrawals)
         conflicts = 0
-        fresh = False
+        fresh = bool(withdrawals)  # the cached copy may predate the write that stored what they withdraw
         # Counted from the oldest job's arrival: time spent queued behind the previous commit is
         # part of the budget, so no admission outlives the API server's webhook timeout.
         give_up_at = min((job.submitted for job in batch), default=time.monotonic()) + RETRY_BUDGET_SECONDS
         held = ""
+        in_flight: list[_Withdrawal] = []
         try:
-            while batch or settling:
+            while batch or settling or withdrawals:
                 if conflicts and time.monotonic() > give_up_at:
                     break
+                batch = self._without_late(batch)
+                if not (batch or settling or withdrawals):
+                    continue
                 version, stored = self.store.read(tree_root, fresh)
                 if self.store.finish_deletion(tree_root, version):
                     fresh = True
@@ -463,8 +622,9 @@ class StrictAccounting:
                 held_until = self.store.recovering_until(tree_root)
                 if now < held_until:
                     self._record_hold(tree_root, version, stored, now)
-                    held = (f"the shared quota ledger of tree {tree_root} was deleted; reservations only it held "
-                            f"may still take room for {held_until - now:.1f}s, until they expire")
+                    held = (f"the shared quota ledger of tree {tree_root} {self.store.hold_cause(tree_root)}; "
+                            f"reservations only it held may still take room for {held_until - now:.1f}s, "
+                            f"until they expire")
                     break
                 counted_through = self.store.pods_counted_through(tree_root)
                 if not self.state.wait_for_pods_through(counted_through, give_up_at - time.monotonic()):
@@ -474,6 +634,8 @@ class StrictAccounting:
                     break
                 kept, counted_now = self.state.pruned(stored, now)
                 keep = self._settled(kept, settling, now)
+                withdrawn = self._withdraw(keep, withdrawals)
+                held_before = set(keep)
                 results, holding = self.state.judge_batch_holding([job.admission for job in batch], keep, now)
                 refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
                 if refused_for_room and self._close_escrows(queue, only_spent=False):
@@ -481,7 +643,7 @@ class StrictAccounting:
                     # all of it back in this write and judge the batch again without it.
                     settling = list(queue.settling)
                     continue
-                may_wait = refused_for_room and self._may_wait_for_escrow(keep, give_up_at)
+                may_wait = refused_for_room and self._may_wait_for_escrow(keep, give_up_at, batch, now)
                 waiting = {index for index, (verdict, _) in enumerate(results)
                            if may_wait and verdict.reason == QUOTA_EXCEEDED}
                 new = [r for _, r in results if r is not None]
@@ -490,8 +652,16 @@ class StrictAccounting:
                 taken = None if waiting else self._new_escrow(queue, batch, results, holding, now)
                 if taken is not None:
                     keep[taken[0].entry_key] = taken[1]
-                if new or settling or taken is not None:
-                    if not self.store.write(tree_root, version, keep, pods_counted_through=counted_now):
+                if new or settling or taken is not None or withdrawn:
+                    # Should the write fail without saying whether it landed (a timeout, a reset), the
+                    # batch is refused, so whatever of it may be stored is withdrawn (see _Withdrawal).
+                    in_flight = [_Withdrawal(r.pod_key, r.admission_uid, now) for r in new
+                                 if r.pod_key not in held_before]
+                    if taken is not None:
+                        in_flight.append(_Withdrawal(taken[0].entry_key, taken[1].reservation.admission_uid, now))
+                    written = self.store.write(tree_root, version, keep, pods_counted_through=counted_now)
+                    in_flight = []
+                    if not written:
                         metrics.LEDGER_WRITES.labels("conflict").inc()
                         conflicts += 1
                         fresh = True
@@ -505,6 +675,8 @@ class StrictAccounting:
                         settling = []
                         if taken is not None:  # opened for admissions once its write succeeded
                             queue.escrows[taken[0].shape.key()] = taken[0]
+                queue.withdrawals, withdrawals = [], []  # written, or their entries were gone already
+                results = self._refuse_late_answers(queue, batch, results, waiting, held_before, now)
                 decided = [(job, result) for index, (job, result) in enumerate(zip(batch, results, strict=True))
                            if index not in waiting]
                 self._finish([job for job, _ in decided], [result for _, result in decided])
@@ -520,14 +692,64 @@ class StrictAccounting:
                               f"in {RETRY_BUDGET_SECONDS:g}s)")
         except LedgerUnavailable as error:
             metrics.LEDGER_WRITES.labels("error").inc()
-            reason = str(error)
+            reason = self._ledger_problem = str(error)  # not ready until the namespace check passes again
         except Exception as error:  # connection errors of every kind: refuse rather than admit unrecorded
             metrics.LEDGER_WRITES.labels("error").inc()
-            reason = f"the shared quota ledger is unreachable: {error}"
+            reason = self._ledger_problem = f"the shared quota ledger is unreachable: {error}"
+        queue.withdrawals.extend(in_flight)
         if batch:
             log.warning("strict accounting: refusing %d admissions: %s", len(batch), reason)
         for job in batch:
             job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+
+    def _late(self, admission: PodAdmission, when: str) -> Verdict:
+        return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: the quota service "
+                       f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
+                       503, ANSWER_TOO_LATE)
+
+    def _without_late(self, batch: list[_Job]) -> list[_Job]:
+        """The jobs whose worker still waits; the others are refused before anything is written for them."""
+        now = self.monotonic()
+        for job in batch:
+            if now >= job.answer_by:
+                job.verdict = self._late(job.admission, "reached it")
+        return [job for job in batch if job.verdict is None]
+
+    def _withdraw(self, keep: dict[str, shared_ledger.StoredReservation], withdrawals: list[_Withdrawal]) -> bool:
+        """Take the withdrawn reservations out of ``keep``; whether any was still there."""
+        withdrawn = False
+        for withdrawal in withdrawals:
+            item = keep.get(withdrawal.pod_key)
+            if item is not None and withdrawal.matches(item, self.replica):
+                del keep[withdrawal.pod_key]
+                withdrawn = True
+        return withdrawn
+
+    def _refuse_late_answers(self, queue: _TreeQueue, batch: list[_Job],
+                             results: list[tuple[Verdict, Reservation | None]], waiting: set[int],
+                             held_before: set[str], now: float) -> list[tuple[Verdict, Reservation | None]]:
+        """Results with every admission decided after its worker's deadline refused, and the
+        reservations written only for such admissions queued for withdrawal (committer only).
+
+        Safe because the worker never receives an "allowed" for these: the pod cannot be stored on
+        their strength. A reservation is withdrawn only when no answered admission shares its entry:
+        one of the same pod earlier in the ledger (an admission already answered) or in this batch.
+        """
+        finished = self.monotonic()
+        late = {index for index, (job, (verdict, _)) in enumerate(zip(batch, results, strict=True))
+                if index not in waiting and verdict.allowed and finished >= job.answer_by}
+        if not late:
+            return results
+        answered = {reservation.pod_key for index, (_, reservation) in enumerate(results)
+                    if reservation is not None and index not in late}
+        for index in sorted(late):
+            reservation = results[index][1]
+            if reservation is not None and reservation.pod_key not in held_before | answered:
+                queue.withdrawals.append(_Withdrawal(reservation.pod_key, reservation.admission_uid, now))
+        log.warning("strict accounting: %d admissions were decided after their workers stopped waiting; "
+                    "refused, and their reservations withdrawn in the next write", len(late))
+        return [(self._late(batch[index].admission, "decided it") if index in late else verdict, reservation)
+                for index, (verdict, reservation) in enumerate(results)]
 
     def _close_escrows(self, queue: _TreeQueue, only_spent: bool) -> bool:
         """Close this replica's open escrows of the tree (the spent ones, or all), for the commit in
@@ -554,11 +776,21 @@ class StrictAccounting:
                         reservation, self.replica, reservation.expires_at - ttl)
         return keep
 
-    def _may_wait_for_escrow(self, keep: dict[str, shared_ledger.StoredReservation], give_up_at: float) -> bool:
-        """Whether a pod refused for room may ask again: another replica holds escrow in the tree,
-        and there is time left to."""
-        return (time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
-                and any(shared_ledger.is_escrow(key) and item.replica != self.replica for key, item in keep.items()))
+    def _may_wait_for_escrow(self, keep: dict[str, shared_ledger.StoredReservation], give_up_at: float,
+                             batch: list[_Job], now: float) -> bool:
+        """Whether a pod refused for room may ask again: another replica holds escrow in the tree that
+        it is about to give back (its window is over or nearly, and that replica is alive to write),
+        and there is time left to, within the budget and before any worker of the batch stops waiting.
+
+        An escrow of a replica whose quota service died (a new one has another name) or is stopped is
+        never given back early: it holds its room until it expires, as the invariant needs (pods may
+        have been admitted from it), and waiting for it would only turn refusals into timeouts."""
+        if (time.monotonic() + ESCROW_WAIT_SECONDS >= give_up_at
+                or self.monotonic() + ESCROW_WAIT_SECONDS >= min((job.answer_by for job in batch), default=math.inf)):
+            return False
+        return any(shared_ledger.is_escrow(key) and item.replica != self.replica
+                   and now < item.admitted_at + ESCROW_WINDOW_SECONDS + ESCROW_GIVE_BACK_SECONDS
+                   for key, item in keep.items())
 
     def _new_escrow(self, queue: _TreeQueue, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
                     holding: ReservationLedger, now: float) -> tuple[_Escrow, shared_ledger.StoredReservation] | None:
@@ -590,7 +822,7 @@ class StrictAccounting:
             queues = list(self._queues.items())
         for tree_root, queue in queues:
             with queue.condition:
-                due = bool(queue.settling) or any(escrow.spent(now, self.state.tree_version)
+                due = bool(queue.settling) or bool(queue.withdrawals) or any(escrow.spent(now, self.state.tree_version)
                                                   for escrow in queue.escrows.values())
                 if not due or queue.committing:
                     continue  # a commit in flight settles them anyway
@@ -607,7 +839,7 @@ class StrictAccounting:
     def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
                      now: float) -> None:
         """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
-        if self.store.carrying(tree_root) or not version:
+        if self.store.carrying(tree_root) or self.store.rebuilding(tree_root) or not version:
             kept, counted_through = self.state.pruned(stored, now)
             self.store.write(tree_root, version, kept, pods_counted_through=counted_through)
 
@@ -630,7 +862,7 @@ class StrictAccounting:
             lost = self._lost(keep, now)
             for pod_key in lost:
                 del keep[pod_key]
-            changed = len(keep) < len(stored) or self.store.carrying(tree_root)
+            changed = len(keep) < len(stored) or self.store.carrying(tree_root) or self.store.rebuilding(tree_root)
             if not version and not keep:
                 self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
             elif changed and self.store.write(tree_root, version, keep, pods_counted_through=counted_through):
