@@ -7,15 +7,23 @@ the core the webhook runs, so an audit finding means the webhook would act on th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .jsonpatch import apply
 from .memo import BoundedMemo
 from .mutation import admission_mutation
-from .placement import NodeView, constraints_of, decide_rewrite, gpu_names, nonzero_names, spec_resources, unadvertised
+from .placement import (
+    NodeView,
+    RewritePolicy,
+    constraints_of,
+    gpu_names,
+    spec_resources,
+    unadvertised,
+)
 from .pod_records import (
     PodRecord,
     gpu_memory_unknown,
@@ -412,7 +420,10 @@ def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig, rewritten: bo
     except PodShapeError as error:
         return _SpecVerdict(str(error), (), ())
     problems = validate_pod_gpu(containers, pod_requests(judged, containers))
-    return _SpecVerdict(None, tuple(r.describe() for r in rewrites), tuple((p.message, p.rule) for p in problems))
+    # Only what /mutate-pods would write: a request it leaves as written for the nodes the pod can
+    # reach (or by `rewrite: never`) is no rewrite, and no reason to warn.
+    described = tuple(r.describe() for r in rewrites) if rewritten else ()
+    return _SpecVerdict(None, described, tuple((p.message, p.rule) for p in problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,18 +599,13 @@ def check_gpu_placement(pods: Iterable[Mapping[str, Any]], workloads: Iterable[M
         spec = template.get("spec") if template is not None else None
         if not isinstance(spec, Mapping):
             continue
-        asked = gpu_names(spec_resources(spec))
         try:
-            rewritten, rewrites, _, _ = canonicalize_pod_spec(spec, config)
-        except PodShapeError:
+            # The mutating webhook's own answer for a pod of this template, nodes included.
+            mutation = admission_mutation({"spec": spec}, config, nodes)
+        except (PodShapeError, QuantityError):
             continue  # pod-invalid-gpu-request reports it
-        if rewrites:
-            needs = nonzero_names((name, amount) for r in rewrites for name, amount in r.outputs.items())
-            decision = decide_rewrite(config.rewrite, constraints_of(spec), [r.source for r in rewrites], needs,
-                                      nodes)
-            if decision.rewrite:
-                asked = gpu_names(spec_resources(rewritten))
-        _check_placement(spec, asked, str(obj.get("kind")), obj, nodes, report)
+        stored = apply({"spec": spec}, mutation.operations())["spec"] if mutation.changed else spec
+        _check_placement(spec, gpu_names(spec_resources(stored)), str(obj.get("kind")), obj, nodes, report)
 
 
 def _check_placement(spec: Mapping[str, Any], asked: frozenset[str], kind: str, obj: Mapping[str, Any],
@@ -659,6 +665,23 @@ def _shown_in(report: AuditReport, namespace: str, objects: Iterable[Mapping[str
                        quota_usage={name: usage for name, usage in report.quota_usage.items() if name in shown_quotas})
 
 
+def audit_rewrite_config(config: ConversionConfig, view: NodeView | None) -> ConversionConfig:
+    """The config the offline views decide the rewrite with: as given, except that with no Node
+    in their input ``rewrite: auto`` (which then leaves every request as written: "not listed
+    yet") rewrites as ``always`` would, so the manifests are judged as they will be stored in a
+    cluster whose nodes advertise the canonical names. ``convert`` and ``explain`` say so."""
+    global _last_always
+    if view is None and config.rewrite is RewritePolicy.AUTO:
+        # One copy per config: the memos key their answers by the config's identity.
+        if _last_always is None or _last_always[0] is not config:
+            _last_always = (config, replace(config, rewrite=RewritePolicy.ALWAYS))
+        return _last_always[1]
+    return config
+
+
+_last_always: tuple[ConversionConfig, ConversionConfig] | None = None
+
+
 def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: ConversionConfig,
            shared_label: str) -> AuditReport:
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
@@ -678,11 +701,14 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
     # The webhook's quota decision on pods and templates needs the tree, whatever scopes are shown.
     tree = quota_tree(by_kind.get("ElasticQuota", []), config) if wanted & {"pods", "workloads"} else None
     view = NodeView.from_objects(nodes)
+    # With no Node to look at, the rewrite is judged as `rewrite: always` would make it, as
+    # `gpuquota convert` and `explain` do (audit_rewrite_config); the verdict on validation follows it.
+    judged_config = audit_rewrite_config(config, view)
     if "pods" in wanted:
-        check_pods(pods, report, config, shapes, tree, view)
+        check_pods(pods, report, judged_config, shapes, tree, view)
     if "workloads" in wanted:
-        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config,
-                        tree, view)
+        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report,
+                        judged_config, tree, view)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
     if view is not None:  # without any Node object nothing can be said about placement
