@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.audit import template_of
+from gpuquota_core.audit import template_of, template_pod_name
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID
 from gpuquota_core.jsonpatch import apply
@@ -207,7 +207,7 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     # The pod a controller would create from it: the template's labels and annotations (the quota
     # label among them), a generated name, the workload's namespace.
     template_metadata = mapping_or_empty(template.get("metadata"))
-    pod_metadata: dict[str, Any] = {"generateName": f"{name}-", "namespace": own_namespace}
+    pod_metadata: dict[str, Any] = {"generateName": template_pod_name(name), "namespace": own_namespace}
     for key in ("labels", "annotations"):
         if isinstance(template_metadata.get(key), Mapping):
             pod_metadata[key] = _plain(template_metadata[key], name)

@@ -432,6 +432,9 @@ class QuotaPlace:
 
     judge: PodQuotaJudge
     labels: Mapping[str, Any]
+    # The name the webhook's messages give the pod ("": the object's own). A template's pods are
+    # created with only generateName set ("<workload>-"), and that is what the webhook is sent.
+    pod_name: str = ""
 
 
 def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
@@ -454,7 +457,7 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
              "problems": [message for message, _ in verdict.problems]}))
         return  # the webhook refuses it here; the quota decision is never reached
     if place is not None:
-        decision = place.judge.refusal(spec, namespace, name, place.labels, config, shape)
+        decision = place.judge.refusal(spec, namespace, place.pod_name or name, place.labels, config, shape)
         if decision is not None:
             report.findings.append(Finding(
                 "pod-quota-refused", Severity.ERROR, kind, namespace, name, decision.message,
@@ -507,6 +510,11 @@ class PodQuotaJudge:
         return decision
 
 
+def template_pod_name(workload_name: str) -> str:
+    """How the webhook names a pod created from a workload's template: by its generateName."""
+    return f"{workload_name}-"
+
+
 def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     path = TEMPLATE_PATHS.get(str(obj.get("kind")))
     if path is None:
@@ -555,7 +563,7 @@ def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
             if judge is not None and template is not None:
                 template_metadata = template.get("metadata")
                 place = QuotaPlace(judge, _labels_of(template_metadata if isinstance(template_metadata, Mapping)
-                                                    else {}))
+                                                    else {}), template_pod_name(name))
             _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config,
                         place=place, view=view)
 

@@ -203,7 +203,7 @@ def pod_of(obj: dict[str, Any]) -> dict[str, Any]:
         return obj
     template = obj["spec"]["template"]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"],
+            "metadata": {"generateName": f"{obj['metadata']['name']}-", "namespace": obj["metadata"]["namespace"],
                          "labels": template["metadata"]["labels"]},
             "spec": template["spec"]}
 
