@@ -83,7 +83,12 @@ def nodes(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 quota_amounts = st.sampled_from(["0", "100", "200", "400", "800", "1200", "2", "4", "-100"])
-quota_lists = st.dictionaries(st.sampled_from([CORE, RATIO, NVIDIA, "cpu"]), quota_amounts, max_size=3)
+# Mostly limits in one family as quotas are written (canonical pairs, or whole vendor cards), sized
+# like the pods below so that how full a quota is decides; now and then anything.
+canonical_limits = st.sampled_from(["100", "200", "300", "400", "800"]).map(lambda n: {CORE: n, RATIO: n})
+quota_lists = st.one_of(canonical_limits, canonical_limits,
+                        st.sampled_from(["1", "2", "4", "8"]).map(lambda n: {NVIDIA: n}),
+                        st.dictionaries(st.sampled_from([CORE, RATIO, NVIDIA, "cpu"]), quota_amounts, max_size=3))
 
 
 @st.composite
@@ -109,9 +114,17 @@ def quotas(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 pod_amounts = st.sampled_from(["1", "2", "4", "50", "100", "200", "0", "0.5", "-1", "150"])
-gpu_requests = st.dictionaries(st.sampled_from([NVIDIA, NVIDIA, CORE, RATIO, MEMORY, AMD, "koordinator.sh/gpu",
-                                                "koordinator.sh/gpu.shared", "cpu"]),
-                               pod_amounts, max_size=3)
+# Mostly the requests users write (whole vendor cards, a share in percent, nothing), sometimes any
+# mix of names and amounts, invalid ones included.
+shares = st.sampled_from(["25", "50", "100", "200"]).map(lambda n: {CORE: n, RATIO: n})
+gpu_requests = st.one_of(
+    st.sampled_from(["1", "2", "4"]).map(lambda n: {NVIDIA: n}),
+    st.sampled_from(["1", "2", "4"]).map(lambda n: {NVIDIA: n}),
+    shares, shares,
+    st.sampled_from(["1", "2"]).map(lambda n: {AMD: n}),
+    st.just({"cpu": "1"}),
+    st.dictionaries(st.sampled_from([NVIDIA, NVIDIA, CORE, RATIO, MEMORY, AMD, "koordinator.sh/gpu",
+                                     "koordinator.sh/gpu.shared", "cpu"]), pod_amounts, max_size=3))
 
 
 @st.composite

@@ -45,7 +45,7 @@ from gpuquota_core.audit import TEMPLATE_PATHS, Severity
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
-from gpuquota_core.pod_records import pod_is_counted
+from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL, UNCHECKED_QUOTAS
@@ -99,6 +99,7 @@ class Answer:
     message: str
     rules: list[str] = field(default_factory=list)  # 422 Invalid: the validation rules
     pod: dict[str, Any] = field(default_factory=dict)  # as stored (patched)
+    used: dict[str, dict[str, str]] = field(default_factory=dict)  # quota -> resource -> what the state counts
 
 
 def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config: ConversionConfig,
@@ -113,8 +114,10 @@ def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config:
     outcome = handlers.validate_pod(decode_review(json.dumps(reviews.review(stored, dry_run=True)).encode()))
     verdict = outcome.response
     rules = outcome.note.split(",") if not verdict.allowed and verdict.reason == "Invalid" else []
+    used = {quota.name: {name: str(amount) for name, amount in state.usage.used(quota.name).items()}
+            for quota in state.tree}
     return Answer(patch, list(mutated.warnings), verdict.allowed, verdict.code, verdict.reason or "",
-                  verdict.message or "", rules, stored)
+                  verdict.message or "", rules, stored, used)
 
 
 def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
@@ -246,9 +249,10 @@ def check_explain(explanations: list[dict[str, Any]], subjects: list[Subject], s
             now.allowed, now.code, now.reason, now.message), context
         assert explained["mutation"]["patch"] == now.patch, context
         assert bool(explained["mutation"]["rewrites"]) == bool(now.patch), context
-        # Why a request was left as written: the webhook's own warnings.
-        left = [w.removeprefix("gpuquota ") for w in now.mutate_warnings if w.startswith("gpuquota left ")]
-        assert [n for n in explained["mutation"]["notes"] if n.startswith("left ")] == left, context
+        # Why a request was left as written, where the pod can land: the webhook's own warnings.
+        notes = [w.removeprefix("gpuquota: ").removeprefix("gpuquota ") for w in now.mutate_warnings
+                 if not w.startswith("gpuquota rewrote ")]
+        assert explained["mutation"]["notes"] == notes, context
         assert explained["invalidRules"] == now.rules, context
         if now.rules:
             assert explained["headroom"] == [], context
@@ -259,7 +263,12 @@ def check_explain(explanations: list[dict[str, Any]], subjects: list[Subject], s
         assert explained["quota"] == resolution.quota, context
         if resolution.quota in state.tree.quotas:
             assert explained["chain"] == [q.name for q in state.tree.chain(resolution.quota)], context
-        assert {level["quota"] for level in explained["headroom"]} <= set(explained["chain"]), context
+        # At every level: what the state counts (without the pod itself) and what the pod adds.
+        requests = remembered_pod_requests(now.pod["spec"])
+        for level in explained["headroom"]:
+            assert level["quota"] in explained["chain"], context
+            assert level["used"] == now.used.get(level["quota"], {}).get(level["resource"], "0"), context
+            assert level["charge"] == str(requests.get(level["resource"], ZERO)), context
 
 
 def stored_pod_of(item: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -282,6 +291,10 @@ def check_convert(items: list[dict[str, Any]], stderr: str, subjects: list[Subje
             context
         ref = f"{subject.kind}/{subject.namespace}/{subject.name}"
         assert (ref in refused) == bool(subject.empty.rules), (ref, refused, subject.empty)
+        # Left as written, and why: the webhook's words.
+        left = [w for w in subject.empty.mutate_warnings if w.startswith("gpuquota left ")]
+        assert [line.removeprefix(f"{ref}: ") for line in stderr.splitlines()
+                if line.startswith(f"{ref}: gpuquota left ")] == left, (ref, stderr, left)
 
 
 def check_migrate(plan: dict[str, Any], findings: list[dict[str, Any]]) -> None:

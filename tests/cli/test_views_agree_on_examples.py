@@ -112,3 +112,22 @@ def test_explain_says_what_it_did_with_an_invalid_request_in_the_users_own_numbe
     [explanation] = json.loads(explained)["explanations"]
     assert explanation["message"] == f"{finding['message']} [rule: {rule}]"
     assert explanation["invalidRules"] == [rule] and explanation["headroom"] == []
+
+
+def test_a_templates_pod_is_named_alike_by_the_audit_and_explain(tmp_path: Path) -> None:
+    # Found by the property test: the audit named a template's pod by the workload's name, while the
+    # webhook (and explain, which sends it the review) sees only its generateName.
+    workload = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "team-nlp"},
+                "spec": {"template": {"metadata": {"labels": {"quota.scheduling.koordinator.sh/name": "gone"}},
+                                      "spec": {"containers": [{"name": "c", "resources": {
+                                          "limits": {"koordinator.sh/gpu-core": "50",
+                                                     "koordinator.sh/gpu-memory-ratio": "50"}}}]}}}}
+    path = tmp_path / "web.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    _, audit_out, _ = run("audit", "workloads", "-f", str(path), "-f", str(EXAMPLES), "-o", "json")
+    [finding] = [f for f in json.loads(audit_out)["findings"] if f["name"] == "web"]
+    _, explained, _ = run("explain", "-f", str(path), "--state", str(EXAMPLES), "-o", "json")
+    [explanation] = json.loads(explained)["explanations"]
+    assert finding["check"] == "pod-quota-refused"
+    assert finding["message"] == explanation["message"]
+    assert "pod team-nlp/web- names ElasticQuota 'gone'" in finding["message"]
