@@ -2,7 +2,8 @@
 
 A cluster is nodes of every GPU layout (vendor-only, canonical-only, mixed, another vendor, no GPU)
 with labels, taints and cordons; a quota tree (unique names, so ``serve --state`` loads it; a parent
-that does not exist now and then); pods that already run, finished or not, some bound to a node;
+that does not exist now and then); pods that already run, finished or not, some bound to a node,
+some as the webhook stored them (rewritten, annotated);
 workloads; and pods not yet created. Pods and templates carry nodeName, nodeSelector, required node
 affinity and tolerations that reach some of the nodes, all of them or none; their GPU requests
 include invalid ones (negative, fractional), which every view must refuse alike.
@@ -11,12 +12,17 @@ include invalid ones (negative, fractional), which every view must refuse alike.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hypothesis import strategies as st
+
+from gpuquota_core.conversion import DEFAULT_CONFIG
+from gpuquota_core.jsonpatch import apply
+from gpuquota_core.mutation import admission_mutation
+from gpuquota_core.placement import RewritePolicy
 
 PREFIX = "quota.scheduling.koordinator.sh/"
 CORE, RATIO, MEMORY = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio", "koordinator.sh/gpu-memory"
@@ -171,6 +177,16 @@ def pod_specs(draw: st.DrawFn, node_count: int) -> tuple[dict[str, str], dict[st
     return ({PREFIX + "name": label} if label else {}), spec
 
 
+ALWAYS = replace(DEFAULT_CONFIG, rewrite=RewritePolicy.ALWAYS)
+
+
+def stored_by_the_webhook(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the mutating webhook stored it when it was created: rewritten, with the
+    original-resources annotation (a pod created before the webhook keeps what it asked for)."""
+    mutation = admission_mutation(pod, ALWAYS, None)
+    return apply(pod, mutation.operations()) if mutation.changed else pod
+
+
 @st.composite
 def clusters(draw: st.DrawFn) -> Cluster:
     cluster = Cluster(nodes=draw(nodes()), quotas=draw(quotas()))
@@ -181,6 +197,8 @@ def clusters(draw: st.DrawFn) -> Cluster:
                                "metadata": {"name": f"pod-{index}", "namespace": draw(st.sampled_from(NAMESPACES)),
                                             "labels": labels},
                                "spec": spec}
+        if draw(st.integers(0, 3)) == 0:
+            pod = stored_by_the_webhook(pod)
         if draw(st.booleans()):
             pod["status"] = {"phase": draw(st.sampled_from(["Running", "Pending", "Succeeded"]))}
         cluster.pods.append(pod)
