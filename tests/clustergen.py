@@ -107,7 +107,7 @@ def quotas(draw: st.DrawFn) -> list[dict[str, Any]]:
         parent = draw(st.sampled_from(["", "", *names[:index], "gone"]))
         if parent:
             labels[PREFIX + "parent"] = parent
-        if draw(st.booleans()):
+        if draw(st.integers(0, 3)) == 0:
             labels[PREFIX + "is-parent"] = "true"
         annotations: dict[str, str] = {}
         if draw(st.integers(0, 4)) == 0:
@@ -161,7 +161,7 @@ def constraints(draw: st.DrawFn, node_count: int) -> dict[str, Any]:
 @st.composite
 def pod_specs(draw: st.DrawFn, node_count: int) -> tuple[dict[str, str], dict[str, Any]]:
     """Labels (the quota label or none) and a spec: one or two containers, sometimes an init container."""
-    label = draw(st.sampled_from([None, None, *QUOTA_NAMES, "missing"]))
+    label = draw(st.sampled_from([None, None, None, None, *QUOTA_NAMES, "missing"]))
     containers = []
     for index in range(draw(st.integers(1, 2))):
         asked = draw(gpu_requests)

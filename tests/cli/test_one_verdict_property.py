@@ -9,7 +9,8 @@ call) over its own ``QuotaState`` loaded from the same objects and the nodes amo
 agree, object by object, on:
 
 * rewritten or left as written: the patch itself, and the reason when left;
-* admitted or refused, with the code, reason, message and rules;
+* admitted or refused, with the code, reason, message and rules (quotas too: what
+  ``/validate-elasticquotas`` says of each as written is the audit's ``quota-refused-by-webhook``);
 * the quota charged and at which levels: the quota a pod resolves to, its chain, and every
   quota's usage.
 
@@ -84,7 +85,25 @@ class StateDecider:
         return self.state.admit_pod(admission)
 
     def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
-        raise NotImplementedError
+        return self.state.review_elasticquota(quota)
+
+
+def quota_review(quota: dict[str, Any]) -> dict[str, Any]:
+    """An UPDATE of a stored quota that writes it as it is: what the webhook says of it as written."""
+    return reviews.review(quota, operation="UPDATE", old=quota, kind="ElasticQuota", group="scheduling.sigs.k8s.io",
+                          version="v1alpha1", resource="elasticquotas")
+
+
+def quota_verdicts(cluster: Cluster) -> dict[str, tuple[bool, str]]:
+    """``/validate-elasticquotas`` on each quota as written, in the cluster: (allowed, message)."""
+    state = QuotaState()
+    state.load(cluster.objects)
+    handlers = AdmissionHandlers(DEFAULT_CONFIG, StateDecider(state))
+    verdicts = {}
+    for quota in cluster.quotas:
+        response = handlers.validate_elasticquota(decode_review(json.dumps(quota_review(quota)).encode())).response
+        verdicts[quota["metadata"]["name"]] = (response.allowed, response.message or "")
+    return verdicts
 
 
 @dataclass
@@ -178,7 +197,8 @@ def run(args: list[str], expect: Iterable[int] = (0,)) -> str:
     return result.stdout
 
 
-def check_audit(findings: list[dict[str, Any]], subjects: list[Subject], state: QuotaState) -> None:
+def check_audit(findings: list[dict[str, Any]], subjects: list[Subject], state: QuotaState,
+                quota_answers: dict[str, tuple[bool, str]]) -> None:
     on: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     for finding in findings:
         on.setdefault((finding["kind"], finding["namespace"], finding["name"]), {})[finding["check"]] = finding
@@ -208,6 +228,11 @@ def check_audit(findings: list[dict[str, Any]], subjects: list[Subject], state: 
                 subject.empty.code, subject.empty.reason, subject.empty.message), context
         else:
             assert refused is None, context
+    # Every quota as written: refused by /validate-elasticquotas exactly when the audit says so, in its words.
+    for name, (allowed, message) in quota_answers.items():
+        refused = [f for f in findings if (f["kind"], f["name"], f["check"]) == (
+            "ElasticQuota", name, "quota-refused-by-webhook")]
+        assert [f["message"] for f in refused] == ([] if allowed else [message]), (name, allowed, message)
     # Every quota's usage, charged as the webhook's state charges it; over its limit where checked.
     usage = {}
     for finding in findings:
@@ -331,7 +356,7 @@ def check_views(cluster: Cluster, directory: Path) -> None:
     subjects, state, _ = reference(cluster)
     files = str(directory)
     audit = json.loads(run(["audit", "-f", files, "-o", "json", "--fail-on", "none"]))
-    check_audit(audit["findings"], subjects, state)
+    check_audit(audit["findings"], subjects, state, quota_verdicts(cluster))
     check_usage_summary(audit["summary"], state)
     check_policy_reports(run(["audit", "-f", files, "-o", "policyreport", "--fail-on", "none"]), audit["findings"])
     if subjects:

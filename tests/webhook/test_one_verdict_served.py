@@ -6,7 +6,8 @@ through the real server (gunicorn, TLS, its quota service and published node vie
 its answers with the CLI's verdicts (``gpuquota explain -o json --state`` on the same files): for
 every pod not yet created and every workload's template, the patch ``/mutate-pods`` sends and why
 it leaves a request as written, and whether ``/validate-pods`` admits the patched pod, with its
-code, reason and message.
+code, reason and message; and for every quota, whether ``/validate-elasticquotas`` refuses it as
+written, against the audit's ``quota-refused-by-webhook``.
 
 Each cluster has at least one Node: with none listed the served webhook leaves every request as
 written ("not listed yet") while the offline views judge as ``rewrite: always`` would, on purpose
@@ -83,6 +84,8 @@ def test_the_served_webhook_answers_as_the_cli_explains(cluster: Cluster, cert_d
     result = CliRunner().invoke(cli, ["explain", "-f", str(path), "--state", str(state), "-o", "json"])
     assert result.exit_code in (0, 1), result.output
     explained = {e["subject"]: e for e in json.loads(result.stdout)["explanations"]}
+    audit = CliRunner().invoke(cli, ["audit", "-f", str(state), "-o", "json", "--fail-on", "none"])
+    findings = json.loads(audit.stdout)["findings"]
 
     server = WebhookProcess(work / "server", serve_args=["--state", str(state)])
     server.cert_dir, server.ca_bundle = cert_dir
@@ -95,7 +98,18 @@ def test_the_served_webhook_answers_as_the_cli_explains(cluster: Cluster, cert_d
             assert (served["allowed"], served["code"], served["reason"], served["message"]) == (
                 explanation["admitted"], explanation["code"], explanation["reason"], explanation["message"]), context
             assert served["patch"] == explanation["mutation"]["patch"], context
-            left = [w.removeprefix("gpuquota ") for w in served["warnings"] if w.startswith("gpuquota left ")]
-            assert [n for n in explanation["mutation"]["notes"] if n.startswith("left ")] == left, context
+            notes = [w.removeprefix("gpuquota: ").removeprefix("gpuquota ") for w in served["warnings"]
+                     if not w.startswith("gpuquota rewrote ")]
+            assert explanation["mutation"]["notes"] == notes, context
+        # Each quota as written (an UPDATE that writes it as stored): refused exactly when the audit
+        # reports quota-refused-by-webhook, with its message.
+        for quota in cluster.quotas:
+            review = reviews.review(quota, operation="UPDATE", old=quota, kind="ElasticQuota",
+                                    group="scheduling.sigs.k8s.io", version="v1alpha1", resource="elasticquotas")
+            served_quota = post_review(server, "/validate-elasticquotas", review)
+            refused = [f["message"] for f in findings if (f["kind"], f["name"], f["check"]) == (
+                "ElasticQuota", quota["metadata"]["name"], "quota-refused-by-webhook")]
+            expected = [] if served_quota["allowed"] else [served_quota["status"]["message"]]
+            assert refused == expected, (quota, served_quota, refused)
     finally:
         server.stop()
