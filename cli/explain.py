@@ -382,7 +382,7 @@ def render(e: Explanation) -> str:
     lines += [f"  {n}" for n in e.notes]
     lines.append("")
     if e.existing:
-        lines.append(f"{EXISTING_NOTE}")
+        lines.append(EXISTING_NOTE)
     if not e.rule:
         pass  # refused before the quota decision: the pod could not be read
     elif e.quota is None:
