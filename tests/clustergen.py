@@ -204,11 +204,18 @@ def clusters(draw: st.DrawFn) -> Cluster:
         cluster.pods.append(pod)
     for index in range(draw(st.integers(0, 3))):
         labels, spec = draw(pod_specs(node_count))
+        template = {"metadata": {"labels": {"app": f"d{index}", **labels}}, "spec": spec}
+        kind = draw(st.sampled_from(["Deployment", "Deployment", "StatefulSet", "Job", "CronJob"]))
+        workload_spec: dict[str, Any] = {"template": template}
+        if kind in ("Deployment", "StatefulSet"):
+            workload_spec = {"replicas": draw(st.integers(1, 3)), "selector": {"matchLabels": {"app": f"d{index}"}},
+                             "template": template}
+        elif kind == "CronJob":
+            workload_spec = {"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": template}}}
         cluster.workloads.append({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": f"deploy-{index}", "namespace": draw(st.sampled_from(NAMESPACES))},
-            "spec": {"replicas": draw(st.integers(1, 3)), "selector": {"matchLabels": {"app": f"d{index}"}},
-                     "template": {"metadata": {"labels": {"app": f"d{index}", **labels}}, "spec": spec}}})
+            "apiVersion": "batch/v1" if kind in ("Job", "CronJob") else "apps/v1", "kind": kind,
+            "metadata": {"name": f"{kind.lower()}-{index}", "namespace": draw(st.sampled_from(NAMESPACES))},
+            "spec": workload_spec})
     if draw(st.integers(0, 3)) == 0:
         cluster.workloads.append({"apiVersion": "v1", "kind": "ResourceQuota",
                                   "metadata": {"name": "gpu-cap", "namespace": draw(st.sampled_from(NAMESPACES))},

@@ -42,7 +42,7 @@ from clustergen import Cluster, clusters
 from hypothesis import HealthCheck, given, settings
 
 from cli.main import cli
-from gpuquota_core.audit import TEMPLATE_PATHS, Severity
+from gpuquota_core.audit import TEMPLATE_PATHS, Severity, template_of
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
@@ -140,8 +140,9 @@ def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config:
 
 
 def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
-    """The pod a controller creates from a Deployment's template now (as explain builds it)."""
-    template = workload["spec"]["template"]
+    """The pod a controller creates from a workload's template now (as explain builds it)."""
+    template = template_of(workload)
+    assert template is not None
     metadata = workload["metadata"]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
@@ -299,7 +300,8 @@ def check_explain(explanations: list[dict[str, Any]], subjects: list[Subject], s
 def stored_pod_of(item: dict[str, Any], kind: str) -> dict[str, Any]:
     if kind == "Pod":
         return item
-    template = item["spec"]["template"]
+    template = template_of(item)
+    assert template is not None
     return {"metadata": template.get("metadata") or {}, "spec": template["spec"]}
 
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from webhookproc import WebhookProcess, generate_certs, post_review
 
 from cli.main import cli
-from gpuquota_core.audit import TEMPLATE_PATHS
+from gpuquota_core.audit import TEMPLATE_PATHS, template_of
 from gpuquota_core.jsonpatch import apply
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_SERVED_EXAMPLES", "5"))
@@ -48,7 +48,8 @@ def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
-    template = workload["spec"]["template"]
+    template = template_of(workload)
+    assert template is not None
     metadata = workload["metadata"]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
