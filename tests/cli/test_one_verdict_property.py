@@ -56,7 +56,7 @@ from webhook.admission.quota_port import PodAdmission, Verdict
 from webhook.admission.review import decode_review
 from webhook.quota.state import QuotaState
 
-EXAMPLES = int(os.environ.get("GPUQUOTA_VIEWS_EXAMPLES", "2000"))
+EXAMPLES = int(os.environ.get("GPUQUOTA_VIEWS_EXAMPLES", "2500"))
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
                    derandomize=os.environ.get("GPUQUOTA_PROPERTY_RANDOM") != "1",
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
