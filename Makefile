@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit e2e control-plane koordinator helm test-tools certs bench fuzz-atheris clean image push dist
+.PHONY: run test lint unit e2e control-plane koordinator helm test-tools certs bench fuzz-atheris property-long clean image push dist
 
 $(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,15 @@ fuzz-atheris: $(STAMP)
 	corpus=$$(mktemp -d) && cp examples/requests/*.json "$$corpus"/ && \
 	  $(BIN)/python hack/fuzz-atheris.py -runs=$(RUNS) -seed=1 -max_len=8192 "$$corpus"; \
 	  status=$$?; rm -rf "$$corpus"; exit $$status
+
+## property-long: every view against the webhook's verdict on many more generated clusters, randomized (not part of make test)
+CLUSTERS ?= 20000
+SERVED_CLUSTERS ?= 40
+property-long: $(STAMP)
+	GPUQUOTA_VIEWS_EXAMPLES=$(CLUSTERS) GPUQUOTA_SERVED_EXAMPLES=$(SERVED_CLUSTERS) \
+	GPUQUOTA_PROPERTY_EXAMPLES=$(CLUSTERS) GPUQUOTA_PROPERTY_RANDOM=1 \
+	  $(BIN)/pytest -q --timeout 0 tests/cli/test_one_verdict_property.py \
+	    tests/webhook/test_one_verdict_served.py tests/core/test_one_truth.py $(PYTEST_ARGS)
 
 ## bench: the production shape against native ResourceQuota (bench/production_shape.py), then admission over TLS (bench/run.py)
 bench: $(STAMP) control-plane test-tools

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.audit import TEMPLATE_PATHS, template_of
+from gpuquota_core.audit import TEMPLATE_PATHS, template_of, template_pod_name
 from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.enforcement import INVALID
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.pod_records import remembered_pod_requests
-from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
+from gpuquota_core.podspec import CONTAINER_KINDS, PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
 from gpuquota_core.resources import ResourceList, add_lists
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from webhook.quota.state import QuotaState
 
 REFUSED_EXIT = 1
+EXISTING_NOTE = ("The pod already exists in the cluster: judged as if created in its place (its own usage is "
+                 "not in USED)")
 REWROTE_PREFIX = "gpuquota rewrote "
 NOTE_PREFIX = "gpuquota: "
 
@@ -77,11 +80,21 @@ class Explanation:
     fit: int | None = None
     mutation_note: str = ""
     patch: list[dict[str, Any]] = field(default_factory=list)
+    # The pod is already in the state (same namespace and name): judged as if created in its place,
+    # so its own usage is not counted twice (once in USED, again in POD ADDS).
+    existing: bool = False
+    # The validation rules that refused the request (422 Invalid): the quota decision is never reached.
+    invalid_rules: list[str] = field(default_factory=list)
+
+    def mutation_summary(self) -> str:
+        return _mutation_summary(self)
 
     def as_dict(self) -> dict[str, Any]:
         return {"subject": self.subject.source, "admitted": self.admitted, "code": self.code,
-                "reason": self.reason, "message": self.message,
-                "mutation": {"rewrites": self.rewrites, "notes": self.notes, "patch": self.patch},
+                "reason": self.reason, "message": self.message, "existing": self.existing,
+                "invalidRules": self.invalid_rules,
+                "mutation": {"rewrites": self.rewrites, "notes": self.notes, "patch": self.patch,
+                             "summary": self.mutation_summary()},
                 "warnings": self.warnings, "wouldDeny": self.would_deny,
                 "quota": self.quota, "rule": self.rule, "chain": self.chain,
                 "headroom": [level.as_dict() for level in self.levels],
@@ -200,7 +213,7 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
         review_namespace = str(request.get("namespace") or "") if isinstance(request, Mapping) else ""
         return subjects_of(pod, review_namespace or namespace)
     if kind == "Pod":
-        pod = _plain(obj, name)
+        pod = _quantities_as_text(_plain(obj, name))
         if not isinstance(pod.get("metadata", {}), dict):
             raise CommandError(f"Pod {name or '(unnamed)'}: metadata is not an object")
         pod.setdefault("metadata", {})["namespace"] = own_namespace
@@ -211,18 +224,44 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     # The pod a controller would create from it: the template's labels and annotations (the quota
     # label among them), a generated name, the workload's namespace.
     template_metadata = mapping_or_empty(template.get("metadata"))
-    pod_metadata: dict[str, Any] = {"generateName": f"{name}-", "namespace": own_namespace}
+    pod_metadata: dict[str, Any] = {"generateName": template_pod_name(name), "namespace": own_namespace}
     for key in ("labels", "annotations"):
         if isinstance(template_metadata.get(key), Mapping):
             pod_metadata[key] = _plain(template_metadata[key], name)
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
-           "spec": _plain(template.get("spec") or {}, name)}
+    pod = _quantities_as_text({"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
+                               "spec": _plain(template.get("spec") or {}, name)})
     spec = mapping_or_empty(obj.get("spec"))
     replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
     if kind == "Job":
         replicas = spec.get("parallelism", 1)
     return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod,
                     replicas if isinstance(replicas, int) else None)]
+
+
+def _quantities_as_text(pod: dict[str, Any]) -> dict[str, Any]:
+    """Whole-number quantities written unquoted, as the text the API server stores for them.
+
+    A manifest's ``nvidia.com/gpu: 99999999999999999999`` is a YAML integer; the API server keeps a
+    quantity as its text, and every review it sends carries that text. Sent as a JSON number it
+    would be read back as the nearest float (1e20), and the verdict would quote a number the user
+    never wrote.
+    """
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return pod
+    maps: list[object] = [spec.get("overhead")]
+    for kind in CONTAINER_KINDS:
+        entries = spec.get(kind)
+        for entry in entries if isinstance(entries, list) else ():
+            resources = entry.get("resources") if isinstance(entry, dict) else None
+            if isinstance(resources, dict):
+                maps += [resources.get("requests"), resources.get("limits")]
+    for values in maps:
+        if isinstance(values, dict):
+            for name, value in values.items():
+                if type(value) is int:
+                    values[name] = str(value)
+    return pod
 
 
 def _plain(value: Any, name: str) -> Any:
@@ -275,6 +314,23 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
 
 def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDecider,
              decode_review: Callable[[bytes], AdmissionRequest]) -> Explanation:
+    """``subject`` as the webhook answers its CREATE; a pod the state already holds is taken out of
+    the usage while it is judged (and put back), as if it were created in its own place."""
+    usage = decider.state.usage
+    metadata = mapping_or_empty(subject.pod.get("metadata"))
+    key = f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}"
+    stored = usage.discard(key) if metadata.get("name") and usage.get(key) is not None else None
+    try:
+        result = _judged(subject, handlers, decider, decode_review)
+    finally:
+        if stored is not None:
+            usage.upsert(stored)
+    result.existing = stored is not None
+    return result
+
+
+def _judged(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDecider,
+            decode_review: Callable[[bytes], AdmissionRequest]) -> Explanation:
     mutated = handlers.mutate_pod(decode_review(_review(subject.pod)))
     response = mutated.response
     rewrites = [w.removeprefix(REWROTE_PREFIX) for w in response.warnings if w.startswith(REWROTE_PREFIX)]
@@ -294,6 +350,11 @@ def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDe
                          would_deny=[{"check": r.check, "mode": r.mode.value, "message": r.message}
                                      for r in validated.relaxed],
                          mutation_note=mutated.note, patch=[dict(op) for op in response.patch or ()])
+    if not verdict.allowed and verdict.reason == INVALID:
+        # /validate-pods refused the GPU request itself (its note lists the rules): the quota
+        # decision is never reached, so nothing is charged anywhere.
+        result.invalid_rules = validated.note.split(",")
+        return result
     metadata = mapping_or_empty(pod.get("metadata"))
     labels = mapping_or_empty(metadata.get("labels"))
     resolution = state.tree.resolve(str(metadata.get("namespace") or ""), str(labels.get(POD_QUOTA_LABEL) or ""))
@@ -313,6 +374,16 @@ def _explain(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDe
     return result
 
 
+def _mutation_summary(e: Explanation) -> str:
+    """What /mutate-pods did, in one line: rewrote, left as written (and why), or nothing to do."""
+    if e.rewrites:
+        return "rewrote"
+    if e.invalid_rules:
+        # The rewrite leaves an invalid value alone for validation to refuse with the user's own number.
+        return f"no rewrite (the request is invalid; /validate-pods refuses it, rule: {', '.join(e.invalid_rules)})"
+    return f"no rewrite ({e.mutation_note})"
+
+
 def render(e: Explanation) -> str:
     verdict = "ADMITTED" if e.admitted else f"REFUSED ({e.code} {e.reason})"
     lines = [f"{e.subject.source}: {verdict}"]
@@ -323,10 +394,12 @@ def render(e: Explanation) -> str:
     lines.append("")
     lines.append("Mutation (/mutate-pods):")
     if not e.rewrites:
-        lines.append(f"  no rewrite ({e.mutation_note})")
+        lines.append(f"  {_mutation_summary(e)}")
     lines += [f"  rewrote {r}" for r in e.rewrites]
     lines += [f"  {n}" for n in e.notes]
     lines.append("")
+    if e.existing:
+        lines.append(EXISTING_NOTE)
     if not e.rule:
         pass  # refused before the quota decision: the pod could not be read
     elif e.quota is None:

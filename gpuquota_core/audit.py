@@ -7,15 +7,23 @@ the core the webhook runs, so an audit finding means the webhook would act on th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .jsonpatch import apply
 from .memo import BoundedMemo
 from .mutation import admission_mutation
-from .placement import NodeView, constraints_of, decide_rewrite, gpu_names, nonzero_names, spec_resources, unadvertised
+from .placement import (
+    NodeView,
+    RewritePolicy,
+    constraints_of,
+    gpu_names,
+    spec_resources,
+    unadvertised,
+)
 from .pod_records import (
     PodRecord,
     gpu_memory_unknown,
@@ -412,7 +420,10 @@ def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig, rewritten: bo
     except PodShapeError as error:
         return _SpecVerdict(str(error), (), ())
     problems = validate_pod_gpu(containers, pod_requests(judged, containers))
-    return _SpecVerdict(None, tuple(r.describe() for r in rewrites), tuple((p.message, p.rule) for p in problems))
+    # Only what /mutate-pods would write: a request it leaves as written for the nodes the pod can
+    # reach (or by `rewrite: never`) is no rewrite, and no reason to warn.
+    described = tuple(r.describe() for r in rewrites) if rewritten else ()
+    return _SpecVerdict(None, described, tuple((p.message, p.rule) for p in problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +432,9 @@ class QuotaPlace:
 
     judge: PodQuotaJudge
     labels: Mapping[str, Any]
+    # The name the webhook's messages give the pod ("": the object's own). A template's pods are
+    # created with only generateName set ("<workload>-"), and that is what the webhook is sent.
+    pod_name: str = ""
 
 
 def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
@@ -443,7 +457,7 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
              "problems": [message for message, _ in verdict.problems]}))
         return  # the webhook refuses it here; the quota decision is never reached
     if place is not None:
-        decision = place.judge.refusal(spec, namespace, name, place.labels, config, shape)
+        decision = place.judge.refusal(spec, namespace, place.pod_name or name, place.labels, config, shape)
         if decision is not None:
             report.findings.append(Finding(
                 "pod-quota-refused", Severity.ERROR, kind, namespace, name, decision.message,
@@ -496,6 +510,11 @@ class PodQuotaJudge:
         return decision
 
 
+def template_pod_name(workload_name: str) -> str:
+    """How the webhook names a pod created from a workload's template: by its generateName."""
+    return f"{workload_name}-"
+
+
 def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     path = TEMPLATE_PATHS.get(str(obj.get("kind")))
     if path is None:
@@ -544,7 +563,7 @@ def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
             if judge is not None and template is not None:
                 template_metadata = template.get("metadata")
                 place = QuotaPlace(judge, _labels_of(template_metadata if isinstance(template_metadata, Mapping)
-                                                    else {}))
+                                                    else {}), template_pod_name(name))
             _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config,
                         place=place, view=view)
 
@@ -588,18 +607,13 @@ def check_gpu_placement(pods: Iterable[Mapping[str, Any]], workloads: Iterable[M
         spec = template.get("spec") if template is not None else None
         if not isinstance(spec, Mapping):
             continue
-        asked = gpu_names(spec_resources(spec))
         try:
-            rewritten, rewrites, _, _ = canonicalize_pod_spec(spec, config)
-        except PodShapeError:
+            # The mutating webhook's own answer for a pod of this template, nodes included.
+            mutation = admission_mutation({"spec": spec}, config, nodes)
+        except (PodShapeError, QuantityError):
             continue  # pod-invalid-gpu-request reports it
-        if rewrites:
-            needs = nonzero_names((name, amount) for r in rewrites for name, amount in r.outputs.items())
-            decision = decide_rewrite(config.rewrite, constraints_of(spec), [r.source for r in rewrites], needs,
-                                      nodes)
-            if decision.rewrite:
-                asked = gpu_names(spec_resources(rewritten))
-        _check_placement(spec, asked, str(obj.get("kind")), obj, nodes, report)
+        stored = apply({"spec": spec}, mutation.operations())["spec"] if mutation.changed else spec
+        _check_placement(spec, gpu_names(spec_resources(stored)), str(obj.get("kind")), obj, nodes, report)
 
 
 def _check_placement(spec: Mapping[str, Any], asked: frozenset[str], kind: str, obj: Mapping[str, Any],
@@ -661,6 +675,23 @@ def _shown_in(report: AuditReport, namespace: str, objects: Iterable[Mapping[str
                        quota_usage={name: usage for name, usage in report.quota_usage.items() if name in shown_quotas})
 
 
+def audit_rewrite_config(config: ConversionConfig, view: NodeView | None) -> ConversionConfig:
+    """The config the offline views decide the rewrite with: as given, except that with no Node
+    in their input ``rewrite: auto`` (which then leaves every request as written: "not listed
+    yet") rewrites as ``always`` would, so the manifests are judged as they will be stored in a
+    cluster whose nodes advertise the canonical names. ``convert`` and ``explain`` say so."""
+    global _last_always
+    if view is None and config.rewrite is RewritePolicy.AUTO:
+        # One copy per config: the memos key their answers by the config's identity.
+        if _last_always is None or _last_always[0] is not config:
+            _last_always = (config, replace(config, rewrite=RewritePolicy.ALWAYS))
+        return _last_always[1]
+    return config
+
+
+_last_always: tuple[ConversionConfig, ConversionConfig] | None = None
+
+
 def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: ConversionConfig,
            shared_label: str, origin: Callable[[Mapping[str, Any]], str | None] | None = None) -> AuditReport:
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
@@ -680,11 +711,14 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
     # The webhook's quota decision on pods and templates needs the tree, whatever scopes are shown.
     tree = quota_tree(by_kind.get("ElasticQuota", []), config) if wanted & {"pods", "workloads"} else None
     view = NodeView.from_objects(nodes)
+    # With no Node to look at, the rewrite is judged as `rewrite: always` would make it, as
+    # `gpuquota convert` and `explain` do (audit_rewrite_config); the verdict on validation follows it.
+    judged_config = audit_rewrite_config(config, view)
     if "pods" in wanted:
-        check_pods(pods, report, config, shapes, tree, view)
+        check_pods(pods, report, judged_config, shapes, tree, view)
     if "workloads" in wanted:
-        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report, config,
-                        tree, view)
+        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report,
+                        judged_config, tree, view)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
     # Objects no check above could read as far as a pod spec: a finding each, not silence.

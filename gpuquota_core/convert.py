@@ -1,10 +1,10 @@
 """The mutating webhook's rewrite applied to whole manifests: pods and workloads' pod templates.
 
 ``gpuquota convert`` shows users what the webhook will store; it must be exactly the webhook's
-rewrite, so both go through :func:`canonical.canonicalize_pod`, and whether it is applied is the
-webhook's decision too (:func:`placement.decide_rewrite`), made from the Node objects in the input.
-Without any, there are no nodes to look at: ``rewrite: auto`` then rewrites as ``always`` would
-(the CLI says so).
+answer, so it is read from the function ``/mutate-pods`` calls (:func:`mutation.admission_mutation`:
+the rewrite, and whether the nodes the pod can reach let it be applied), made from the Node
+objects in the input. Without any, there are no nodes to look at: ``rewrite: auto`` then rewrites
+as ``always`` would (the CLI says so), as the audit and ``explain`` do.
 """
 
 from __future__ import annotations
@@ -13,20 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .audit import TEMPLATE_PATHS
-from .canonical import CanonicalResult, canonicalize_pod
+from .audit import TEMPLATE_PATHS, audit_rewrite_config
 from .conversion import DEFAULT_CONFIG, ConversionConfig
-from .jsonpatch import Operation, copy_json, diff
-from .placement import (
-    NodeView,
-    RewritePolicy,
-    constraints_of,
-    decide_rewrite,
-    gpu_names,
-    mixed_node_warning,
-    nonzero_names,
-    spec_resources,
-)
+from .jsonpatch import Operation, apply, copy_json, diff
+from .mutation import admission_mutation
+from .placement import NodeView
 from .podspec import PodShapeError, as_mapping, mapping_or_empty, pod_requests, read_containers
 from .validation import GpuRequestProblem, validate_pod_gpu
 
@@ -76,16 +67,19 @@ def convert_object(obj: Mapping[str, Any], config: ConversionConfig = DEFAULT_CO
         parent, target = target, target.get(step) if isinstance(target, Mapping) else None
     if not isinstance(target, Mapping):
         raise PodShapeError(".".join(path), "missing pod template")
-    result, warnings = _placed(canonicalize_pod(target, config), target, config, nodes)
+    # The mutating webhook's own answer for this pod (nodes included); with no Node to look at,
+    # as `rewrite: always` would make it (audit_rewrite_config: the audit and explain decide alike).
+    mutation = admission_mutation(target, audit_rewrite_config(config, nodes), nodes)
+    pod = apply(copy_json(dict(target)), mutation.operations()) if mutation.changed else copy_json(dict(target))
     if parent is not None:
-        parent[path[-1]] = result.obj
+        parent[path[-1]] = pod
     else:
-        new_obj = result.obj
-    spec = as_mapping(result.obj.get("spec"), "spec")
+        new_obj = pod
+    spec = as_mapping(pod.get("spec"), "spec")
     containers = read_containers(spec)
     problems = validate_pod_gpu(containers, pod_requests(spec, containers), config)
-    return ConvertedObject(kind, namespace, name, new_obj, diff(dict(obj), new_obj), result.summary(),
-                           list(result.notes) + warnings, problems)
+    return ConvertedObject(kind, namespace, name, new_obj, diff(dict(obj), new_obj), list(mutation.summary),
+                           list(mutation.notes) + list(mutation.warnings), problems)
 
 
 def unconverted(obj: Mapping[str, Any], reason: str) -> ConvertedObject:
@@ -93,24 +87,3 @@ def unconverted(obj: Mapping[str, Any], reason: str) -> ConvertedObject:
     kind, namespace, name = _identity(obj)
     return ConvertedObject(kind, namespace, name, copy_json(dict(obj)), [], skipped=reason)
 
-
-def _placed(result: CanonicalResult, pod: Mapping[str, Any], config: ConversionConfig,
-            nodes: NodeView | None) -> tuple[CanonicalResult, list[str]]:
-    """The rewrite if the webhook would apply it where this pod can land, else the pod as written."""
-    spec = pod.get("spec")
-    constraints = constraints_of(mapping_or_empty(spec))
-    warnings: list[str] = []
-    if result.changed:
-        # No nodes to look at is not "not listed yet": convert shows what a rewrite would store.
-        policy = RewritePolicy.ALWAYS if nodes is None and config.rewrite is RewritePolicy.AUTO else config.rewrite
-        needs = nonzero_names((name, amount) for r in result.rewrites for name, amount in r.outputs.items())
-        decision = decide_rewrite(policy, constraints, [r.source for r in result.rewrites], needs, nodes)
-        warnings.extend(decision.warnings)
-        if not decision.rewrite:
-            result = CanonicalResult(copy_json(dict(pod)), [], list(result.notes))
-    spec = result.obj.get("spec")
-    if gpu_names(spec_resources(spec)):
-        mixed = mixed_node_warning(constraints, nodes)
-        if mixed is not None:
-            warnings.append(mixed)
-    return result, warnings

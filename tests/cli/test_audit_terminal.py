@@ -206,9 +206,12 @@ def test_a_bad_selector_is_a_usage_error(cluster: Path) -> None:
     (["resourcequota", "resourcequotas"], "resourcequotas"),
 ])
 def test_kind_aliases(aliases: list[str], scope: str) -> None:
-    example = str(Path(__file__).resolve().parents[2] / "examples" / "cluster")
+    example = Path(__file__).resolve().parents[2] / "examples" / "cluster"
+    # The example cluster has findings of every scope but pods (its legacy pod can reach only a
+    # vendor-only node, so the webhook leaves it as written); its pods without the nodes have one.
+    example = str(example / "pods.yaml" if scope == "pods" else example)
     expected = CliRunner().invoke(cli, ["audit", scope, "-f", example, "-o", "json"]).stdout
-    assert json.loads(expected)["findings"]  # the example has findings of every scope
+    assert json.loads(expected)["findings"]
     for alias in aliases:
         assert CliRunner().invoke(cli, ["audit", alias, "-f", example, "-o", "json"]).stdout == expected
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuquota_core.audit import AuditReport, Finding, Severity, audit_objects
+from gpuquota_core.placement import RewritePolicy
 from gpuquota_core.pod_records import pod_record
 from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
@@ -429,13 +431,17 @@ def test_remembered_spec_verdicts_name_each_pods_own_containers() -> None:
         gpu = {"nvidia.com/gpu": cards}
         return {"containers": [{"name": container, "resources": {"requests": gpu, "limits": gpu}}]}
 
-    for container, cards in (("a", "2"), ("b", "2"), ("a", 2), ("a", "0.5"), ("a", 2.0)):
-        remembered = _spec_verdict(spec(container, cards), DEFAULT_CONFIG)
-        again = _spec_verdict(spec(container, cards), DEFAULT_CONFIG)
-        # No Node known: the webhook leaves the request as written, and so it is judged.
-        assert remembered == again == _judge_spec(spec(container, cards), DEFAULT_CONFIG, rewritten=False)
+    always = replace(DEFAULT_CONFIG, rewrite=RewritePolicy.ALWAYS)
+    for config, rewritten in ((DEFAULT_CONFIG, False), (always, True)):
+        for container, cards in (("a", "2"), ("b", "2"), ("a", 2), ("a", "0.5"), ("a", 2.0)):
+            remembered = _spec_verdict(spec(container, cards), config)
+            again = _spec_verdict(spec(container, cards), config)
+            # No Node known: `auto` leaves the request as written, and so it is judged.
+            assert remembered == again == _judge_spec(spec(container, cards), config, rewritten=rewritten)
+    # Left as written, nothing is described as rewritten.
+    assert _spec_verdict(spec("b", "2"), DEFAULT_CONFIG).rewrites == ()
     # Same shape, other container name: the message quotes the right container, not the cached one.
-    assert _spec_verdict(spec("b", "2"), DEFAULT_CONFIG).rewrites[0].startswith('container "b" requests:')
+    assert _spec_verdict(spec("b", "2"), always).rewrites[0].startswith('container "b" requests:')
     assert _spec_verdict(spec("a", "0.5"), DEFAULT_CONFIG).problems[0][1] == "not-integer"
 
 
@@ -566,7 +572,11 @@ def test_a_pod_is_judged_after_the_mutating_webhooks_rewrite_as_validate_pods_ju
     assert finding.message.startswith(f"invalid resource unit {CORE}: 101: ")
     # With no node that advertises the canonical names the webhook leaves it as written, and
     # /validate-pods then refuses the mix of names.
-    assert only(audit_objects([mixed]), "pod-invalid-gpu-request").details["rules"] == ["combination"]
+    vendor_node = node("whole", {"nvidia.com/gpu": "8"})
+    assert only(audit_objects([vendor_node, mixed]), "pod-invalid-gpu-request").details["rules"] == ["combination"]
+    # With no Node at all, judged as it will be stored where nodes advertise the canonical names
+    # (as `rewrite: always`, like convert and explain).
+    assert only(audit_objects([mixed]), "pod-invalid-gpu-request").details["rules"] == ["percentage"]
 
 
 # -- objects that cannot be judged ---------------------------------------------------------------

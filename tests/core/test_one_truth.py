@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 from gpuquota_core.audit import audit_objects
 from gpuquota_core.conversion import DEFAULT_CONFIG
 from gpuquota_core.jsonpatch import apply
+from gpuquota_core.placement import NodeView
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE
 from gpuquota_core.quota_objects import quota_from_object
 from webhook.admission.handlers import admission_endpoints, create_app
@@ -58,6 +59,10 @@ NAMESPACES = ["ns-a", "ns-b", "team-a"]
 QUOTA_NAMES = ["org", "team-a", "team-b", "koordinator-default-quota"]
 QUOTA_REFUSALS = {"quota-refused-by-webhook", DUPLICATE_NAME, PARENT_CYCLE}
 POD_REFUSALS = {"pod-invalid-gpu-request", "pod-quota-refused"}
+# One node advertising the canonical names, so the webhook rewrites as it would in such a cluster
+# (with none listed it leaves requests as written); the audit reads the same Node object.
+NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0"},
+        "status": {"allocatable": {CORE: "800", RATIO: "800", MEMORY: "640Gi"}}}
 
 amounts = st.sampled_from(["-100", "0", "50", "100", "150", "200", "400", "1"])
 resource_lists = st.dictionaries(st.sampled_from([CORE, RATIO, "nvidia.com/gpu", "cpu"]), amounts, max_size=3)
@@ -149,7 +154,8 @@ class Webhook:
         self.listener = serve(self.state, socket_path)
         client = QuotaClient(socket_path)
         assert client.ready()[0]  # the service loop is running (closing it earlier races its start)
-        self.endpoints = admission_endpoints(create_app(config=DEFAULT_CONFIG, quota=client))
+        nodes = NodeView.from_objects([NODE])
+        self.endpoints = admission_endpoints(create_app(config=DEFAULT_CONFIG, quota=client, nodes=lambda: nodes))
 
     def post(self, path: str, document: dict[str, Any]) -> dict[str, Any]:
         body = reviews.body(document)
@@ -197,7 +203,7 @@ def pod_of(obj: dict[str, Any]) -> dict[str, Any]:
         return obj
     template = obj["spec"]["template"]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"],
+            "metadata": {"generateName": f"{obj['metadata']['name']}-", "namespace": obj["metadata"]["namespace"],
                          "labels": template["metadata"]["labels"]},
             "spec": template["spec"]}
 
@@ -206,7 +212,7 @@ def pod_of(obj: dict[str, Any]) -> dict[str, Any]:
 @given(quota_objects=quotas(), workloads=pods_and_workloads())
 def test_the_audit_reports_a_pod_or_template_exactly_as_the_webhook_answers_it(
         quota_objects: list[dict[str, Any]], workloads: list[dict[str, Any]], tmp_path: Path) -> None:
-    report = audit_objects([*quota_objects, *workloads])
+    report = audit_objects([NODE, *quota_objects, *workloads])
     with webhook(quota_objects, tmp_path) as served:
         for obj in workloads:
             metadata = obj["metadata"]

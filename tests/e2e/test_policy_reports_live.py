@@ -65,11 +65,14 @@ def legacy_pod(name: str, pool: str) -> dict[str, Any]:
 def legacy_namespace(api: Api) -> Iterator[str]:
     """A namespace the webhook leaves alone (if a test registered it), with one pod to rewrite.
 
-    The pod is pinned to a Node of its own that advertises nvidia.com/gpu: the shared control
-    plane's other Nodes (the session's canonical one among them) would otherwise make it a pod no
-    reachable node can take, an error finding this test is not about."""
+    The pod is pinned to a Node of its own that advertises nvidia.com/gpu, so that it is a pod its
+    node can take as written (the shared control plane's other Nodes, the session's canonical one
+    among them, would otherwise make it one no reachable node can take, an error finding this test
+    is not about), and the canonical names, so that the webhook would rewrite it there (pinned to a
+    vendor-only node the webhook leaves it as written, and the audit reports nothing)."""
     name = f"polr-{uuid.uuid4().hex[:8]}"
-    create_gpu_node(api.core, name, {"nvidia.com/gpu": "8"}, labels={"pool": name})
+    create_gpu_node(api.core, name, {"nvidia.com/gpu": "4", "koordinator.sh/gpu-core": "400",
+                                     "koordinator.sh/gpu-memory-ratio": "400"}, labels={"pool": name})
     api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels={IGNORE_LABEL: "true"})))
     api.core.create_namespaced_pod(name, legacy_pod("train", name))
     yield name

@@ -2,13 +2,16 @@
 
 tests/core/test_one_truth.py checks the same on generated input through the handlers in-process;
 this is the served path for the cases the issue names: a quota with a negative max and min above
-max, a pod naming no quota, a pod whose reason changes once the mutating webhook has rewritten it;
-and the one deliberate difference: a quota whose parent does not exist is an audit finding the
-webhook admits (its watch may not yet hold a parent created just before).
+max, a pod naming no quota, a pod whose reason changes once the mutating webhook has rewritten it
+(on a node advertising the canonical names); and the one deliberate difference: a quota whose
+parent does not exist is an audit finding the webhook admits (its watch may not yet hold a parent
+created just before).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +20,14 @@ from reviews import pod, review
 from webhookproc import post_review, served_from_state
 
 from gpuquota_core.audit import audit_objects
+from gpuquota_core.jsonpatch import apply
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 STORED = [{"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
-           "metadata": {"name": "team", "namespace": "team"}, "spec": {"max": {CORE: "400", RATIO: "400"}}}]
+           "metadata": {"name": "team", "namespace": "team"}, "spec": {"max": {CORE: "400", RATIO: "400"}}},
+          # A node advertising the canonical names: the webhook rewrites where a pod can land on it.
+          {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "shared-0"},
+           "status": {"allocatable": {CORE: "400", RATIO: "400"}}}]
 
 
 def quota(name: str, spec: dict[str, Any], parent: str = "") -> dict[str, Any]:
@@ -59,11 +66,11 @@ def test_served_webhook_and_audit_give_the_same_verdicts(tmp_path: Path) -> None
             finding.details["code"], finding.details["reason"], finding.message)
 
         mutated = post_review(server, "/mutate-pods", review(mixed))
-        # STORED has no Node: the webhook leaves the pod as written (no patch), as the audit assumes.
-        assert "patch" not in mutated
-        rewritten = mixed
+        # shared-0 advertises the canonical names: the card is rewritten, and judged so by both.
+        rewritten = apply(mixed, json.loads(base64.b64decode(mutated["patch"])))
         refused = post_review(server, "/validate-pods", review(rewritten, dry_run=True))
         finding = findings[("mixed", "pod-invalid-gpu-request")]
+        assert finding.details["rules"] == ["percentage"]
         assert refused["status"]["message"] == "; ".join(
             f"{problem} [rule: {rule}]" for problem, rule in zip(finding.details["problems"], finding.details["rules"],
                                                                   strict=True))
