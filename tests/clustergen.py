@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
+from gpuquota_core.audit import template_of
 from gpuquota_core.conversion import DEFAULT_CONFIG
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.mutation import admission_mutation
@@ -227,3 +228,14 @@ def clusters(draw: st.DrawFn) -> Cluster:
                                               "labels": labels},
                                  "spec": spec})
     return cluster
+
+
+def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod a controller creates from a workload's template now (as explain builds it)."""
+    template = template_of(workload)
+    assert template is not None
+    metadata = workload["metadata"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
+                         "labels": template["metadata"]["labels"]},
+            "spec": template["spec"]}

@@ -38,7 +38,7 @@ from typing import Any
 import reviews
 import yaml
 from click.testing import CliRunner
-from clustergen import Cluster, clusters
+from clustergen import Cluster, clusters, template_pod
 from hypothesis import HealthCheck, given, settings
 
 from cli.main import cli
@@ -139,15 +139,6 @@ def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config:
                   verdict.message or "", rules, stored, used)
 
 
-def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
-    """The pod a controller creates from a workload's template now (as explain builds it)."""
-    template = template_of(workload)
-    assert template is not None
-    metadata = workload["metadata"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
-                         "labels": template["metadata"]["labels"]},
-            "spec": template["spec"]}
 
 
 @dataclass

@@ -15,8 +15,9 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from kubernetes import client as k8s
@@ -49,6 +50,7 @@ from koordinator import KoordinatorBuild, locate_koordinator  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
 E2E_DIR = Path(__file__).resolve().parent
+T = TypeVar("T")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -59,27 +61,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(scope="session")
-def control_plane_binaries() -> Binaries:
+def built_or_skipped(locate: Callable[[], T], what: str) -> T:
+    """``locate()``; without the build and without Go to make it, a local run skips (CI fails)."""
     try:
-        return locate_binaries()
+        return locate()
     except BuildUnavailableError as exc:
         if os.environ.get("CI"):
             raise
         reason = str(exc).splitlines()[-1]
-        pytest.skip(f"no kube-apiserver/etcd and no Go to build them: {reason}")
+        pytest.skip(f"no {what} and no Go to build them: {reason}")
+
+
+@pytest.fixture(scope="session")
+def control_plane_binaries() -> Binaries:
+    return built_or_skipped(locate_binaries, "kube-apiserver/etcd")
 
 
 @pytest.fixture(scope="session")
 def koordinator_build() -> KoordinatorBuild:
     """koord-scheduler, koord-manager and Koordinator's config files, built by hack/build-koordinator.sh."""
-    try:
-        return locate_koordinator()
-    except BuildUnavailableError as exc:
-        if os.environ.get("CI"):
-            raise
-        reason = str(exc).splitlines()[-1]
-        pytest.skip(f"no koord-scheduler/koord-manager and no Go to build them: {reason}")
+    return built_or_skipped(locate_koordinator, "koord-scheduler/koord-manager")
 
 
 @pytest.fixture(scope="session")

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import reviews
 from click.testing import CliRunner
-from clustergen import Cluster, clusters
+from clustergen import Cluster, clusters, template_pod
 from hypothesis import HealthCheck, given, settings
 from webhookproc import WebhookProcess, generate_certs, post_review
 
 from cli.main import cli
-from gpuquota_core.audit import TEMPLATE_PATHS, template_of
+from gpuquota_core.audit import TEMPLATE_PATHS
 from gpuquota_core.jsonpatch import apply
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_SERVED_EXAMPLES", "5"))
@@ -47,14 +47,6 @@ def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return directory, generate_certs(directory)
 
 
-def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
-    template = template_of(workload)
-    assert template is not None
-    metadata = workload["metadata"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
-                         "labels": template["metadata"]["labels"]},
-            "spec": template["spec"]}
 
 
 def served_answer(server: WebhookProcess, pod: dict[str, Any]) -> dict[str, Any]:
