@@ -16,13 +16,12 @@ from gpuquota_core.migration import (
     DETACH_PHASES,
     PRE_MIGRATION_SPEC_ANNOTATION,
     Plan,
-    RollbackSourceError,
+    Refusal,
     Step,
-    original_from_annotation,
-    original_parents_from_backup,
-    originals_from_backup,
+    originals_from_annotations,
     plan_migration,
     plan_rollback,
+    read_backup,
 )
 from gpuquota_core.quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION
 from gpuquota_core.quota_objects import (
@@ -31,7 +30,6 @@ from gpuquota_core.quota_objects import (
     ELASTICQUOTA_VERSION,
     PARENT_LABEL,
     ROOT_QUOTA,
-    QuotaShapeError,
 )
 from kubeaccess import collector
 from kubeaccess.manifests import ManifestError, load_objects
@@ -351,25 +349,26 @@ def rollback(backup: str | None, kubeconfig: str | None, context: str | None, na
     """
     originals: dict[tuple[str, str], dict[str, dict[str, str]]] | None = None
     parents: dict[tuple[str, str], str] | None = None
+    # An item of the backup, or a live quota, that cannot be read is refused by name (nothing is
+    # written), never the end of the others: every refusal is listed in one run.
+    refused: list[Refusal] = []
     if backup is not None:
         try:
-            saved = load_objects(backup)
-            originals = originals_from_backup(saved)
-            parents = original_parents_from_backup(saved)
-        except (ManifestError, RollbackSourceError, QuotaShapeError) as error:
+            saved = read_backup(load_objects(backup), backup)
+        except ManifestError as error:
             raise CommandError(str(error)) from None
-        if not originals:
+        if not saved.originals and not saved.refused:
             raise CommandError(f"{backup}: no ElasticQuota in this file; is it a `migrate apply --backup` file?")
+        originals, parents = saved.originals, saved.parents
+        refused = [r for r in saved.refused if not namespace or r.namespace in ("", namespace)]
     objects = _live_objects(kubeconfig, context)  # the whole tree: parents may live in other namespaces
-    try:
-        if originals is None:
-            originals = {key: spec for key, obj in _quotas_by_key(objects).items()
-                         if (spec := original_from_annotation(obj)) is not None}
-        if namespace:
-            originals = {key: spec for key, spec in originals.items() if key[0] == namespace}
-        result = plan_rollback(objects, originals, original_parents=parents, all_at_once=all_at_once or None)
-    except (RollbackSourceError, QuotaShapeError) as error:
-        raise CommandError(str(error)) from None
+    if originals is None:
+        originals, annotation_refusals = originals_from_annotations(objects)
+        refused = [r for r in annotation_refusals if not namespace or r.namespace == namespace]
+    if namespace:
+        originals = {key: spec for key, spec in originals.items() if key[0] == namespace}
+    result = plan_rollback(objects, originals, original_parents=parents, all_at_once=all_at_once or None)
+    result.refused = sorted([*refused, *result.refused], key=lambda r: (r.namespace, r.quota))
     if result.refused:
         for refusal in result.refused:
             click.echo(f"REFUSED: ElasticQuota {refusal.namespace}/{refusal.quota}: {refusal.reason}", err=True)

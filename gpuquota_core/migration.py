@@ -495,6 +495,83 @@ def originals_from_backup(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[st
     return originals
 
 
+@dataclass(slots=True)
+class Backup:
+    """What a ``migrate apply --backup`` file holds, and the ElasticQuotas in it that cannot be read."""
+
+    originals: dict[tuple[str, str], dict[str, dict[str, str]]]  # (namespace, name) -> original spec
+    parents: dict[tuple[str, str], str]  # (namespace, name) -> original parent label
+    refused: list[Refusal]  # one per item that cannot be read, naming it and the file
+
+
+def read_backup(objects: Iterable[Mapping[str, Any]], file: str) -> Backup:
+    """The originals and parents of a backup; an item that cannot be read is a refusal naming it and
+    ``file`` (its original spec is unknown, so it cannot be restored), never the end of the others."""
+    backup = Backup({}, {}, [])
+    for obj in objects:
+        if obj.get("kind") != "ElasticQuota":
+            continue
+        key = _key(obj)
+        try:
+            if not key[1]:
+                raise QuotaShapeError("metadata.name: missing")
+            parent = quota_from_object(obj).parent
+        except QuotaShapeError as error:
+            backup.refused.append(_unreadable_refusal(
+                obj, error, f"in the backup {file}", "its original spec is unknown, so it cannot be restored: "
+                "fix that item of the backup and run rollback again"))
+            continue
+        backup.originals[key] = _spec_of(obj)
+        backup.parents[key] = parent
+    return backup
+
+
+def originals_from_annotations(objects: Iterable[Mapping[str, Any]],
+                               ) -> tuple[dict[tuple[str, str], dict[str, dict[str, str]]], list[Refusal]]:
+    """(namespace, name) -> the spec each live quota's pre-migration annotation recorded, and a
+    refusal for each annotation that cannot be read (the others are still returned)."""
+    originals: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+    refused: list[Refusal] = []
+    for obj in objects:
+        if obj.get("kind") != "ElasticQuota":
+            continue
+        try:
+            recorded = original_from_annotation(obj)
+        except RollbackSourceError as error:
+            namespace, name = _key(obj)
+            refused.append(Refusal(name or "?", namespace, str(error).removeprefix(f"ElasticQuota {namespace}/{name}: ")
+                                   + ": its original spec is unknown, so it cannot be restored; restore it by hand"))
+            continue
+        if recorded is not None:
+            originals[_key(obj)] = recorded
+    return originals, refused
+
+
+def _unreadable_refusal(obj: Mapping[str, Any], error: QuotaShapeError, where: str, consequence: str) -> Refusal:
+    namespace, name = _key(obj)
+    # quota_from_object starts most messages with the name; the refusal line already says it.
+    detail = str(error).removeprefix(f"ElasticQuota {name}: ").removeprefix(f"{name}: ") if name else str(error)
+    return Refusal(name or "?", namespace, f"{where}: cannot be read: {detail}; {consequence}")
+
+
+def _readable_live(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Refusal]]:
+    """The live objects without the ElasticQuotas that cannot be read, and a refusal naming each of those:
+    where such a quota sits in the tree is unknown, so no rollback over that tree can be trusted."""
+    readable: list[Mapping[str, Any]] = []
+    refused: list[Refusal] = []
+    for obj in objects:
+        if obj.get("kind") == "ElasticQuota":
+            try:
+                quota_from_object(obj)
+            except QuotaShapeError as error:
+                refused.append(_unreadable_refusal(
+                    obj, error, "in the cluster", "where it sits in the tree is unknown, so no rollback over "
+                    "these quotas can be trusted: fix it and run rollback again"))
+                continue
+        readable.append(obj)
+    return readable, refused
+
+
 def _same(left: Spec, right: Spec) -> bool:
     try:
         return all(parse_resource_list(dict(left.get(s, {})), s) == parse_resource_list(dict(right.get(s, {})), s)
@@ -531,17 +608,17 @@ def plan_rollback(objects: Iterable[Mapping[str, Any]],
     that recorded the parent, or a parent label that differs from ``original_parents`` (the
     backup's), means the all-at-once procedure wrote them.
     """
-    objects = list(objects)
+    objects, refused = _readable_live(objects)
+    unreadable = {(r.namespace, r.quota) for r in refused}
     live = {_key(o): o for o in objects if o.get("kind") == "ElasticQuota"}
     if originals is None:
-        originals = {key: recorded for key, obj in live.items()
-                     if (recorded := original_from_annotation(obj)) is not None}
-    refused: list[Refusal] = []
+        originals, annotation_refusals = originals_from_annotations(objects)
+        refused.extend(annotation_refusals)
     wanted: dict[tuple[str, str], Spec] = {}
     for key, original in sorted(originals.items()):
         if key in live:
             wanted[key] = original
-        else:
+        elif key not in unreadable:
             refused.append(Refusal(key[1], key[0], "not found in the cluster; nothing to restore it onto"))
     parents = dict(original_parents or {})
     if all_at_once is None:
@@ -978,8 +1055,3 @@ def _rollback_all_at_once(objects: list[Mapping[str, Any]], live: Mapping[tuple[
             steps.append(Step(key[1], key[0], "restore", states[key][0], states[key][0]))
     refused.sort(key=lambda r: (r.namespace, r.quota))
     return RollbackPlan(steps, refused, sorted(unchanged))
-
-
-def original_parents_from_backup(objects: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], str]:
-    """(namespace, name) -> parent label (root when none), from the List ``migrate apply --backup`` wrote."""
-    return {_key(obj): quota_from_object(obj).parent for obj in objects if obj.get("kind") == "ElasticQuota"}

@@ -167,6 +167,68 @@ def test_rollback_bad_backup_files_are_one_line_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+BROKEN_DETAIL = ("spec.max[nvidia.com/gpu]: quantities must match the regular expression "
+                 "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': 'lots'")
+TEAM_CHANGED = ("REFUSED: ElasticQuota team/team: changed since the migration: its spec is min {nvidia.com/gpu: 2}; "
+                "max {nvidia.com/gpu: 3}, which is neither the original (min {nvidia.com/gpu: 2}; max "
+                "{nvidia.com/gpu: 2}) nor a state `gpuquota migrate apply` writes")
+
+
+def test_rollback_refuses_an_unreadable_live_quota_by_name_and_still_judges_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: one `Error:` line for the unreadable quota, and nothing about the others.
+    org, team = TREE[0], TREE[1]
+    live = [migrated(org, {"min": CANONICAL_400, "max": CANONICAL_400}),
+            migrated(team, {"min": {"nvidia.com/gpu": "2"}, "max": {"nvidia.com/gpu": "3"}}), UNREADABLE]
+
+    code, out, err = rollback(monkeypatch, live, "--dry-run", "client")
+
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"REFUSED: ElasticQuota lab/broken: in the cluster: cannot be read: {BROKEN_DETAIL}; where it sits in the "
+        "tree is unknown, so no rollback over these quotas can be trusted: fix it and run rollback again",
+        TEAM_CHANGED,
+        "nothing written: restore the refused quotas by hand or leave them out with -n"]
+
+
+def test_rollback_refuses_an_unreadable_annotation_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    org, team = TREE[0], TREE[1]
+    bad = migrated(team, {"min": CANONICAL_400, "max": CANONICAL_400})
+    bad["metadata"]["annotations"][PRE] = "[1, 2]"
+    live = [migrated(org, {"min": CANONICAL_400, "max": CANONICAL_400}), bad]
+
+    code, out, err = rollback(monkeypatch, live, "--dry-run", "client")
+
+    assert (code, out) == (1, "")
+    # Its parent org is still judged: it cannot go back to nvidia.com/gpu above a canonical child.
+    assert err.splitlines()[0].startswith("REFUSED: ElasticQuota org/org: its child team is not rolled back")
+    assert err.splitlines()[1] == (
+        f"REFUSED: ElasticQuota team/team: annotation {PRE} is not a JSON object with min and max: its original "
+        "spec is unknown, so it cannot be restored; restore it by hand")
+
+
+def test_rollback_refuses_an_unreadable_backup_item_naming_the_file(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    org, team = TREE[0], TREE[1]
+    backup = tmp_path / "backup.yaml"
+    backup.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [org, team, UNREADABLE]}))
+    live = [migrated(org, {"min": CANONICAL_400, "max": CANONICAL_400}),
+            {**team, "spec": {"min": {"nvidia.com/gpu": "2"}, "max": {"nvidia.com/gpu": "3"}}}]
+
+    code, out, err = rollback(monkeypatch, live, "-f", str(backup))
+
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"REFUSED: ElasticQuota lab/broken: in the backup {backup}: cannot be read: {BROKEN_DETAIL}; its original "
+        "spec is unknown, so it cannot be restored: fix that item of the backup and run rollback again",
+        TEAM_CHANGED,
+        "nothing written: restore the refused quotas by hand or leave them out with -n"]
+    # -n leaves out what the backup holds for other namespaces, the unreadable item included.
+    code, out, err = rollback(monkeypatch, live, "-f", str(backup), "-n", "org", "--dry-run", "client")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == "# step 1: re-add-legacy ElasticQuota org/org"
+
+
 def test_rollback_request_bodies_mark_the_union_state_and_drop_the_annotations() -> None:
     from cli.migrate import _restored
     from gpuquota_core.migration import Step

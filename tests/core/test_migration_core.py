@@ -23,6 +23,7 @@ from gpuquota_core.migration import (
     originals_from_backup,
     plan_migration,
     plan_rollback,
+    read_backup,
 )
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
@@ -376,11 +377,31 @@ def test_rollback_with_nothing_to_do_and_annotation_only_cleanup() -> None:
 def test_rollback_sources_that_cannot_be_read_name_the_quota() -> None:
     broken = {**TEAM, "metadata": {**TEAM["metadata"], "annotations": {PRE: "{not json"}}}
     with pytest.raises(RollbackSourceError, match=rf"^ElasticQuota team/team: annotation {PRE} is not a JSON"):
-        plan_rollback([broken])
+        original_from_annotation(broken)
+    # In a plan it is a refusal by name (nothing is written), never the end of the other quotas.
+    assert plan_rollback([broken]).as_dict()["refused"] == [
+        {"quota": "team", "namespace": "team", "reason": f"annotation {PRE} is not a JSON object with min and max: "
+                                                         "its original spec is unknown, so it cannot be restored; "
+                                                         "restore it by hand"}]
     assert original_from_annotation(TEAM) is None
     with pytest.raises(RollbackSourceError, match=r"an ElasticQuota in the backup has no metadata\.name"):
         originals_from_backup([{"kind": "ElasticQuota", "metadata": {}, "spec": {}}])
     assert originals_from_backup([{"kind": "ConfigMap", "metadata": {"name": "x"}}]) == {}
+
+
+def test_a_backup_item_that_cannot_be_read_is_refused_naming_the_file_and_the_others_read() -> None:
+    nameless = {"kind": "ElasticQuota", "metadata": {"namespace": "lab"}, "spec": {}}
+    unparsable = {"kind": "ElasticQuota", "metadata": {"name": "odd", "namespace": "lab"}, "spec": {"min": "none"}}
+    backup = read_backup([ORG, nameless, unparsable, TEAM], "b.yaml")
+    assert sorted(backup.originals) == [("ops", "org"), ("team", "team")]
+    assert backup.parents == {("ops", "org"): "koordinator-root-quota", ("team", "team"): "org"}
+    tail = ("; its original spec is unknown, so it cannot be restored: fix that item of the backup and run "
+            "rollback again")
+    assert [r.as_dict() for r in backup.refused] == [
+        {"quota": "?", "namespace": "lab", "reason": "in the backup b.yaml: cannot be read: metadata.name: missing"
+                                                     + tail},
+        {"quota": "odd", "namespace": "lab", "reason": "in the backup b.yaml: cannot be read: spec.min: expected an "
+                                                       "object, got str" + tail}]
 
 
 # -- quotas that do not fit in a tree block their step -------------------------------------------
