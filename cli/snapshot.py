@@ -3,7 +3,7 @@ or a live cluster, plus (live) the strict-accounting ledgers the webhook replica
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 from gpuquota_core import shared_ledger
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
+from gpuquota_core.quota_integrity import unreadable_parent_message
 from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.unjudged import ADMISSION_REVIEW
@@ -46,11 +47,19 @@ class Snapshot:
         """The quota tree without the ElasticQuotas that cannot be read, as the audit judges with
         (gpuquota_core.audit.quota_tree); each one left out is a note: one bad quota never hides the others."""
         readable = []
+        unreadable: set[str] = set()
         for obj in self.of_kind("ElasticQuota"):
             try:
                 readable.append(quota_from_object(obj))
             except (QuotaShapeError, PodShapeError) as error:
                 self.notes.append(f"unreadable ElasticQuota left out: {error}")
+                metadata = obj.get("metadata")
+                if isinstance(metadata, Mapping) and metadata.get("name"):
+                    unreadable.add(str(metadata["name"]))
+        # Its children are shown without it (as if at the top): say why, as the audit does.
+        names = {quota.name for quota in readable}
+        self.notes.extend(unreadable_parent_message(quota) for quota in readable
+                          if quota.parent in unreadable and quota.parent not in names)
         return QuotaTree.build(readable, config)
 
 

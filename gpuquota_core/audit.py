@@ -209,11 +209,15 @@ def check_quotas(quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, An
                  advertised: set[str] | None, config: ConversionConfig = DEFAULT_CONFIG,
                  shapes: list[object] | None = None) -> None:
     """``shapes``: :func:`pod_shapes` of ``pods``, when the caller has them (audit_objects does)."""
+    quotas = list(quotas)
     parsed = _parse_quotas(quotas, report)
     infos = [info for _, info in parsed]
+    # A parent left out as unreadable (quota-invalid) exists: its children are not told it is missing.
+    readable_ids = {id(obj) for obj, _ in parsed}
+    unreadable = {name for obj in quotas if id(obj) not in readable_ids and (name := _meta(obj)[1])}
     # Whether the quotas form a tree at all (repeated names, missing parents, cycles): the same
     # checks and wording as the webhook's review of one quota and `serve --state`'s load.
-    for problem in tree_problems(infos):
+    for problem in tree_problems(infos, unreadable):
         quota = problem.quota
         report.findings.append(Finding(problem.check, Severity.ERROR, "ElasticQuota", quota.namespace, quota.name,
                                        problem.message, problem.details))

@@ -11,7 +11,7 @@ refuses a taken name and a cycle, not a missing parent (see :func:`placement_pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,9 @@ from .quota_tree import keeps
 # Stable ids: audit check ids (docs/audit-checks.md) and ``migrate plan`` blocked reasons.
 DUPLICATE_NAME = "quota-duplicate-name"
 PARENT_MISSING = "quota-parent-missing"
+# The parent exists but cannot be read (itself reported ``quota-invalid``): not missing, and the fix
+# is the parent object, not this quota's label.
+PARENT_UNREADABLE = "quota-parent-unreadable"
 PARENT_CYCLE = "quota-parent-cycle"
 
 
@@ -60,14 +63,23 @@ def missing_parent_message(quota: QuotaInfo) -> str:
             f"exist: no ancestor limits its pods; create the parent first or fix the label")
 
 
+def unreadable_parent_message(quota: QuotaInfo) -> str:
+    return (f"ElasticQuota {quota.ref} names parent {quota.parent} (label {PARENT_LABEL}), which exists but "
+            "cannot be read: which limits apply to its pods above its own is unknown; fix that ElasticQuota")
+
+
 def cycle_message(names: Sequence[str]) -> str:
     return (f"the parent labels of ElasticQuotas {' -> '.join([*names, names[0]])} form a cycle: none of them "
             "reaches the root quota")
 
 
-def tree_problems(quotas: Iterable[QuotaInfo]) -> list[TreeProblem]:
+def tree_problems(quotas: Iterable[QuotaInfo], unreadable: Collection[str] = ()) -> list[TreeProblem]:
     """Every quota that breaks the tree: per copy of a repeated name, per quota whose parent is
-    missing, and per member of a parent cycle (each member gets the same message)."""
+    missing, and per member of a parent cycle (each member gets the same message).
+
+    ``unreadable``: names of ElasticQuotas that exist but cannot be read (left out of ``quotas``);
+    a quota below one of them is ``quota-parent-unreadable``, not a quota whose parent is missing.
+    """
     quotas = list(quotas)
     by_name: dict[str, list[QuotaInfo]] = {}
     for quota in quotas:
@@ -80,7 +92,12 @@ def tree_problems(quotas: Iterable[QuotaInfo]) -> list[TreeProblem]:
             problems.extend(TreeProblem(DUPLICATE_NAME, q, message, {"quotas": refs}) for q in copies)
     for quota in quotas:
         if _has_parent(quota) and quota.parent not in by_name:
-            problems.append(TreeProblem(PARENT_MISSING, quota, missing_parent_message(quota), {"parent": quota.parent}))
+            if quota.parent in unreadable:
+                problems.append(TreeProblem(PARENT_UNREADABLE, quota, unreadable_parent_message(quota),
+                                            {"parent": quota.parent}))
+            else:
+                problems.append(TreeProblem(PARENT_MISSING, quota, missing_parent_message(quota),
+                                            {"parent": quota.parent}))
     # Cycles on the tree as QuotaTree.build keeps it (one copy of a repeated name: QuotaTree.keeps).
     kept: dict[str, QuotaInfo] = {}
     for quota in quotas:
@@ -163,5 +180,5 @@ def _cycles(by_name: dict[str, QuotaInfo]) -> list[list[str]]:
     return cycles
 
 
-__all__ = ["DUPLICATE_NAME", "PARENT_CYCLE", "PARENT_MISSING", "QuotaTreeError", "TreeProblem", "check_tree",
-           "placement_problems", "tree_problems"]
+__all__ = ["DUPLICATE_NAME", "PARENT_CYCLE", "PARENT_MISSING", "PARENT_UNREADABLE", "QuotaTreeError", "TreeProblem",
+           "check_tree", "placement_problems", "tree_problems", "unreadable_parent_message"]

@@ -152,6 +152,30 @@ def test_an_unreadable_quota_is_left_out_with_a_note_and_the_others_shown(tmp_pa
                                             "an object, got list"]
 
 
+def test_a_child_of_an_unreadable_quota_is_noted_as_such_not_as_a_root(tmp_path: Path) -> None:
+    state = tmp_path / "tree.yaml"
+    state.write_text(yaml.safe_dump_all([
+        {"kind": "ElasticQuota", "metadata": {"name": "org", "namespace": "ops",
+                                              "labels": {"quota.scheduling.koordinator.sh/is-parent": "true"}},
+         "spec": {"max": {"koordinator.sh/gpu-core": "lots"}}},
+        {"kind": "ElasticQuota", "metadata": {"name": "team", "namespace": "t",
+                                              "labels": {"quota.scheduling.koordinator.sh/parent": "org"}},
+         "spec": {"max": {"koordinator.sh/gpu-core": "100"}}},
+    ]))
+
+    code, out, err = run("-f", str(state), "-A")
+
+    assert code == 0
+    assert out.splitlines()[1].split()[0] == "team"
+    unreadable_parent = ("ElasticQuota t/team names parent org (label quota.scheduling.koordinator.sh/parent), which "
+                         "exists but cannot be read: which limits apply to its pods above its own is unknown; fix "
+                         "that ElasticQuota")
+    assert err.splitlines()[1:] == [f"note: {unreadable_parent}"]
+    assert err.splitlines()[0].startswith("note: unreadable ElasticQuota left out: ElasticQuota org: ")
+    _, as_json, _ = run("-f", str(state), "-A", "-o", "json")
+    assert json.loads(as_json)["notes"][1:] == [unreadable_parent]
+
+
 def test_wide_adds_namespace_chain_free_limit_source_and_every_card_count() -> None:
     code, out, _ = run("-f", EXAMPLE, "-o", "wide")
     assert code == 0

@@ -70,7 +70,7 @@ def only(report: AuditReport, check: str) -> Finding:
 def test_every_documented_check_id_has_tests_here() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "audit-checks.md").read_text()
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE))
-    assert len(documented) == 21
+    assert len(documented) == 22
     source = Path(__file__).read_text()
     for check in documented:
         assert f'"{check}"' in source, check
@@ -497,6 +497,20 @@ def test_a_missing_parent_is_a_finding() -> None:
     finding = only(report, "quota-parent-missing")
     assert (finding.severity, finding.namespace, finding.name, finding.details) == (Severity.ERROR, "t", "team",
                                                                                     {"parent": "org"})
+
+
+def test_a_parent_that_cannot_be_read_is_not_called_missing() -> None:
+    # Before: the child was told its parent "does not exist" while the parent was only unreadable.
+    report = audit_objects([eq("org", "ops", {CORE: "lots"}, is_parent=True),
+                            eq("team", "t", {CORE: "100"}, parent="org")])
+    assert with_check(report, "quota-parent-missing") == []
+    finding = only(report, "quota-parent-unreadable")
+    assert (finding.severity, finding.namespace, finding.name, finding.details) == (Severity.ERROR, "t", "team",
+                                                                                    {"parent": "org"})
+    assert finding.message == (
+        "ElasticQuota t/team names parent org (label quota.scheduling.koordinator.sh/parent), which exists but "
+        "cannot be read: which limits apply to its pods above its own is unknown; fix that ElasticQuota")
+    assert [f.name for f in with_check(report, "quota-invalid")] == ["org"]
 
 
 def test_two_quotas_of_one_name_are_both_findings() -> None:
