@@ -76,8 +76,10 @@ APPLY_ALL_AT_ONCE_STOPPED = Hint(
     "detached from their parent. Resume with `gpuquota migrate apply --all-at-once --backup NEW_FILE` (it re-plans "
     "from the current state and reattaches every detached quota under the parent recorded in its "
     f"{PRE_MIGRATION_SPEC_ANNOTATION} annotation), or undo with `gpuquota migrate rollback -f {{backup}}`")
-ROLLBACK_REFUSED = Hint(("migrate rollback",), "nothing written: restore the refused quotas by hand or leave them "
-                                               "out with -n")
+# Said after any refusal: a quota changed since the migration, one that cannot be read, or one of
+# another namespace in the same tree.
+ROLLBACK_REFUSED = Hint(("migrate rollback",), "nothing written: fix or restore each refused quota by hand (or leave "
+                                               "another namespace's out with -n), then run rollback again")
 ROLLBACK_STOPPED = Hint(("migrate rollback",), "re-run `gpuquota migrate rollback` to continue from the current state")
 
 

@@ -140,7 +140,8 @@ def test_rollback_refuses_everything_when_one_quota_changed(monkeypatch: pytest.
         "REFUSED: ElasticQuota team/team: changed since the migration: its spec is min {nvidia.com/gpu: 2}; "
         "max {nvidia.com/gpu: 3}, which is neither the original (min {nvidia.com/gpu: 2}; max {nvidia.com/gpu: 2}) "
         "nor a state `gpuquota migrate apply` writes",
-        "nothing written: restore the refused quotas by hand or leave them out with -n"]
+        "nothing written: fix or restore each refused quota by hand (or leave another namespace's out with -n), "
+        "then run rollback again"]
 
 
 def test_rollback_with_nothing_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -188,7 +189,8 @@ def test_rollback_refuses_an_unreadable_live_quota_by_name_and_still_judges_the_
         f"REFUSED: ElasticQuota lab/broken: in the cluster: cannot be read: {BROKEN_DETAIL}; where it sits in the "
         "tree is unknown, so no rollback over these quotas can be trusted: fix it and run rollback again",
         TEAM_CHANGED,
-        "nothing written: restore the refused quotas by hand or leave them out with -n"]
+        "nothing written: fix or restore each refused quota by hand (or leave another namespace's out with -n), "
+        "then run rollback again"]
 
 
 def test_rollback_refuses_an_unreadable_annotation_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +224,8 @@ def test_rollback_refuses_an_unreadable_backup_item_naming_the_file(monkeypatch:
         f"REFUSED: ElasticQuota lab/broken: in the backup {backup}: cannot be read: {BROKEN_DETAIL}; its original "
         "spec is unknown, so it cannot be restored: fix that item of the backup and run rollback again",
         TEAM_CHANGED,
-        "nothing written: restore the refused quotas by hand or leave them out with -n"]
+        "nothing written: fix or restore each refused quota by hand (or leave another namespace's out with -n), "
+        "then run rollback again"]
     # -n leaves out what the backup holds for other namespaces, the unreadable item included.
     code, out, err = rollback(monkeypatch, live, "-f", str(backup), "-n", "org", "--dry-run", "client")
     assert (code, err) == (0, "")

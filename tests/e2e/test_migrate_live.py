@@ -184,7 +184,8 @@ def test_rollback_refuses_a_quota_changed_since_the_migration_and_writes_nothing
         "min {koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200}; "
         "max {koordinator.sh/gpu-core: 500, koordinator.sh/gpu-memory-ratio: 500}, which is neither the original "
         "(min {nvidia.com/gpu: 2}; max {nvidia.com/gpu: 4}) nor a state `gpuquota migrate apply` writes",
-        "nothing written: restore the refused quotas by hand or leave them out with -n",
+        "nothing written: fix or restore each refused quota by hand (or leave another namespace's out with -n), "
+        "then run rollback again",
     ]
     assert [eq(api, namespace, n)["metadata"]["resourceVersion"] for n in (parent, child)] == versions
 
