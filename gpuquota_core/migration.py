@@ -147,7 +147,9 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
     others are planned without it; an AdmissionReview is a note. ``origin`` names the file an
     object was read from, for both.
     """
-    objects, unreadable = _readable_objects(objects, origin)
+    objects, unreadable_quotas = _without_unreadable_quotas(objects)
+    unreadable = [_unreadable_block(obj, error, origin(obj) if origin is not None else None)
+                  for obj, error in unreadable_quotas]
     notes = _not_planned(objects, origin)
     if all_at_once and not update_resource_key_gate:
         plan = _plan_all_at_once(objects, config)
@@ -166,20 +168,21 @@ def plan_migration(objects: Iterable[Mapping[str, Any]], update_resource_key_gat
     return plan
 
 
-def _readable_objects(objects: Iterable[Mapping[str, Any]],
-                      origin: Origin | None) -> tuple[list[Mapping[str, Any]], list[Blocked]]:
-    """The objects without the ElasticQuotas that cannot be read, and a block naming each of those."""
+def _without_unreadable_quotas(objects: Iterable[Mapping[str, Any]],
+                               ) -> tuple[list[Mapping[str, Any]], list[tuple[Mapping[str, Any], QuotaShapeError]]]:
+    """The objects without the ElasticQuotas that cannot be read, and each of those with its error
+    (plan and rollback each say it in their own form: a block, a refusal)."""
     readable: list[Mapping[str, Any]] = []
-    blocked: list[Blocked] = []
+    unreadable: list[tuple[Mapping[str, Any], QuotaShapeError]] = []
     for obj in objects:
         if obj.get("kind") == "ElasticQuota":
             try:
                 quota_from_object(obj)
             except QuotaShapeError as error:
-                blocked.append(_unreadable_block(obj, error, origin(obj) if origin is not None else None))
+                unreadable.append((obj, error))
                 continue
         readable.append(obj)
-    return readable, blocked
+    return readable, unreadable
 
 
 def _unreadable_block(obj: Mapping[str, Any], error: QuotaShapeError, file: str | None) -> Blocked:
@@ -554,24 +557,6 @@ def _unreadable_refusal(obj: Mapping[str, Any], error: QuotaShapeError, where: s
     return Refusal(name or "?", namespace, f"{where}: cannot be read: {detail}; {consequence}")
 
 
-def _readable_live(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Refusal]]:
-    """The live objects without the ElasticQuotas that cannot be read, and a refusal naming each of those:
-    where such a quota sits in the tree is unknown, so no rollback over that tree can be trusted."""
-    readable: list[Mapping[str, Any]] = []
-    refused: list[Refusal] = []
-    for obj in objects:
-        if obj.get("kind") == "ElasticQuota":
-            try:
-                quota_from_object(obj)
-            except QuotaShapeError as error:
-                refused.append(_unreadable_refusal(
-                    obj, error, "in the cluster", "where it sits in the tree is unknown, so no rollback over "
-                    "these quotas can be trusted: fix it and run rollback again"))
-                continue
-        readable.append(obj)
-    return readable, refused
-
-
 def _same(left: Spec, right: Spec) -> bool:
     try:
         return all(parse_resource_list(dict(left.get(s, {})), s) == parse_resource_list(dict(right.get(s, {})), s)
@@ -608,7 +593,11 @@ def plan_rollback(objects: Iterable[Mapping[str, Any]],
     that recorded the parent, or a parent label that differs from ``original_parents`` (the
     backup's), means the all-at-once procedure wrote them.
     """
-    objects, refused = _readable_live(objects)
+    # Where such a quota sits in the tree is unknown, so no rollback over that tree can be trusted.
+    objects, unreadable_quotas = _without_unreadable_quotas(objects)
+    refused = [_unreadable_refusal(obj, error, "in the cluster", "where it sits in the tree is unknown, so no "
+                                   "rollback over these quotas can be trusted: fix it and run rollback again")
+               for obj, error in unreadable_quotas]
     unreadable = {(r.namespace, r.quota) for r in refused}
     live = {_key(o): o for o in objects if o.get("kind") == "ElasticQuota"}
     if originals is None:
