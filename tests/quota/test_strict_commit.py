@@ -479,6 +479,38 @@ def test_a_pod_refused_while_another_replica_holds_escrow_waits_for_it_and_is_ad
     assert core.stored() == {"team/small", "team/big"}
 
 
+def test_a_pod_that_does_not_fit_even_without_another_replicas_escrow_is_refused_at_once(
+        core: FakeCore, clock: list[float]) -> None:
+    first = Replica(core, "r1", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
+    second = Replica(core, "r2", clock, room=1000, escrow=32, leaf_room=10_000)
+    assert first.admit("small").allowed  # and escrow for 2 more one-card pods: (10 - 1) // 4
+    reads_before = core.calls.count("read")
+    # 10 cards: more than the 9 free with r1's escrow given back, so waiting for it is pointless.
+    verdict = second.admit("huge", "1000")
+    assert (verdict.allowed, verdict.code) == (False, 403)
+    assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in verdict.message
+    assert core.calls.count("read") - reads_before <= 1
+
+
+def test_a_pod_whose_room_another_replicas_escrow_has_not_given_back_by_its_deadline_is_not_refused_for_the_quota(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    first = Replica(core, "r1", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
+    second = Replica(core, "r2", clock, room=1000, escrow=32, leaf_room=10_000, monotonic=monotonic)
+    assert first.admit("small").allowed  # and escrow for 2 more one-card pods: (10 - 1) // 4
+    # 8 cards fit once r1 gives its escrow back, but the worker stops waiting before a second look:
+    # a retryable 503 naming the lender (the worker asks once more), not "exceeded quota".
+    verdict = second.admit("big", "800", answer_by=monotonic[0] + 0.03)
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "EscrowNotBackInTime")
+    assert "held in escrow by webhook replica r1" in verdict.message
+    assert "exceeded quota" not in verdict.message
+    assert "team/big" not in core.stored()
+    clock[0] += WINDOW
+    first.accounting.settle_due()  # r1 gives back what it did not use: the worker's second attempt fits
+    assert second.admit("big", "800", answer_by=monotonic[0] + 1.0).allowed
+    assert core.stored() == {"team/small", "team/big"}
+
+
 def test_a_quota_event_that_changes_nothing_decisions_read_keeps_the_escrow(core: FakeCore,
                                                                            clock: list[float]) -> None:
     replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)

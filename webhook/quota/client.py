@@ -26,6 +26,10 @@ ANSWER_MARGIN_SECONDS = 0.1
 # The reason of the service's refusal of an admission it could not decide by its deadline: asked
 # again once, as a timeout is (the second attempt has a deadline of its own).
 ANSWER_TOO_LATE = "AnswerTooLate"
+# The reason of a refusal whose room was lent to another replica's escrow, due back but not back by
+# the deadline (webhook.quota.strict_accounting): not a refusal for the quota, so asked again once too.
+ESCROW_NOT_BACK = "EscrowNotBackInTime"
+ASKED_AGAIN_ONCE = frozenset({ANSWER_TOO_LATE, ESCROW_NOT_BACK})
 
 
 class QuotaServiceTimeout(TimeoutError):
@@ -64,7 +68,8 @@ class QuotaClient:
                 reply = reader.read()
                 if reply is None:
                     raise ConnectionError("quota service closed the connection")
-                if attempt == 1 and deadline_key and isinstance(reply, dict) and reply.get("reason") == ANSWER_TOO_LATE:
+                reason = reply.get("reason") if isinstance(reply, dict) else None
+                if attempt == 1 and deadline_key and reason in ASKED_AGAIN_ONCE:
                     continue  # what a timeout would have meant, said before it: ask again, as then
                 return reply
             except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket

@@ -62,7 +62,7 @@ from gpuquota_core.enforcement import QUOTA_EXCEEDED
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
-from webhook.quota.client import ANSWER_TOO_LATE
+from webhook.quota.client import ANSWER_TOO_LATE, ESCROW_NOT_BACK
 from webhook.quota.pod_versions import resource_version
 from webhook.quota.state import EscrowShape, QuotaState
 
@@ -643,9 +643,14 @@ class StrictAccounting:
                     # all of it back in this write and judge the batch again without it.
                     settling = list(queue.settling)
                     continue
-                may_wait = refused_for_room and self._may_wait_for_escrow(keep, give_up_at, batch, now)
-                waiting = {index for index, (verdict, _) in enumerate(results)
-                           if may_wait and verdict.reason == QUOTA_EXCEEDED}
+                held_back = self._held_back_by_escrow(batch, results, keep, now) if refused_for_room else {}
+                if held_back and not self._time_to_wait(give_up_at, batch):
+                    # The room is there, lent to another replica's escrow that is due back: not a
+                    # refusal for the quota. The worker asks once more, with a deadline of its own.
+                    results = [(self._escrow_not_back(batch[index].admission, held_back[index]), None)
+                               if index in held_back else result for index, result in enumerate(results)]
+                    held_back = {}
+                waiting = set(held_back)
                 new = [r for _, r in results if r is not None]
                 for reservation in new:
                     keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, now)
@@ -776,21 +781,39 @@ class StrictAccounting:
                         reservation, self.replica, reservation.expires_at - ttl)
         return keep
 
-    def _may_wait_for_escrow(self, keep: dict[str, shared_ledger.StoredReservation], give_up_at: float,
-                             batch: list[_Job], now: float) -> bool:
-        """Whether a pod refused for room may ask again: another replica holds escrow in the tree that
-        it is about to give back (its window is over or nearly, and that replica is alive to write),
-        and there is time left to, within the budget and before any worker of the batch stops waiting.
+    def _time_to_wait(self, give_up_at: float, batch: list[_Job]) -> bool:
+        """Whether the batch may ask again once more: within the budget, and before any of its workers stops waiting."""
+        return (time.monotonic() + ESCROW_WAIT_SECONDS < give_up_at
+                and self.monotonic() + ESCROW_WAIT_SECONDS < min((job.answer_by for job in batch), default=math.inf))
 
-        An escrow of a replica whose quota service died (a new one has another name) or is stopped is
-        never given back early: it holds its room until it expires, as the invariant needs (pods may
-        have been admitted from it), and waiting for it would only turn refusals into timeouts."""
-        if (time.monotonic() + ESCROW_WAIT_SECONDS >= give_up_at
-                or self.monotonic() + ESCROW_WAIT_SECONDS >= min((job.answer_by for job in batch), default=math.inf)):
-            return False
-        return any(shared_ledger.is_escrow(key) and item.replica != self.replica
-                   and now < item.admitted_at + ESCROW_WINDOW_SECONDS + ESCROW_GIVE_BACK_SECONDS
-                   for key, item in keep.items())
+    def _held_back_by_escrow(self, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
+                             keep: dict[str, shared_ledger.StoredReservation], now: float) -> dict[int, list[str]]:
+        """The jobs refused for room that would be admitted without the escrow other replicas are about
+        to give back (window over or nearly, the replica alive to write), with those replicas' names.
+
+        Only these are worth asking again for: a pod that does not fit even without that escrow is
+        refused at once. An escrow of a replica whose quota service died (a new one has another name)
+        or is stopped is never given back early: it holds its room until it expires, as the invariant
+        needs (pods may have been admitted from it), and waiting for it would only turn refusals into
+        timeouts."""
+        due = {key: item.replica for key, item in keep.items()
+               if shared_ledger.is_escrow(key) and item.replica != self.replica
+               and now < item.admitted_at + ESCROW_WINDOW_SECONDS + ESCROW_GIVE_BACK_SECONDS}
+        if not due:
+            return {}
+        without = {key: item for key, item in keep.items() if key not in due}
+        # The whole batch, in order, as the real judgement charged it: an earlier job's reservation
+        # takes room from a later one here too.
+        alternative, _ = self.state.judge_batch_holding([job.admission for job in batch], without, now)
+        lenders = sorted(set(due.values()))
+        return {index: lenders
+                for index, ((verdict, _), (instead, _)) in enumerate(zip(results, alternative, strict=True))
+                if verdict.reason == QUOTA_EXCEEDED and instead.allowed}
+
+    def _escrow_not_back(self, admission: PodAdmission, lenders: list[str]) -> Verdict:
+        return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted yet: the room it needs is "
+                       f"held in escrow by webhook replica {', '.join(lenders)}, which had not given it back when the "
+                       f"webhook worker stopped waiting; retry shortly", 503, ESCROW_NOT_BACK)
 
     def _new_escrow(self, queue: _TreeQueue, batch: list[_Job], results: list[tuple[Verdict, Reservation | None]],
                     holding: ReservationLedger, now: float) -> tuple[_Escrow, shared_ledger.StoredReservation] | None:
