@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from webhook.admission.quota_port import PodAdmission  # noqa: E402
+from gpuquota_core.pod_admission import PodAdmission  # noqa: E402
 from webhook.quota.client import QuotaClient  # noqa: E402
 from webhook.quota.service import private_socket_path, start_service_process  # noqa: E402
 from webhook.serving.settings import Settings  # noqa: E402

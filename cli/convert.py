@@ -16,6 +16,7 @@ from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from gpuquota_core.unjudged import why_unjudged
+from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
 from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
 
 from . import hints
@@ -43,13 +44,10 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     file). Exit 1 when a result would still be refused by /validate-pods (the reason is printed) or an
     object could not be converted, 2 on bad flags or files, or when the input holds no object.
     """
-    # Imported here: the server module (gunicorn, Flask) would weigh on every gpuquota command's start-up.
-    from webhook.serving.server import ServeError, load_conversion_config
-
     try:
         config: ConversionConfig = load_conversion_config(config_path)
         sources = load_sources(paths)
-    except (ServeError, ManifestError) as error:
+    except (ConfigFileError, ManifestError) as error:
         raise CommandError(str(error)) from None
     except RecursionError:
         # PyYAML's constructor recurses: a hostile document nested thousands deep ends here.

@@ -39,9 +39,9 @@ from .output import document, table
 
 if TYPE_CHECKING:
     from gpuquota_core.ledger import ReservationLedger
+    from gpuquota_core.pod_admission import PodAdmission, Verdict
     from gpuquota_core.shared_ledger import StoredReservation
     from webhook.admission.handlers import AdmissionHandlers
-    from webhook.admission.quota_port import PodAdmission, Verdict
     from webhook.admission.review import AdmissionRequest
     from webhook.quota.state import QuotaState
 

@@ -64,12 +64,10 @@ class Snapshot:
 
 
 def conversion_config(path: Path | None) -> ConversionConfig:
-    if path is None:
-        return DEFAULT_CONFIG
-    from webhook.admission.config_source import ConfigFileError, read_config_file
+    from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
 
     try:
-        return read_config_file(path)
+        return load_conversion_config(path)
     except ConfigFileError as error:
         raise CommandError(str(error)) from None
 

@@ -46,13 +46,13 @@ from gpuquota_core.audit import TEMPLATE_PATHS, Severity, template_of
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
+from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL, UNCHECKED_QUOTAS
 from gpuquota_core.resources import is_gpu_name
 from webhook.admission.handlers import AdmissionHandlers
-from webhook.admission.quota_port import PodAdmission, Verdict
 from webhook.admission.review import decode_review
 from webhook.quota.state import QuotaState
 

@@ -23,8 +23,8 @@ from controlplane import (
     make_api,
 )
 
+from gpuquota_core.pod_admission import PodAdmission
 from gpuquota_core.quantity import Quantity
-from webhook.admission.quota_port import PodAdmission
 from webhook.quota.cluster_state import lister_for, sync_kind
 from webhook.quota.state import KINDS, QuotaState
 

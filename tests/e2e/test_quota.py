@@ -10,11 +10,11 @@ import pytest
 from clusterhelpers import eventually
 from kubernetes import client as k8s
 
+from gpuquota_core.pod_admission import PodAdmission
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP as EQ_GROUP
 from gpuquota_core.quota_objects import ELASTICQUOTA_PLURAL as EQ_PLURAL
 from gpuquota_core.quota_objects import ELASTICQUOTA_VERSION as EQ_VERSION
 from kubeaccess.kube import connect
-from webhook.admission.quota_port import PodAdmission
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
 

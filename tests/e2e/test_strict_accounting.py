@@ -19,8 +19,8 @@ from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, create_quota, event
 from controlplane import Api
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.pod_admission import PodAdmission
 from kubeaccess.kube import connect
-from webhook.admission.quota_port import PodAdmission
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
 from webhook.quota.strict_accounting import LedgerStore, StrictAccounting

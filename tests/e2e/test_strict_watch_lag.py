@@ -18,8 +18,8 @@ from clusterhelpers import QUOTA_LABEL, RATIO, create_quota, eventually
 from controlplane import Api
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.quantity import Quantity
-from webhook.admission.quota_port import PodAdmission, Verdict
 from webhook.quota.cluster_state import list_into, lister_for, start_live_sync
 from webhook.quota.state import KINDS, QuotaState
 from webhook.quota.strict_accounting import LedgerStore, StrictAccounting

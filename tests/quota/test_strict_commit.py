@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
-from webhook.admission.quota_port import PodAdmission
+from gpuquota_core.pod_admission import PodAdmission
 from webhook.quota.state import QuotaState
 from webhook.quota.strict_accounting import ESCROW_WINDOW_SECONDS as WINDOW
 from webhook.quota.strict_accounting import LedgerStore, StrictAccounting

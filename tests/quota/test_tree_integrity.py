@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuquota_core.pod_admission import PodAdmission
 from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_integrity import (
     DUPLICATE_NAME,
@@ -21,7 +22,6 @@ from gpuquota_core.quota_integrity import (
 )
 from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
-from webhook.admission.quota_port import PodAdmission
 from webhook.quota.state import QuotaState
 
 RATIO = "koordinator.sh/gpu-memory-ratio"

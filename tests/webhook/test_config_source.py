@@ -10,7 +10,8 @@ import pytest
 
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.enforcement import Mode
-from webhook.admission.config_source import ConfigSource, read_config_file
+from kubeaccess.conversion_config import read_config_file
+from webhook.admission.config_source import ConfigSource
 
 WARN = "enforcement: {checks: {QuotaExceeded: warn}}\n"
 DRY_RUN = "enforcement: {checks: {QuotaExceeded: dry-run}}\n"

@@ -1,4 +1,4 @@
-"""``webhook.serving.file_signature``: the one rule by which the serving certificate and the conversion
+"""``kubeaccess.file_signature``: the one rule by which the serving certificate and the conversion
 config notice a change without reading the file (a Secret's symlink swap, an in-place rewrite)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from webhook.serving.file_signature import file_signature
+from kubeaccess.file_signature import file_signature
 
 
 def test_a_missing_file_has_no_signature(tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ from prometheus_client.samples import Sample
 from reviews import pod, review
 from webhookproc import REPO_ROOT, WebhookProcess, post_review
 
-from webhook.admission.quota_port import NoQuota, PodAdmission, QuotaFigure
+from gpuquota_core.pod_admission import PodAdmission, QuotaFigure
+from webhook.admission.quota_port import NoQuota
 from webhook.quota.state import QuotaState
 from webhook.serving.metrics import render
 

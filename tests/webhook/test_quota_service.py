@@ -11,9 +11,9 @@ import pytest
 from racing import race
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.pod_admission import PodAdmission
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_objects import quota_from_object
-from webhook.admission.quota_port import PodAdmission
 from webhook.quota.client import QuotaClient
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.service import serve

@@ -22,34 +22,12 @@ from pathlib import Path
 
 import orjson
 
-from gpuquota_core.conversion import ConfigError, ConversionConfig, load_config
-from webhook.serving.file_signature import FileSignature, file_signature
+from gpuquota_core.conversion import ConversionConfig
+from kubeaccess.conversion_config import ConfigFileError, read_config_file
+from kubeaccess.file_signature import FileSignature, file_signature
 
 CHECK_INTERVAL_SECONDS = 1.0
 
-
-
-class ConfigFileError(ValueError):
-    """A config file that cannot be used; the message is one line and names the file."""
-
-
-def read_config_file(path: Path) -> ConversionConfig:
-    # The manifests' reader: one-line errors with line and column, alias bombs refused.
-    from kubeaccess.manifests import ManifestError, load_yaml_documents, not_text
-
-    try:
-        documents = load_yaml_documents(path.read_text(encoding="utf-8"), str(path))
-    except OSError as error:
-        raise ConfigFileError(f"{path}: cannot read the conversion config: {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise ConfigFileError(f"{path}: {not_text(error)}") from None
-    except ManifestError as error:
-        raise ConfigFileError(str(error)) from None
-    document = next((d for d in documents if d is not None), None)
-    try:
-        return load_config(document)
-    except ConfigError as error:
-        raise ConfigFileError(f"{path}: {error}") from None
 
 
 class ConfigSource:

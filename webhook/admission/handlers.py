@@ -28,6 +28,7 @@ from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.events import pod_event
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
+from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict, needs_quota_service
 from gpuquota_core.pod_records import (
     gpu_memory_unknown,
     remembered_gpu_problems,
@@ -38,7 +39,7 @@ from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.validation import GpuRequestProblem
 from webhook.admission.config_source import ConfigSource
-from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaDecider, Verdict, needs_quota_service
+from webhook.admission.quota_port import QuotaDecider
 from webhook.admission.review import (
     AdmissionRequest,
     AdmissionResponse,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from webhook.admission.quota_port import PodAdmission, QuotaFigure, Verdict
+from gpuquota_core.pod_admission import PodAdmission, QuotaFigure, Verdict
 from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 
 log = logging.getLogger("gpuquota.server")

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from gpuquota_core.placement import NodeSummary, NodeView, decode_nodes, encode_nodes, node_summary
-from webhook.serving.file_signature import FileSignature, signature_of
+from kubeaccess.file_signature import FileSignature, signature_of
 
 log = logging.getLogger("gpuquota.quota")
 NODES_FILE = "nodes.json"

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuquota_core.events import ObjectRef, quota_target
+from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.quota_objects import QuotaShapeError
 from kubeaccess.manifests import load_objects
-from webhook.admission.quota_port import PodAdmission, Verdict
 from webhook.quota import metrics as quota_metrics
 from webhook.quota.events import ApiEventSink, EventService, EventSink, LogSink, reporting_instance
 from webhook.quota.loop import ServiceLoop

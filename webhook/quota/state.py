@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
+from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_admission import review_quota_object
@@ -22,7 +23,6 @@ from gpuquota_core.quota_tree import QuotaTree, keeps
 from gpuquota_core.quota_view import quota_figures
 from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.usage_index import UsageIndex
-from webhook.admission.quota_port import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from webhook.quota import metrics
 from webhook.quota.pod_versions import PodVersions
 from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS

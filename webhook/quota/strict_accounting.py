@@ -60,7 +60,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuquota_core import shared_ledger
 from gpuquota_core.enforcement import QUOTA_EXCEEDED
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
-from webhook.admission.quota_port import ALLOW, PodAdmission, Verdict
+from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict
 from webhook.quota import metrics
 from webhook.quota.client import ANSWER_TOO_LATE, ESCROW_NOT_BACK
 from webhook.quota.pod_versions import resource_version

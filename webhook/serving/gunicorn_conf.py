@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubeaccess.file_signature import FileSignature, file_signature
 from webhook.serving.connection_balance import ConnectionTable
-from webhook.serving.file_signature import FileSignature, file_signature
 from webhook.serving.gunicorn_worker import DeadlineSSLSocket
 from webhook.serving.settings import Settings
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from cryptography import x509
 from gunicorn.app.base import BaseApplication
 
-from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
-from webhook.admission.config_source import ConfigFileError, read_config_file
+from gpuquota_core.conversion import ConversionConfig
+from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
 from webhook.admission.quota_port import NoQuota, QuotaDecider
 from webhook.serving.gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from webhook.serving.settings import Settings
@@ -135,16 +135,14 @@ def build_event_reporter() -> EventReporter | None:
     return EventForwarder(QuotaClient(Path(socket_path)))
 
 
-def load_conversion_config(path: Path | None) -> ConversionConfig:
+def conversion_config_or_stop(path: Path | None) -> ConversionConfig:
     """The conversion table and enforcement modes from a YAML file, or the built-in defaults without one.
 
     Read once at startup so a bad file stops the server with one line; workers then re-read the
     file when it changes (:class:`~webhook.admission.config_source.ConfigSource`).
     """
-    if path is None:
-        return DEFAULT_CONFIG
     try:
-        return read_config_file(path)
+        return load_conversion_config(path)
     except ConfigFileError as error:
         raise ServeError(str(error)) from None
 
@@ -357,7 +355,7 @@ def run(settings: Settings) -> None:
     """Start gunicorn in this process and return when it stops."""
     if settings.workers < 1 or settings.threads < 1:
         raise ServeError("--workers and --threads must be at least 1")
-    config = load_conversion_config(settings.config_path)
+    config = conversion_config_or_stop(settings.config_path)
     _check_tls_files(settings)
     _check_client_ca(settings.client_ca_path)
     _check_cluster_source(settings)

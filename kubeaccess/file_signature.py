@@ -3,7 +3,7 @@
 Mounted Secrets and ConfigMaps change by swapping the ``..data`` symlink (the path then resolves to
 a new inode); a file rewritten in place changes its mtime or size. The serving certificate, the
 conversion config and the workers' node view are re-read only when this signature differs from the
-last one seen. It lives beside the serving settings, which all three webhook packages already use.
+last one seen. It lives in kubeaccess, below every webhook package that reads files (admission, quota, serving).
 """
 
 from __future__ import annotations
