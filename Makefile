@@ -54,6 +54,7 @@ dist: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## control-plane: build etcd, kube-apiserver, kube-scheduler, kube-controller-manager from the Go module proxy (cached by the pins' hash)
 control-plane:
