@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpuquota_core.pod_admission import PodAdmission  # noqa: E402
 from webhook.quota.client import QuotaClient  # noqa: E402
+from webhook.quota.options import QuotaServiceOptions  # noqa: E402
 from webhook.quota.service import private_socket_path, start_service_process  # noqa: E402
-from webhook.serving.settings import Settings  # noqa: E402
 
 ADMISSION = PodAdmission(
     uid="bench", operation="CREATE", namespace="team-vision", name="bench", pod_uid="", labels={},
@@ -43,8 +43,7 @@ def main() -> None:
     threads = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 8.0
     path = private_socket_path()
-    settings = Settings(state_path=ROOT / "examples" / "cluster")
-    service = start_service_process(path, settings, settings.ledger_namespace)
+    service = start_service_process(path, QuotaServiceOptions(state_path=ROOT / "examples" / "cluster"))
     try:
         client = QuotaClient(path)
         deadline = time.monotonic() + 30

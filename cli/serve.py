@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from webhook.quota.options import Accounting
 from webhook.serving.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
 
 from .errors import CommandError
@@ -41,8 +43,9 @@ DEFAULTS = Settings()
 @click.option("--client-ca", "client_ca_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Mutual TLS: refuse clients without a certificate signed by this PEM CA "
                    "(reloaded when it changes). Probes must then be tcpSocket or exec, see docs/security.md.")
-@click.option("--accounting", type=click.Choice(["local", "strict"]), default=DEFAULTS.accounting,
-              show_default=True,
+@click.option("--accounting", type=click.Choice([mode.value for mode in Accounting]),
+              default=DEFAULTS.accounting.value,
+              show_default=True, callback=lambda _context, _parameter, value: Accounting(value),
               help="Quota reservations per server instance (local), or shared by all replicas through a "
                    "ConfigMap written before each admission (strict; see README 'Several replicas').")
 @click.option("--ledger-namespace", default=DEFAULTS.ledger_namespace,
@@ -58,10 +61,7 @@ DEFAULTS = Settings()
               default=DEFAULTS.max_reservations_per_caller, show_default=True,
               help="Quota reservations one caller (TLS peer) may hold before its pods are confirmed; bounds what "
                    "forged AdmissionReviews can take (docs/security.md).")
-def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | None, cert_dir: Path,
-          host: str, port: int, config_path: Path | None, workers: int, threads: int, keepalive: int,
-          graceful_timeout: int, log_level: str, client_ca_path: Path | None, accounting: str, ledger_namespace: str,
-          stale_after_seconds: float, reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
+def serve(**flags: Any) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     # Imported here, not at module level: every gpuquota command imports every command module, and
     # the server (gunicorn, Flask, the kubernetes client) would weigh on every command's start-up.
@@ -76,12 +76,7 @@ def serve(state_path: Path | None, kubeconfig_path: Path | None, context: str | 
     from webhook.serving.server import ServeError, run
 
     try:
-        run(Settings(host=host, port=port, cert_dir=cert_dir, state_path=state_path, config_path=config_path,
-                     kubeconfig_path=kubeconfig_path, context=context, workers=workers, threads=threads,
-                     keepalive=keepalive, graceful_timeout=graceful_timeout, log_level=log_level,
-                     client_ca_path=client_ca_path,
-                     accounting=accounting, ledger_namespace=ledger_namespace,
-                     stale_after_seconds=stale_after_seconds, reservation_ttl_seconds=reservation_ttl_seconds,
-                     max_reservations_per_caller=max_reservations_per_caller))
+        # Each option's parameter is named after its Settings field: a new flag is the option and the field.
+        run(Settings(**flags))
     except ServeError as error:
         raise CommandError(str(error)) from None

@@ -33,14 +33,11 @@ from webhook.quota.events import ApiEventSink, EventService, EventSink, LogSink,
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.node_view import NodeState, nodes_path
 from webhook.quota.node_view import files_of as node_view_files
+from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.quota.state import QuotaState
-from webhook.serving.settings import Settings
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
-# Accounting modes (README "Several replicas"): the reservation ledger in this process's memory,
-# or shared by all replicas through the API server.
-LOCAL, STRICT = "local", "strict"
 # The service's exit status when its configuration does not load (EX_CONFIG): starting it again
 # cannot help, so the master stops the server (webhook.serving.supervision).
 CANNOT_START_EXIT = 78
@@ -123,31 +120,26 @@ def start_event_service(state: QuotaState, sink: EventSink) -> EventService:
     return service
 
 
-def run_service(path: Path, state_path: Path | None, kubeconfig: Path | None, context: str | None,
-                parent_pid: int, accounting: str, ledger_namespace: str, stale_after_seconds: float,
-                reservation_ttl_seconds: float, max_reservations_per_caller: int) -> None:
+def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> None:
     """The service process's main: serve, load or start syncing, and exit when the parent does."""
-    state = QuotaState(stale_after_seconds=stale_after_seconds, ttl_seconds=reservation_ttl_seconds,
-                       max_reservations_per_caller=max_reservations_per_caller)
-    if accounting != LOCAL:
-        state.reservations_known = False
+    state = QuotaState.for_options(options)
     # Every result at zero from the start, so alerts on its rate see a series before the first write.
     for result in quota_metrics.LEDGER_WRITE_RESULTS:
         quota_metrics.LEDGER_WRITES.labels(result)
     nodes = NodeState(nodes_path(path))
-    if state_path is not None:
+    if options.state_path is not None:
         serve(state, path, events=start_event_service(state, LogSink()))
-        load_state_file(state, state_path, nodes)
+        load_state_file(state, options.state_path, nodes)
     else:
         from kubeaccess.kube import connect
         from webhook.quota.cluster_state import start_live_sync
 
-        api = connect(str(kubeconfig) if kubeconfig else None, context)
+        api = connect(str(options.kubeconfig_path) if options.kubeconfig_path else None, options.context)
         admitter: PodAdmitter | None = None
-        if accounting == STRICT:
+        if options.accounting is Accounting.STRICT:
             from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
 
-            strict = StrictAccounting(state, LedgerStore(api, ledger_namespace))
+            strict = StrictAccounting(state, LedgerStore(api, options.ledger_namespace))
             state.decider_problem = strict.ledger_problem  # /readyz: 503 while the ledger cannot be written
             threading.Thread(target=strict.run_ledger_check, args=(threading.Event(),),
                              daemon=True, name="ledger-check").start()
@@ -184,24 +176,15 @@ def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> 
             socket_path.parent.rmdir()
 
 
-def start_service_process(path: Path, settings: Settings, ledger_namespace: str) -> subprocess.Popen[bytes]:
-    """Offline when ``settings.state_path`` is set, else live (kubeconfig, or in-cluster without one).
+def start_service_process(path: Path, options: QuotaServiceOptions) -> subprocess.Popen[bytes]:
+    """Offline when ``options.state_path`` is set, else live (kubeconfig, or in-cluster without one).
 
     A fresh interpreter rather than multiprocessing: gunicorn forks its workers from this
     process, and multiprocessing's bookkeeping of children would be copied into every worker
     (whose exit hook then tries to join a process that is not its own).
     """
-    command = [sys.executable, "-m", "webhook.quota.service", "--socket", str(path), "--parent-pid", str(os.getpid())]
-    if settings.state_path is not None:
-        command += ["--state", str(settings.state_path)]
-    if settings.kubeconfig_path is not None:
-        command += ["--kubeconfig", str(settings.kubeconfig_path)]
-    if settings.context is not None:
-        command += ["--context", settings.context]
-    command += ["--accounting", settings.accounting, "--ledger-namespace", ledger_namespace,
-                "--stale-after", str(settings.stale_after_seconds),
-                "--reservation-ttl", str(settings.reservation_ttl_seconds),
-                "--max-reservations-per-caller", str(settings.max_reservations_per_caller)]
+    command = [sys.executable, "-m", "webhook.quota.service", "--socket", str(path), "--parent-pid", str(os.getpid()),
+               "--options", options.to_json()]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL)
 
 
@@ -210,23 +193,14 @@ def main(argv: list[str] | None = None) -> None:
                                      description="the quota service of one webhook server instance")
     parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
-    parser.add_argument("--state", type=Path)
-    parser.add_argument("--kubeconfig", type=Path)
-    parser.add_argument("--context")
-    # No defaults: start_service_process always passes the server's Settings.
-    parser.add_argument("--accounting", choices=(LOCAL, STRICT), required=True)
-    parser.add_argument("--ledger-namespace", required=True)
-    parser.add_argument("--stale-after", type=float, required=True)
-    parser.add_argument("--reservation-ttl", type=float, required=True)
-    parser.add_argument("--max-reservations-per-caller", type=int, required=True)
+    # No defaults: start_service_process always passes the server's (QuotaServiceOptions.to_json).
+    parser.add_argument("--options", required=True, help="the QuotaServiceOptions, as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from kubeaccess.kube import KubeAccessError
 
     try:
-        run_service(args.socket, args.state, args.kubeconfig, args.context, args.parent_pid, args.accounting,
-                    args.ledger_namespace, args.stale_after, args.reservation_ttl,
-                    args.max_reservations_per_caller)
+        run_service(args.socket, args.parent_pid, QuotaServiceOptions.from_json(args.options))
     except (ValueError, KubeAccessError) as error:
         # gpuquota serve loaded the same files before it started; they changed since.
         log.error("quota service: cannot start: %s", error)

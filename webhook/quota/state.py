@@ -24,8 +24,13 @@ from gpuquota_core.quota_view import quota_figures
 from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.usage_index import UsageIndex
 from webhook.quota import metrics
+from webhook.quota.options import (
+    DEFAULT_MAX_RESERVATIONS_PER_CALLER,
+    DEFAULT_STALE_AFTER_SECONDS,
+    Accounting,
+    QuotaServiceOptions,
+)
 from webhook.quota.pod_versions import PodVersions
-from webhook.serving.settings import DEFAULT_MAX_RESERVATIONS_PER_CALLER, DEFAULT_STALE_AFTER_SECONDS
 
 KINDS = ("Pod", "ElasticQuota")
 TOO_MANY_RESERVATIONS = "TooManyReservations"
@@ -80,6 +85,14 @@ class QuotaState:
         # What else must work for this instance to decide, as a problem ("" when none): strict
         # accounting's ledger namespace (StrictAccounting.ledger_problem). Called without the lock.
         self.decider_problem: Callable[[], str] | None = None
+
+    @classmethod
+    def for_options(cls, options: QuotaServiceOptions) -> QuotaState:
+        """The state of a quota service started with ``options``."""
+        state = cls(ttl_seconds=options.reservation_ttl_seconds, stale_after_seconds=options.stale_after_seconds,
+                    max_reservations_per_caller=options.max_reservations_per_caller)
+        state.reservations_known = options.accounting is Accounting.LOCAL
+        return state
 
     def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
         """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""

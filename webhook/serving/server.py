@@ -35,6 +35,7 @@ from gunicorn.app.base import BaseApplication
 from gpuquota_core.conversion import ConversionConfig
 from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
 from webhook.admission.quota_port import NoQuota, QuotaDecider
+from webhook.quota.options import Accounting
 from webhook.serving.gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from webhook.serving.settings import Settings
 from webhook.serving.supervision import QuotaServiceSupervisor, SupervisingArbiter
@@ -65,7 +66,7 @@ def start_shared_services(settings: Settings, supervisor: QuotaServiceSupervisor
     from webhook.quota.service import private_socket_path, start_service_process
 
     def start(path: Path) -> subprocess.Popen[bytes]:
-        return start_service_process(path, settings, ledger_namespace(settings))
+        return start_service_process(path, settings.quota_options(ledger_namespace(settings)))
 
     path = private_socket_path()
     supervisor.start_with(start, path)
@@ -95,11 +96,11 @@ def ledger_namespace(settings: Settings) -> str:
 
 
 def _check_accounting(settings: Settings) -> None:
-    if settings.accounting not in ("local", "strict"):
-        raise ServeError(f"--accounting must be local or strict, not {settings.accounting!r}")
-    if settings.accounting == "strict" and settings.state_path is not None:
+    if settings.accounting not in {mode.value for mode in Accounting}:
+        raise ServeError(f"--accounting must be {Accounting.spelled()}, not {str(settings.accounting)!r}")
+    if settings.accounting == Accounting.STRICT and settings.state_path is not None:
         raise ServeError("--accounting strict records reservations in the cluster; it cannot run with --state")
-    if settings.accounting == "strict" and not ledger_namespace(settings):
+    if settings.accounting == Accounting.STRICT and not ledger_namespace(settings):
         raise ServeError("--accounting strict needs --ledger-namespace (outside a pod there is no own namespace)")
 
 

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
+from webhook.quota.options import (
+    DEFAULT_MAX_RESERVATIONS_PER_CALLER,
+    DEFAULT_STALE_AFTER_SECONDS,
+    Accounting,
+    QuotaServiceOptions,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8443
@@ -27,15 +33,6 @@ CA_FILE = "ca.crt"
 # can only be an attack or a mistake; a smaller cap would refuse a large pod's label change, which
 # a fail-closed validating webhook turns into a refused update.
 MAX_BODY_BYTES = 8 * 1024 * 1024
-
-# How long the list/watch of a kind may keep failing before the view counts as stale and /readyz
-# fails. Longer than a control-plane rolling restart, shorter than the time in which a cluster's
-# quota usage drifts far from what was last seen.
-DEFAULT_STALE_AFTER_SECONDS = 120.0
-# Unconfirmed reservations one caller may hold at once. The API server's own admissions are
-# confirmed by the watch within a second, so it holds roughly (creates per second x watch lag),
-# far below this; a caller posting forged reviews is stopped here, and what it holds expires.
-DEFAULT_MAX_RESERVATIONS_PER_CALLER = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +67,9 @@ class Settings:
     metrics_dir: Path | None = None
     # PEM CA(s) that client certificates must chain to (mutual TLS); None = any client may connect.
     client_ca_path: Path | None = None
-    # Quota accounting across replicas: "local" (each server instance's own ledger; a burst
-    # spread over N replicas can admit up to N times the room) or "strict" (every admission is
-    # recorded in a shared ConfigMap in ledger_namespace first; one API write per admitted batch).
-    accounting: str = "local"
+    # Quota accounting across replicas (webhook.quota.options.Accounting): each server instance's
+    # own ledger, or a shared ConfigMap in ledger_namespace written first (one API write per batch).
+    accounting: Accounting = Accounting.LOCAL
     ledger_namespace: str = ""
     # Seconds a failing list/watch may last before /readyz reports the quota view stale.
     stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
@@ -81,6 +77,12 @@ class Settings:
     reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS
     # Unconfirmed reservations one caller (TLS peer) may hold.
     max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER
+
+    def quota_options(self, ledger_namespace: str) -> QuotaServiceOptions:
+        """What the quota service process is started with: the fields of the same name, and the
+        ledger namespace as resolved (the flag, else the pod's own: webhook.serving.server)."""
+        same_named = {name: getattr(self, name) for name in QuotaServiceOptions.field_names()}
+        return QuotaServiceOptions(**{**same_named, "ledger_namespace": ledger_namespace})
 
     @property
     def certfile(self) -> Path:
