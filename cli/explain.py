@@ -127,7 +127,9 @@ class _SnapshotDecider:
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         if self.reservations:
-            return self.state.judge_batch([admission], self.reservations, time.time())[0][0]
+            from webhook.quota.strict.judgement import judge_batch
+
+            return judge_batch(self.state, [admission], self.reservations, time.time())[0][0]
         return self.state.admit_pod(admission)
 
     def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:

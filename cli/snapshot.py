@@ -109,8 +109,8 @@ def _read_ledgers(api: Any, snapshot: Snapshot) -> None:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
+    from gpuquota_core.shared_ledger import MANAGED_SELECTOR
     from kubeaccess.kube import REQUEST_TIMEOUT_SECONDS, api_error_message
-    from webhook.quota.strict_accounting import MANAGED_SELECTOR
 
     try:
         response: Any = client.CoreV1Api(api).list_config_map_for_all_namespaces(

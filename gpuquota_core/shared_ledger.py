@@ -57,6 +57,13 @@ DEFAULT_SETTLE_SECONDS = 5.0
 # replica, one of an earlier release included, counts the whole of it until it expires.
 ESCROW_KEY_PREFIX = "~escrow/"
 GROUP_KEY_PREFIX = "~pods/"
+# Every ledger object carries these labels: readers (gpuquota snapshot, the reconciler) list the
+# objects by MANAGED_SELECTOR, and learn each one's tree from TREE_LABEL.
+MANAGED_BY_LABEL, MANAGED_BY = "app.kubernetes.io/managed-by", "koord-gpuquota"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+# Quota names are DNS subdomains (up to 253 characters); label values stop at 63, so a tree root
+# longer than that cannot be named in a label and is reconciled only when admissions write to it.
+TREE_LABEL = "gpuquota.koord-gpuquota.io/quota-tree"
 
 
 class LedgerFormatError(ValueError):

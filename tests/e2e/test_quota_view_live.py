@@ -19,7 +19,7 @@ from cli.main import cli
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation
 from gpuquota_core.quantity import Quantity
-from webhook.quota.strict_accounting import MANAGED_BY, MANAGED_BY_LABEL, TREE_LABEL
+from gpuquota_core.shared_ledger import MANAGED_BY, MANAGED_BY_LABEL, TREE_LABEL
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"

@@ -23,7 +23,8 @@ from gpuquota_core.pod_admission import PodAdmission
 from kubeaccess.kube import connect
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
-from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
+from webhook.quota.strict.accounting import StrictAccounting
+from webhook.quota.strict.store import LedgerStore
 
 
 @dataclass

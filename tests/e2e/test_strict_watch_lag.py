@@ -22,7 +22,8 @@ from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.quantity import Quantity
 from webhook.quota.cluster_state import list_into, lister_for, start_live_sync
 from webhook.quota.state import KINDS, QuotaState
-from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
+from webhook.quota.strict.accounting import StrictAccounting
+from webhook.quota.strict.store import LedgerStore
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def one_share_pod(name: str, quota: str) -> dict[str, Any]:
 
 def test_a_replica_whose_pod_watch_lags_waits_for_it_instead_of_admitting_past_the_room(
         api: Api, namespace: str, writer_state: QuotaState, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("webhook.quota.strict_accounting.RETRY_BUDGET_SECONDS", 0.5)
+    monkeypatch.setattr("webhook.quota.strict.accounting.RETRY_BUDGET_SECONDS", 0.5)
     quota = f"team-{namespace}"
     create_quota(api, namespace, quota, {RATIO: "200"})  # room for two pods of 100
     eventually(lambda: quota in writer_state.tree.quotas, "the writer knows the quota")

@@ -24,8 +24,9 @@ from kubernetes.client.exceptions import ApiException
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
 from webhook.quota.state import QuotaState
-from webhook.quota.strict_accounting import ESCROW_WINDOW_SECONDS as WINDOW
-from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
+from webhook.quota.strict.accounting import StrictAccounting
+from webhook.quota.strict.escrow import ESCROW_WINDOW_SECONDS as WINDOW
+from webhook.quota.strict.store import LedgerStore
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
@@ -288,7 +289,7 @@ def test_a_replica_whose_pod_watch_is_behind_the_ledger_does_not_decide_on_it(
         core: FakeCore, clock: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
     # The writer drops a reservation once its own watch has shown the pod; a replica whose watch has
     # not shown that pod yet (paused, slow, re-listing) would count neither and admit past the room.
-    monkeypatch.setattr("webhook.quota.strict_accounting.RETRY_BUDGET_SECONDS", 0.1)
+    monkeypatch.setattr("webhook.quota.strict.accounting.RETRY_BUDGET_SECONDS", 0.1)
     writer, behind = Replica(core, "r1", clock, room=200), Replica(core, "r2", clock, room=200)
     watch_shows(writer, "seed", "90", ratio="0")
     watch_shows(behind, "seed", "90", ratio="0")
@@ -394,7 +395,7 @@ def test_replicas_with_escrow_never_admit_past_the_room_and_lose_none_of_it(
         core: FakeCore, clock: list[float], seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # A refused pod waits for other replicas' escrow only within the retry budget; here the other
     # replicas run in this thread between admissions, so a short budget keeps the test quick.
-    monkeypatch.setattr("webhook.quota.strict_accounting.RETRY_BUDGET_SECONDS", 0.1)
+    monkeypatch.setattr("webhook.quota.strict.accounting.RETRY_BUDGET_SECONDS", 0.1)
     pods_of_room = 40
     replicas = [Replica(core, f"r{n}", clock, room=100 * pods_of_room, escrow=32, leaf_room=100_000)
                 for n in range(3)]

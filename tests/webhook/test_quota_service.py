@@ -18,6 +18,7 @@ from webhook.quota.client import QuotaClient
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.service import serve
 from webhook.quota.state import QuotaState
+from webhook.quota.strict.judgement import judge_batch
 from webhook.quota.wire import FrameReader, send_frame
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -188,15 +189,15 @@ def test_strict_accounting_judges_a_retry_against_the_stored_ledger_without_its_
     state.load([QUOTA, RUNNING])
     retried = PodAdmission(uid="adm-p", operation="CREATE", namespace="team", name="p", pod_uid="uid-p",
                            labels={"quota.scheduling.koordinator.sh/name": "team-a"}, canonical_requests={RATIO: "600"})
-    [(verdict, reservation)] = state.judge_batch([retried], {}, now=1000.0)
+    [(verdict, reservation)] = judge_batch(state, [retried], {}, now=1000.0)
     assert verdict.allowed and reservation is not None
     # The first delivery's write landed; the second delivery sees it in the shared ledger.
     stored = {reservation.pod_key: shared_ledger.StoredReservation(reservation, "replica-1", 1000.0)}
-    [(verdict, again)] = state.judge_batch([retried], stored, now=1001.0)
+    [(verdict, again)] = judge_batch(state, [retried], stored, now=1001.0)
     assert verdict.allowed and again is not None and again.requests == {RATIO: Quantity.parse("600")}
     other = PodAdmission(uid="adm-q", operation="CREATE", namespace="team", name="q", pod_uid="uid-q",
                          labels={"quota.scheduling.koordinator.sh/name": "team-a"}, canonical_requests={RATIO: "200"})
-    [(denied, _)] = state.judge_batch([other], stored, now=1001.0)
+    [(denied, _)] = judge_batch(state, [other], stored, now=1001.0)
     assert not denied.allowed and "used: koordinator.sh/gpu-memory-ratio=900" in denied.message
 
 

@@ -18,7 +18,7 @@ from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
 # An admission tells the quota service to answer it this long before the client gives up on it: an
-# answer decided later is a refusal whose reservation is withdrawn (webhook.quota.strict_accounting),
+# answer decided later is a refusal whose reservation is withdrawn (webhook.quota.strict.accounting),
 # so no "allowed" is ever decided that this client no longer waits for. The margin covers the reply's
 # way back; a reply that misses it only leaves its reservation to the TTL, as before: availability,
 # not safety, so it is kept small (a decision taking longer than the timeout less it is refused).
@@ -27,7 +27,7 @@ ANSWER_MARGIN_SECONDS = 0.1
 # again once, as a timeout is (the second attempt has a deadline of its own).
 ANSWER_TOO_LATE = "AnswerTooLate"
 # The reason of a refusal whose room was lent to another replica's escrow, due back but not back by
-# the deadline (webhook.quota.strict_accounting): not a refusal for the quota, so asked again once too.
+# the deadline (webhook.quota.strict.accounting): not a refusal for the quota, so asked again once too.
 ESCROW_NOT_BACK = "EscrowNotBackInTime"
 ASKED_AGAIN_ONCE = frozenset({ANSWER_TOO_LATE, ESCROW_NOT_BACK})
 

@@ -137,7 +137,8 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
         api = connect(str(options.kubeconfig_path) if options.kubeconfig_path else None, options.context)
         admitter: PodAdmitter | None = None
         if options.accounting is Accounting.STRICT:
-            from webhook.quota.strict_accounting import LedgerStore, StrictAccounting
+            from webhook.quota.strict.accounting import StrictAccounting
+            from webhook.quota.strict.store import LedgerStore
 
             strict = StrictAccounting(state, LedgerStore(api, options.ledger_namespace))
             state.decider_problem = strict.ledger_problem  # /readyz: 503 while the ledger cannot be written

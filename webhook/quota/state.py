@@ -5,23 +5,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
-from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
-from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_admission import review_quota_object
-from gpuquota_core.quota_decision import decide, needs_check
+from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check
 from gpuquota_core.quota_integrity import check_tree
-from gpuquota_core.quota_objects import POD_QUOTA_LABEL, QuotaInfo, quota_from_object
+from gpuquota_core.quota_objects import QuotaInfo, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree, keeps
 from gpuquota_core.quota_view import quota_figures
-from gpuquota_core.resources import ResourceList, add_lists
+from gpuquota_core.resources import add_lists
 from gpuquota_core.usage_index import UsageIndex
 from webhook.quota import metrics
 from webhook.quota.options import (
@@ -37,22 +35,65 @@ TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 
 @dataclass(frozen=True, slots=True)
-class EscrowShape:
-    """What a CREATE would charge: its quota chain (leaf first) and its whole request at each.
+class QuotaView:
+    """The quota state as one decision reads it, from :meth:`QuotaState.snapshot`.
 
-    Strict accounting admits a CREATE from room held in escrow only when the room was granted for
-    pods of exactly this shape, under the same quota tree (``tree_version``).
+    Not a copy: the tree and usage are the state's own, unchanging only while the snapshot's lock
+    is held, so a view is read inside its ``with`` block and never kept past it.
     """
 
-    quotas: tuple[str, ...]
-    requests: tuple[tuple[str, Fraction], ...]  # sorted; exact amounts
+    tree: QuotaTree
+    usage: UsageIndex
+    # Bumped on every change of the quotas that decisions read (QuotaState.tree_version).
     tree_version: int
+    synced: bool
+    pod_versions: PodVersions
+    ttl_seconds: float
+    max_reservations_per_caller: int
 
-    def key(self) -> tuple[tuple[str, ...], tuple[tuple[str, Fraction], ...]]:
-        return self.quotas, self.requests
+    def judge(self, admission: PodAdmission, ledger: ReservationLedger, now: float,
+              requests: tuple[PodQuotaRequest, PodQuotaRequest | None] | None = None,
+              ) -> tuple[Verdict, Reservation | None]:
+        """Decide one admission against ``ledger`` and reserve in it when admitted.
 
-    def resources(self, count: int = 1) -> ResourceList:
-        return {name: Quantity.of(amount * count) for name, amount in self.requests}
+        ``requests``: the admission's ``quota_requests``, when the caller has read them already.
+        """
+        new, old = requests if requests is not None else quota_requests(admission)
+        if not self.synced:
+            return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
+        if old is not None and not needs_check(new, old, self.tree):
+            return ALLOW, None
+        pod_key = f"{admission.namespace}/{admission.name}"
+        replay_of = ledger.made_by(pod_key, admission.uid)
+        decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
+                          replay_of=replay_of)
+        if not decision.allowed:
+            return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
+        if admission.dry_run or not decision.quotas:
+            return ALLOW, None
+        held = ledger.held_by(admission.caller)
+        if replay_of is not None and replay_of.caller == admission.caller:
+            held -= 1  # a retry replaces its own reservation, it does not add one
+        if admission.caller and held >= self.max_reservations_per_caller:
+            return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: caller {admission.caller} "
+                           f"already holds {held} quota reservations no created pod has confirmed (limit "
+                           f"{self.max_reservations_per_caller}); retry once they are confirmed or expire",
+                           429, TOO_MANY_RESERVATIONS), None
+        # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
+        # relabel's new leaf, a resize's growth) is held in the ledger.
+        reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
+                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
+                                     caller=admission.caller)
+        return ALLOW, reservation
+
+    def _watched(self, admission: PodAdmission) -> bool:
+        """Whether the pod being updated already counts in the usage (so only growth is new).
+
+        Not yet, when its create is still only a reservation: then the update is charged in full
+        and replaces that reservation, never less than what the pod will end up taking.
+        """
+        record = self.usage.get(f"{admission.namespace}/{admission.name}")
+        return record is not None and (not admission.pod_uid or record.uid in ("", admission.pod_uid))
 
 
 class QuotaState:
@@ -85,6 +126,27 @@ class QuotaState:
         # What else must work for this instance to decide, as a problem ("" when none): strict
         # accounting's ledger namespace (StrictAccounting.ledger_problem). Called without the lock.
         self.decider_problem: Callable[[], str] | None = None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[QuotaView]:
+        """The state, locked for the ``with`` block: one consistent view for a whole decision, its
+        lock taken once (strict accounting judges a batch, its escrow and what to prune on one)."""
+        with self._lock:
+            yield self._view()
+
+    @contextmanager
+    def snapshot_once_pods_through(self, version: int, timeout: float) -> Iterator[QuotaView | None]:
+        """:meth:`snapshot`, once the pod list and watch have reached resourceVersion ``version``
+        (pod_versions.py), waiting at most ``timeout`` seconds; the view is None when they have not."""
+        with self._pods_advanced:
+            if self._pods_advanced.wait_for(lambda: self.pod_versions.seen_through >= version, max(timeout, 0.0)):
+                yield self._view()
+            else:
+                yield None
+
+    def _view(self) -> QuotaView:
+        return QuotaView(self.tree, self.usage, self.tree_version, self.synced, self.pod_versions,
+                         self.ledger.ttl_seconds, self.max_reservations_per_caller)
 
     @classmethod
     def for_options(cls, options: QuotaServiceOptions) -> QuotaState:
@@ -223,15 +285,6 @@ class QuotaState:
         # The watched pod now counts instead of its reservation, if it is the admitted one.
         self.ledger.confirm(record.key, record.uid, self.usage.charged_to(record.key), record.requests)
 
-    def _watched(self, admission: PodAdmission) -> bool:
-        """Whether the pod being updated already counts in the usage (so only growth is new).
-
-        Not yet, when its create is still only a reservation: then the update is charged in full
-        and replaces that reservation, never less than what the pod will end up taking.
-        """
-        record = self.usage.get(f"{admission.namespace}/{admission.name}")
-        return record is not None and (not admission.pod_uid or record.uid in ("", admission.pod_uid))
-
     def _publish(self) -> None:
         snapshot = (1 if self.synced else 0, 1 if self._stale_kinds() else 0, len(self.usage),
                     len(self.tree.quotas), len(self.ledger))
@@ -292,7 +345,7 @@ class QuotaState:
         with self._lock:
             now = self._clock()
             expired = self._expire(now)
-            verdict, _ = self._judge(admission, self.ledger, now)
+            verdict, _ = self._view().judge(admission, self.ledger, now)
             if expired or verdict.allowed:  # what changes the count here
                 self._publish()
             return verdict
@@ -303,131 +356,11 @@ class QuotaState:
             metrics.RESERVATIONS_EXPIRED.inc(len(expired))
         return len(expired)
 
-    def tree_of(self, admission: PodAdmission) -> str | None:
-        """The quota tree whose shared ledger a pod's admission writes to (strict accounting)."""
-        with self._lock:
-            resolution = self.tree.resolve(admission.namespace, admission.labels.get(POD_QUOTA_LABEL, ""))
-            if resolution.quota is None or resolution.quota not in self.tree.quotas:
-                return None
-            return shared_ledger.tree_of(self.tree, resolution.quota)
-
     def quota_of(self, namespace: str, quota_label: str) -> QuotaInfo | None:
         """The ElasticQuota a pod of ``namespace`` with ``quota_label`` resolves to (events' target)."""
         with self._lock:
             resolution = self.tree.resolve(namespace, quota_label)
             return self.tree.quotas.get(resolution.quota) if resolution.quota is not None else None
-
-    def judge_batch(self, admissions: list[PodAdmission], stored: Mapping[str, shared_ledger.StoredReservation],
-                    now: float) -> list[tuple[Verdict, Reservation | None]]:
-        """Strict accounting: decide a batch against the shared ledger as stored (``now`` is wall time).
-
-        Each admission sees the ones before it in the batch, so one write can carry them all.
-        Returns, per admission, the verdict and the reservation to store (None: nothing to write).
-        """
-        return self.judge_batch_holding(admissions, stored, now)[0]
-
-    def judge_batch_holding(self, admissions: list[PodAdmission], stored: Mapping[str, shared_ledger.StoredReservation],
-                            now: float) -> tuple[list[tuple[Verdict, Reservation | None]], ReservationLedger]:
-        """``judge_batch``, and what holds room once the batch's reservations are added: ``stored``
-        as this replica counts it plus those. ``escrow_room`` reads it, so a commit builds it once."""
-        with self._lock:
-            ledger = shared_ledger.holding_room(stored, self.usage, now, self.ledger.ttl_seconds)
-            return [self._judge(admission, ledger, now) for admission in admissions], ledger
-
-    def pruned(self, stored: Mapping[str, shared_ledger.StoredReservation],
-               now: float) -> tuple[dict[str, shared_ledger.StoredReservation], int]:
-        """The reservations worth keeping, and the pod resourceVersion a replica's watch must have
-        reached to count every pod whose dropped reservation this replica's watch counts (0: none)."""
-        with self._lock:
-            kept = shared_ledger.pruned(stored, self.usage, now)
-            counted = (key for key, item in stored.items()
-                       if key not in kept and shared_ledger.confirmed(item, self.usage))
-            return kept, max(map(self.pod_versions.shown_at_most, counted), default=0)
-
-    def wait_for_pods_through(self, version: int, timeout: float) -> bool:
-        """Whether the pod list and watch have reached ``version``, waiting at most ``timeout`` seconds."""
-        with self._pods_advanced:
-            return self._pods_advanced.wait_for(lambda: self.pod_versions.seen_through >= version,
-                                                max(timeout, 0.0))
-
-    def escrow_shape(self, admission: PodAdmission) -> EscrowShape | None:
-        """The shape of a plain CREATE that room held in escrow could admit, or None.
-
-        None for everything a decision treats specially: UPDATEs, dry runs, pods without a quota
-        or naming one that does not exist or is a parent, gpu-memory without a model mapping.
-        """
-        if admission.operation != "CREATE" or admission.dry_run or admission.unknown_gpu_memory:
-            return None
-        new, old = quota_requests(admission)
-        if old is not None or not new.requests:
-            return None
-        with self._lock:
-            if not self.synced:
-                return None
-            resolution = self.tree.resolve(new.namespace, new.quota_label)
-            leaf = self.tree.quotas.get(resolution.quota) if resolution.quota is not None else None
-            if leaf is None or leaf.is_parent or resolution.rule == "label-not-found":
-                return None
-            chain = tuple(q.name for q in self.tree.chain(leaf.name))
-            amounts = tuple(sorted((name, quantity.amount) for name, quantity in new.requests.items()))
-            return EscrowShape(chain, amounts, self.tree_version)
-
-    def escrow_room(self, admission: PodAdmission, shape: EscrowShape, holding: ReservationLedger, most: int) -> int:
-        """How many more pods of ``shape`` fit (at most ``most``) on top of what ``holding`` holds.
-
-        The same decision as an admission's, for ``count`` times the pod's request: the quotas of
-        the chain, their limits, what the watch counts and the reservations of ``holding`` (from
-        ``judge_batch_holding``; a pod the watch has shown since then is counted twice, never
-        not at all).
-        """
-        new, _ = quota_requests(admission)
-        with self._lock:
-            if shape.tree_version != self.tree_version or not self.synced:
-                return 0
-
-            def fits(count: int) -> bool:
-                scaled = dataclasses.replace(new, requests=shape.resources(count))
-                return decide(self.tree, self.usage, holding, scaled).allowed
-
-            low, high = 0, most  # fits(low) holds; find the largest count that fits
-            while low < high:
-                middle = (low + high + 1) // 2
-                if fits(middle):
-                    low = middle
-                else:
-                    high = middle - 1
-            return low
-
-    def _judge(self, admission: PodAdmission, ledger: ReservationLedger,
-               now: float) -> tuple[Verdict, Reservation | None]:
-        """Decide one admission against ``ledger`` and reserve in it when admitted (lock held)."""
-        new, old = quota_requests(admission)
-        if not self.synced:
-            return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
-        if old is not None and not needs_check(new, old, self.tree):
-            return ALLOW, None
-        pod_key = f"{admission.namespace}/{admission.name}"
-        replay_of = ledger.made_by(pod_key, admission.uid)
-        decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
-                          replay_of=replay_of)
-        if not decision.allowed:
-            return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
-        if admission.dry_run or not decision.quotas:
-            return ALLOW, None
-        held = ledger.held_by(admission.caller)
-        if replay_of is not None and replay_of.caller == admission.caller:
-            held -= 1  # a retry replaces its own reservation, it does not add one
-        if admission.caller and held >= self.max_reservations_per_caller:
-            return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: caller {admission.caller} "
-                           f"already holds {held} quota reservations no created pod has confirmed (limit "
-                           f"{self.max_reservations_per_caller}); retry once they are confirmed or expire",
-                           429, TOO_MANY_RESERVATIONS), None
-        # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
-        # relabel's new leaf, a resize's growth) is held in the ledger.
-        reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
-                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
-                                     caller=admission.caller)
-        return ALLOW, reservation
 
 
 def _decides_alike(before: QuotaInfo | None, after: QuotaInfo | None) -> bool:

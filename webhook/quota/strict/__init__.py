@@ -1,0 +1,8 @@
+"""Strict accounting: every admission recorded in a ledger ConfigMap per quota tree, shared by all
+replicas, before it is answered (README "Several replicas", docs/design.md).
+
+One concept per module: ``store`` reads and writes the ledger objects (and holds a tree whose object
+was lost), ``judgement`` judges admissions against the ledger as stored, ``escrow`` holds the rules
+of room taken ahead for pods of one shape, and ``accounting`` (:class:`StrictAccounting`) runs the
+group commit that ties them together: read and check the hold, judge, take escrow, write, answer.
+"""

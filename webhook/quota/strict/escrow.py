@@ -1,0 +1,164 @@
+"""Escrow: room one replica takes in the ledger for pods it has not admitted yet.
+
+A ledger write that admits a pod may also take room for up to ``escrow_most_pods`` more pods of
+the same shape (quota chain and request). For ``ESCROW_WINDOW_SECONDS`` after that write, the
+replica admits pods of that shape from the escrow without writing; every replica counts the whole
+entry until it expires. Once the escrow is spent (used up, its window over, the tree changed), the
+replica's next write to the tree closes it and replaces the entry by a reservation for each pod
+admitted from it (docs/design.md has the invariant). This module holds the rules: which pods an
+escrow may admit (:func:`escrow_shape`), how much room one may take (:func:`escrow_room`,
+:func:`take_escrow`), when it is spent, and what a closed one leaves in the ledger (:func:`settled`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.ledger import Reservation, ReservationLedger
+from gpuquota_core.pod_admission import PodAdmission
+from gpuquota_core.quantity import Quantity
+from gpuquota_core.quota_decision import PodQuotaRequest, decide
+from gpuquota_core.resources import ResourceList
+from webhook.quota.state import QuotaView
+
+# How long a replica admits from room it took, the most pods one escrow holds room for, and the
+# share of what is free for a shape one escrow may take. The share keeps most of the free room for
+# the other replicas and makes escrow stop as a quota nears its limit, where every pod is then
+# written on its own; the short window gives back what a replica did not use.
+ESCROW_WINDOW_SECONDS = 0.5
+DEFAULT_ESCROW_MOST_PODS = 32
+ESCROW_SHARE = 4
+# A pod refused while other replicas hold escrow in its tree asks again this often.
+ESCROW_WAIT_SECONDS = 0.05
+# How long after an escrow's window ends its replica is expected to have given back what it did not
+# use (its settler's round plus one write). An entry still there later belongs to a replica that is
+# dead, stopped or cut off: it holds its room until it expires, and nobody waits for it.
+ESCROW_GIVE_BACK_SECONDS = 1.0
+
+ShapeKey = tuple[tuple[str, ...], tuple[tuple[str, Fraction], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class EscrowShape:
+    """What a CREATE would charge: its quota chain (leaf first) and its whole request at each.
+
+    Strict accounting admits a CREATE from room held in escrow only when the room was granted for
+    pods of exactly this shape, under the same quota tree (``tree_version``).
+    """
+
+    quotas: tuple[str, ...]
+    requests: tuple[tuple[str, Fraction], ...]  # sorted; exact amounts
+    tree_version: int
+
+    def key(self) -> ShapeKey:
+        return self.quotas, self.requests
+
+    def resources(self, count: int = 1) -> ResourceList:
+        return {name: Quantity.of(amount * count) for name, amount in self.requests}
+
+
+@dataclass
+class Escrow:
+    """Room this replica holds in the ledger for pods of one shape, and the pods admitted from it."""
+
+    entry_key: str
+    shape: EscrowShape  # the pods it admits, under the tree version it was taken in
+    count: int
+    admits_until: float  # wall clock; the entry itself expires one reservation TTL later
+    admitted: list[Reservation] = field(default_factory=list)
+    open: bool = True
+
+    def admits(self, shape: EscrowShape, now: float) -> bool:
+        return self.open and shape == self.shape and len(self.admitted) < self.count and now < self.admits_until
+
+    def spent(self, now: float, tree_version: int) -> bool:
+        """Nothing more can be admitted from it: time to write what it admitted and give back the rest."""
+        return len(self.admitted) >= self.count or now >= self.admits_until or tree_version != self.shape.tree_version
+
+
+def escrow_shape(view: QuotaView, admission: PodAdmission,
+                 requests: tuple[PodQuotaRequest, PodQuotaRequest | None]) -> EscrowShape | None:
+    """The shape of a plain CREATE that room held in escrow could admit, or None.
+
+    None for everything a decision treats specially: UPDATEs, dry runs, pods without a quota
+    or naming one that does not exist or is a parent, gpu-memory without a model mapping.
+    ``requests``: the admission's ``quota_requests``.
+    """
+    if admission.operation != "CREATE" or admission.dry_run or admission.unknown_gpu_memory:
+        return None
+    new, old = requests
+    if old is not None or not new.requests or not view.synced:
+        return None
+    resolution = view.tree.resolve(new.namespace, new.quota_label)
+    leaf = view.tree.quotas.get(resolution.quota) if resolution.quota is not None else None
+    if leaf is None or leaf.is_parent or resolution.rule == "label-not-found":
+        return None
+    chain = tuple(q.name for q in view.tree.chain(leaf.name))
+    amounts = tuple(sorted((name, quantity.amount) for name, quantity in new.requests.items()))
+    return EscrowShape(chain, amounts, view.tree_version)
+
+
+def escrow_room(view: QuotaView, new: PodQuotaRequest, shape: EscrowShape, holding: ReservationLedger,
+                most: int) -> int:
+    """How many more pods of ``shape`` fit (at most ``most``) on top of what ``holding`` holds.
+
+    The same decision as an admission's (``new``: its request), for ``count`` times the pod's
+    request: the quotas of the chain, their limits, what the watch counts and the reservations of
+    ``holding`` (the judgement's, with the batch's reservations added).
+    """
+    if shape.tree_version != view.tree_version or not view.synced:
+        return 0
+
+    def fits(count: int) -> bool:
+        scaled = dataclasses.replace(new, requests=shape.resources(count))
+        return decide(view.tree, view.usage, holding, scaled).allowed
+
+    low, high = 0, most  # fits(low) holds; find the largest count that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def take_escrow(shape: EscrowShape, room: int, replica: str, ids: Iterator[int], now: float, window: float,
+                ttl_seconds: float) -> tuple[Escrow, shared_ledger.StoredReservation] | None:
+    """An escrow for ``shape`` sized to its share of ``room`` (pods of that shape that fit), and its
+    ledger entry, keyed by the next of ``ids``; None when the share is not even one pod."""
+    count = room // ESCROW_SHARE
+    if count <= 0:
+        return None
+    entry_key = f"{shared_ledger.ESCROW_KEY_PREFIX}{replica}/{next(ids)}"
+    entry = Reservation(entry_key, "escrow", shape.quotas, shape.resources(count), now + window + ttl_seconds)
+    return Escrow(entry_key, shape, count, now + window), shared_ledger.StoredReservation(entry, replica, now)
+
+
+def settled(keep: dict[str, shared_ledger.StoredReservation], settling: list[Escrow], replica: str, now: float,
+            ttl_seconds: float) -> dict[str, shared_ledger.StoredReservation]:
+    """``keep`` with each closed escrow's entry replaced by a reservation per pod admitted from it."""
+    for escrow in settling:
+        keep.pop(escrow.entry_key, None)
+        for reservation in escrow.admitted:
+            if reservation.expires_at > now:
+                keep[reservation.pod_key] = shared_ledger.StoredReservation(
+                    reservation, replica, reservation.expires_at - ttl_seconds)
+    return keep
+
+
+def due_back(stored: dict[str, shared_ledger.StoredReservation], replica: str, now: float) -> dict[str, str]:
+    """The escrow entries of other replicas about to be given back (window over or nearly, the
+    replica alive to write), by entry key, with the replica that holds each.
+
+    An escrow of a replica whose quota service died (a new one has another name) or is stopped is
+    never given back early: it holds its room until it expires, as the invariant needs (pods may
+    have been admitted from it), and waiting for it would only turn refusals into timeouts.
+    """
+    return {key: item.replica for key, item in stored.items()
+            if shared_ledger.is_escrow(key) and item.replica != replica
+            and now < item.admitted_at + ESCROW_WINDOW_SECONDS + ESCROW_GIVE_BACK_SECONDS}
