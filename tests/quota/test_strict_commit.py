@@ -715,3 +715,25 @@ def test_readiness_says_why_a_replica_cannot_write_its_ledger_until_it_can(core:
     assert replica.state.ready() == (False, f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404 Not Found")
     core.namespace_missing = False
     assert replica.accounting.check_ledger() and replica.state.ready()[0]
+
+
+def test_a_pod_s_quota_requests_are_read_once_per_admission(core: FakeCore, clock: list[float],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Escrow shape, judgement and the escrow's room all read the requests the admission arrived with."""
+    import gpuquota_core.pod_admission
+    import webhook.quota.state
+    import webhook.quota.strict.accounting
+
+    calls: list[str] = []
+
+    def counted(admission: PodAdmission) -> Any:
+        calls.append(admission.name)
+        return gpuquota_core.pod_admission.quota_requests(admission)
+
+    monkeypatch.setattr(webhook.quota.strict.accounting, "quota_requests", counted)
+    monkeypatch.setattr(webhook.quota.state, "quota_requests", counted)
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    assert replica.admit("p1").allowed  # written, with an escrow taken for its shape
+    assert replica.admit("p2").allowed  # admitted from that escrow
+    assert any(shared_ledger.is_escrow(key) for key in core.stored())
+    assert calls == ["p1", "p2"]

@@ -340,12 +340,14 @@ class QuotaState:
             return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
         return Verdict(True, warnings=review.warnings)
 
-    def admit_pod(self, admission: PodAdmission) -> Verdict:
-        """Local accounting: decide and reserve in this instance's own ledger."""
+    def admit_pod(self, admission: PodAdmission,
+                  requests: tuple[PodQuotaRequest, PodQuotaRequest | None] | None = None) -> Verdict:
+        """Local accounting: decide and reserve in this instance's own ledger (``requests``: the
+        admission's ``quota_requests``, when the caller has read them already)."""
         with self._lock:
             now = self._clock()
             expired = self._expire(now)
-            verdict, _ = self._view().judge(admission, self.ledger, now)
+            verdict, _ = self._view().judge(admission, self.ledger, now, requests)
             if expired or verdict.allowed:  # what changes the count here
                 self._publish()
             return verdict

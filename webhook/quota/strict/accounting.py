@@ -69,7 +69,7 @@ from webhook.quota.strict.escrow import (
     settled,
     take_escrow,
 )
-from webhook.quota.strict.judgement import Judged, judge_batch_holding, pruned, tree_of
+from webhook.quota.strict.judgement import Judged, Requests, judge_batch_holding, pruned, tree_of
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
 
 log = logging.getLogger("gpuquota.quota")
@@ -90,6 +90,8 @@ LEDGER_CHECK_SECONDS = 10.0
 @dataclass
 class _Job:
     admission: PodAdmission
+    # Its quota_requests, read once on arrival: for its escrow shape, every judgement and the escrow's room.
+    requests: Requests
     shape: EscrowShape | None = None
     verdict: Verdict | None = None
     submitted: float = field(default_factory=time.monotonic)
@@ -227,14 +229,15 @@ class StrictAccounting:
         longer waits for the answer, so nothing is admitted after it (see ``_late``)."""
         if self.monotonic() >= answer_by:  # queued in the socket while this process was stopped or busy
             return self._late(admission, "arrived")
+        requests = quota_requests(admission)
         with self.state.snapshot() as view:
-            shape = escrow_shape(view, admission, quota_requests(admission)) if self.escrow_most_pods else None
+            shape = escrow_shape(view, admission, requests) if self.escrow_most_pods else None
             # A shape's chain ends at the tree's root: one resolution of the pod's quota, not two.
             tree_root = shape.quotas[-1] if shape is not None else tree_of(view, admission)
         if tree_root is None:
-            return self.state.admit_pod(admission)  # no quota: nothing to share
+            return self.state.admit_pod(admission, requests)  # no quota: nothing to share
         queue = self._queue(tree_root)
-        job = _Job(admission, shape, answer_by=answer_by)
+        job = _Job(admission, requests, shape, answer_by=answer_by)
         with queue.condition:
             if shape is not None:
                 escrow = queue.escrows.get(shape.key())
@@ -361,7 +364,8 @@ class StrictAccounting:
         keep = settled(kept, commit.settling, self.replica, read.now, view.ttl_seconds)
         withdrawn = self._withdraw(keep, commit.withdrawals)
         held_before = set(keep)
-        results, holding = judge_batch_holding(view, [job.admission for job in commit.batch], keep, read.now)
+        results, holding = judge_batch_holding(view, [job.admission for job in commit.batch], keep, read.now,
+                                               [job.requests for job in commit.batch])
         refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
         if refused_for_room and self._close_escrows(queue, only_spent=False, tree_version=view.tree_version):
             # Refused for room this replica itself holds in escrow for other shapes: give all of it
@@ -516,7 +520,8 @@ class StrictAccounting:
         without = {key: item for key, item in keep.items() if key not in due}
         # The whole batch, in order, as the real judgement charged it: an earlier job's reservation
         # takes room from a later one here too.
-        alternative, _ = judge_batch_holding(view, [job.admission for job in batch], without, now)
+        alternative, _ = judge_batch_holding(view, [job.admission for job in batch], without, now,
+                                             [job.requests for job in batch])
         lenders = sorted(set(due.values()))
         return {index: lenders
                 for index, ((verdict, _), (instead, _)) in enumerate(zip(results, alternative, strict=True))
@@ -536,11 +541,10 @@ class StrictAccounting:
             open_shapes = set(queue.escrows)
         for job, (_, reservation) in reversed(list(zip(batch, results, strict=True))):
             if reservation is not None and job.shape is not None and job.shape.key() not in open_shapes:
-                shape, admission = job.shape, job.admission
+                shape, (new, _) = job.shape, job.requests
                 break
         else:
             return None
-        new, _ = quota_requests(admission)
         room = escrow_room(view, new, shape, holding, self.escrow_most_pods * ESCROW_SHARE)
         return take_escrow(shape, room, self.replica, self._escrow_ids, now, self.escrow_window, view.ttl_seconds)
 

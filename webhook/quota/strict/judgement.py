@@ -22,7 +22,7 @@ Requests = tuple[PodQuotaRequest, PodQuotaRequest | None]
 
 def judge_batch_holding(view: QuotaView, admissions: Sequence[PodAdmission],
                         stored: Mapping[str, shared_ledger.StoredReservation], now: float,
-                        requests: Sequence[Requests | None] | None = None) -> tuple[list[Judged], ReservationLedger]:
+                        requests: Sequence[Requests] | None = None) -> tuple[list[Judged], ReservationLedger]:
     """Decide a batch against the shared ledger as stored (``now`` is wall time), and what holds room
     once the batch's reservations are added: ``stored`` as this replica counts it plus those.
 
@@ -31,7 +31,7 @@ def judge_batch_holding(view: QuotaView, admissions: Sequence[PodAdmission],
     ``requests``: each admission's ``quota_requests``, when the caller has read them already.
     """
     ledger = shared_ledger.holding_room(stored, view.usage, now, view.ttl_seconds)
-    known = requests if requests is not None else [None] * len(admissions)
+    known: Sequence[Requests | None] = requests if requests is not None else [None] * len(admissions)
     return [view.judge(admission, ledger, now, read)
             for admission, read in zip(admissions, known, strict=True)], ledger
 
