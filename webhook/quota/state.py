@@ -1,4 +1,7 @@
-"""The one consistent quota view of a server instance: tree, watched usage, reservations, a lock."""
+"""The one consistent quota view of a server instance: tree, watched usage and a lock, with local
+accounting's reservations (``QuotaState.admit_pod``). Every decision reads it through a
+:class:`QuotaView` taken under the lock; strict accounting (``webhook.quota.strict``) takes one
+per commit attempt with :meth:`QuotaState.snapshot`."""
 
 from __future__ import annotations
 
