@@ -116,6 +116,8 @@ class _Withdrawal:
 
 @dataclass
 class _TreeQueue:
+    # Taken inside the quota state's lock while a commit judges (closing and taking escrows), so
+    # nothing may take the state's lock while holding it.
     condition: threading.Condition = field(default_factory=threading.Condition)
     pending: list[_Job] = field(default_factory=list)
     committing: bool = False
