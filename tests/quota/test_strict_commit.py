@@ -512,6 +512,26 @@ def test_a_pod_whose_room_another_replicas_escrow_has_not_given_back_by_its_dead
     assert core.stored() == {"team/small", "team/big"}
 
 
+def test_an_escrow_spent_while_a_commit_retries_is_given_back_in_that_commit(core: FakeCore,
+                                                                             clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
+    assert replica.admit("a1").allowed and replica.admit("a2").allowed  # a2 from a1's escrow, no write
+    assert "team/a2" not in core.stored()
+    write = core.replace_namespaced_config_map
+
+    def conflict_once(*args: Any, **kwargs: Any) -> Any:
+        core.replace_namespaced_config_map = write  # type: ignore[method-assign]
+        clock[0] += WINDOW  # the escrow's window ends while this write fails
+        raise ApiException(status=409, reason="Conflict")
+
+    core.replace_namespaced_config_map = conflict_once  # type: ignore[method-assign]
+    assert replica.admit("b1", "200").allowed  # another shape: its commit conflicts once, then writes
+    # The retry closed the escrow spent meanwhile and wrote what it admitted: other replicas waiting
+    # for that room do not wait for the settler's next round after this commit.
+    assert {"team/a1", "team/a2", "team/b1"} <= core.stored()
+    assert "~escrow/r1/1" not in escrow_entries(core)  # a1's, given back
+
+
 def test_a_quota_event_that_changes_nothing_decisions_read_keeps_the_escrow(core: FakeCore,
                                                                            clock: list[float]) -> None:
     replica = Replica(core, "r1", clock, room=10_000, escrow=32, leaf_room=10_000)
@@ -610,14 +630,23 @@ def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(co
     dead = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards
     restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000)
     assert dead.admit("small").allowed  # and escrow for 2 more, in the object; then its process is killed
-    # Past the escrow's window and the time its replica takes to give it back: whoever is refused
-    # for that room is refused now, for the quota, instead of asking again until its worker gives up.
+    # Past the escrow's window and the time its replica takes to give it back: whoever needs that
+    # room is answered now instead of asking again until its worker gives up, and not with
+    # "exceeded quota", since the room exists: a retryable 503 naming the lender and when it comes back.
     clock[0] += WINDOW + 2.0
     reads_before = core.calls.count("read")
     verdict = restarted.admit("big", "800")  # 7 cards are free while the escrow holds 2
-    assert (verdict.allowed, verdict.code) == (False, 403)
-    assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in verdict.message
+    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "EscrowNotBackInTime")
+    assert "held in escrow by webhook replica host/101, which has not given it back since its window ended" \
+        in verdict.message
+    # The escrow lives its window plus a TTL from its write; 2.5 s of that are gone.
+    assert f"the room comes back when the escrow expires, in {TTL + WINDOW - (WINDOW + 2.0):.0f}s at most" \
+        in verdict.message
     assert core.calls.count("read") - reads_before <= 1
+    # A pod that would not fit even without that escrow is refused for the quota, as ever.
+    refused = restarted.admit("huge", "1000")
+    assert (refused.allowed, refused.code) == (False, 403)
+    assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in refused.message
     # The escrow's room comes back when it expires, as the room of any admission not yet seen does.
     clock[0] += TTL
     assert restarted.admit("big", "800").allowed

@@ -66,6 +66,7 @@ from webhook.quota.strict.escrow import (
     due_back,
     escrow_room,
     escrow_shape,
+    lent_out,
     settled,
     take_escrow,
 )
@@ -324,6 +325,10 @@ class StrictAccounting:
             commit.batch = self._without_late(commit.batch)
             if not commit.unfinished():
                 return
+            if self._close_escrows(queue, only_spent=True, tree_version=self.state.tree_version):
+                # Spent while this commit retried (conflicts, or jobs waiting for others' escrow):
+                # given back in its next write, not after it, where other replicas may be waiting.
+                commit.settling = list(queue.settling)
             read = self._read_and_check_hold(tree_root, commit)
             if read is None:
                 continue
@@ -390,12 +395,12 @@ class StrictAccounting:
                                   now: float) -> tuple[list[Judged], set[int]]:
         """The results, and the jobs to judge again once other replicas' escrows are back.
 
-        The room is there, lent to another replica's escrow that is due back: not a refusal for the
-        quota. When there is no time left to wait, the worker is told so and asks once more, with a
-        deadline of its own (EscrowNotBackInTime)."""
-        held_back = self._held_back_by_escrow(view, commit.batch, results, keep, now)
-        if held_back and not self._time_to_wait(commit.give_up_at, commit.batch):
-            return [(self._escrow_not_back(commit.batch[index].admission, held_back[index]), None)
+        The room is there, lent to another replica's escrow: not a refusal for the quota. While that
+        escrow is due back and there is time, the job waits for it; otherwise the worker is told so
+        (EscrowNotBackInTime) and asks once more, with a deadline of its own."""
+        held_back, due = self._held_back_by_escrow(view, commit.batch, results, keep, now)
+        if held_back and not (due and self._time_to_wait(commit.give_up_at, commit.batch)):
+            return [(self._escrow_not_back(commit.batch[index].admission, held_back[index], due, keep, now), None)
                     if index in held_back else result for index, result in enumerate(results)], set()
         return results, set(held_back)
 
@@ -510,29 +515,40 @@ class StrictAccounting:
                 and self.monotonic() + ESCROW_WAIT_SECONDS < min((job.answer_by for job in batch), default=math.inf))
 
     def _held_back_by_escrow(self, view: QuotaView, batch: list[_Job], results: list[Judged],
-                             keep: dict[str, shared_ledger.StoredReservation], now: float) -> dict[int, list[str]]:
-        """The jobs refused for room that would be admitted without the escrow other replicas are about
-        to give back (``escrow.due_back``), with those replicas' names.
+                             keep: dict[str, shared_ledger.StoredReservation],
+                             now: float) -> tuple[dict[int, list[str]], bool]:
+        """The jobs refused for room that would be admitted without the escrow other replicas hold,
+        with those replicas' names; and whether any of that escrow is due back (``escrow.due_back``),
+        so worth waiting for.
 
-        Only these are worth asking again for: a pod that does not fit even without that escrow is
-        refused at once."""
-        due = due_back(keep, self.replica, now)
-        if not due:
-            return {}
-        without = {key: item for key, item in keep.items() if key not in due}
+        A pod that does not fit even without that escrow is refused for the quota at once."""
+        lent = lent_out(keep, self.replica)
+        if not lent:
+            return {}, False
+        without = {key: item for key, item in keep.items() if key not in lent}
         # The whole batch, in order, as the real judgement charged it: an earlier job's reservation
         # takes room from a later one here too.
         alternative, _ = judge_batch_holding(view, [job.admission for job in batch], without, now,
                                              [job.requests for job in batch])
-        lenders = sorted(set(due.values()))
-        return {index: lenders
-                for index, ((verdict, _), (instead, _)) in enumerate(zip(results, alternative, strict=True))
-                if verdict.reason == QUOTA_EXCEEDED and instead.allowed}
+        lenders = sorted(set(lent.values()))
+        held_back = {index: lenders
+                     for index, ((verdict, _), (instead, _)) in enumerate(zip(results, alternative, strict=True))
+                     if verdict.reason == QUOTA_EXCEEDED and instead.allowed}
+        return held_back, bool(held_back) and bool(due_back(keep, self.replica, now))
 
-    def _escrow_not_back(self, admission: PodAdmission, lenders: list[str]) -> Verdict:
-        return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted yet: the room it needs is "
-                       f"held in escrow by webhook replica {', '.join(lenders)}, which had not given it back when the "
-                       f"webhook worker stopped waiting; retry shortly", 503, ESCROW_NOT_BACK)
+    def _escrow_not_back(self, admission: PodAdmission, lenders: list[str], due: bool,
+                         keep: dict[str, shared_ledger.StoredReservation], now: float) -> Verdict:
+        held = f"pod {admission.namespace}/{admission.name} not admitted yet: the room it needs is held in escrow by " \
+               f"webhook replica {', '.join(lenders)}"
+        if due:
+            return Verdict(False, f"{held}, which had not given it back when the webhook worker stopped waiting; "
+                           f"retry shortly", 503, ESCROW_NOT_BACK)
+        # Not given back long after its window: that replica is stopped, dead or cut off, and its
+        # escrow holds the room until it expires (pods may have been admitted from it).
+        expires = max(item.reservation.expires_at for key, item in keep.items() if key in lent_out(keep, self.replica))
+        return Verdict(False, f"{held}, which has not given it back since its window ended (that replica may have "
+                       f"stopped); the room comes back when the escrow expires, in {max(expires - now, 0):.0f}s at "
+                       f"most; retry shortly", 503, ESCROW_NOT_BACK)
 
     def _take_escrow(self, view: QuotaView, queue: _TreeQueue, batch: list[_Job], results: list[Judged],
                      holding: ReservationLedger, now: float) -> tuple[Escrow, shared_ledger.StoredReservation] | None:

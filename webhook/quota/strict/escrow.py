@@ -151,6 +151,12 @@ def settled(keep: dict[str, shared_ledger.StoredReservation], settling: list[Esc
     return keep
 
 
+def lent_out(stored: dict[str, shared_ledger.StoredReservation], replica: str) -> dict[str, str]:
+    """Every escrow entry of another replica, by entry key, with the replica that holds it."""
+    return {key: item.replica for key, item in stored.items()
+            if shared_ledger.is_escrow(key) and item.replica != replica}
+
+
 def due_back(stored: dict[str, shared_ledger.StoredReservation], replica: str, now: float) -> dict[str, str]:
     """The escrow entries of other replicas about to be given back (window over or nearly, the
     replica alive to write), by entry key, with the replica that holds each.
