@@ -43,10 +43,10 @@ from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE
 from gpuquota_core.quota_objects import quota_from_object
-from webhook.admission.handlers import admission_endpoints, create_app
 from webhook.quota.client import QuotaClient
 from webhook.quota.service import serve
 from webhook.quota.state import QuotaState
+from webhook.serving.app import admission_endpoints, create_app
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300")) // 3
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,

@@ -1,12 +1,14 @@
-"""The WSGI application: thin routes around the core, the codec and the quota decider.
+"""The admission routes: thin routes around the core, the codec and the quota decider.
 
-The admission paths are served by :class:`AdmissionRoutes` in front of Flask (which keeps health,
-readiness and metrics). Each reads the body (capped), decodes it with :mod:`webhook.admission.review`, hands the
-typed request to one method of :class:`AdmissionHandlers` and encodes what comes back. All
-protocol rules are in the codec, all GPU rules in :mod:`gpuquota_core`, all quota rules behind
-:class:`~webhook.admission.quota_port.QuotaDecider`; what is left here is mapping between them, and the
-enforcement modes (:mod:`gpuquota_core.enforcement`): a pod check in ``warn`` or ``dry-run`` turns
-its denial into an allow here, after the quota service refused (and so reserved nothing).
+The admission paths are served by :class:`AdmissionRoutes` in front of the server's Flask app
+(webhook.serving.app, which keeps health, readiness and metrics). Each reads the body (capped),
+decodes it with :mod:`webhook.admission.review`, hands the typed request to one method of
+:class:`AdmissionHandlers` and encodes what comes back. All protocol rules are in the codec, all
+GPU rules in :mod:`gpuquota_core`, all quota rules behind
+:class:`~webhook.admission.quota_port.QuotaDecider`; what is left here is mapping between them,
+and the enforcement modes (:mod:`gpuquota_core.enforcement`): a pod check in ``warn`` or
+``dry-run`` turns its denial into an allow here, after the quota service refused (and so
+reserved nothing).
 """
 
 from __future__ import annotations
@@ -16,12 +18,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
 import orjson
-from flask import Flask, Response, request
-from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
@@ -38,8 +37,9 @@ from gpuquota_core.pod_records import (
 from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.validation import GpuRequestProblem
+from webhook.admission import observability as metrics
 from webhook.admission.config_source import ConfigSource
-from webhook.admission.quota_port import QuotaDecider
+from webhook.admission.quota_port import EventReporter, QuotaDecider
 from webhook.admission.review import (
     AdmissionRequest,
     AdmissionResponse,
@@ -51,13 +51,9 @@ from webhook.admission.review import (
     patched,
     status_body,
 )
-from webhook.quota.events import EventReporter
-from webhook.serving import metrics
-from webhook.serving.settings import MAX_BODY_BYTES
 
 LOGGER_NAME = "gpuquota.webhook"
 JSON = "application/json"
-ROUTES_EXTENSION = "gpuquota.admission_routes"
 
 
 class BodyTooLarge(Exception):
@@ -394,84 +390,6 @@ class AdmissionRoutes:
             headers.append(("Allow", "POST"))
         start_response(f"{status} {HTTPStatus(status).phrase}", [*headers, ("Content-Length", str(len(body)))])
         return [body]
-
-
-def admission_endpoints(app: object) -> Mapping[str, AdmissionEndpoint]:
-    """The admission endpoints of an app made by :func:`create_app`, by path; empty for any other app."""
-    extensions = getattr(app, "extensions", None)
-    routes = extensions.get(ROUTES_EXTENSION) if isinstance(extensions, dict) else None
-    return routes.endpoints if isinstance(routes, AdmissionRoutes) else {}
-
-
-def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes: int = MAX_BODY_BYTES,
-               logger: logging.Logger | None = None, config_path: Path | None = None,
-               nodes: Callable[[], NodeView | None] = lambda: None,
-               events: EventReporter | None = None) -> Flask:
-    """A WSGI app serving the admission endpoints, health, readiness and metrics.
-
-    ``config`` is in force from the start; with ``config_path`` the file is re-read when it
-    changes (checked at most once a second) and a version that does not load is logged and ignored.
-    ``nodes`` gives the current node view for the rewrite decision (None: not listed yet).
-    """
-    app = Flask("gpuquota-webhook")
-    log = logger or logging.getLogger(LOGGER_NAME)
-    handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota, nodes, events)
-    app.extensions["gpuquota.handlers"] = handlers
-
-    endpoints = {
-        path: AdmissionEndpoint(path, handle, max_body_bytes, log)
-        for path, handle in (("/mutate-pods", handlers.mutate_pod), ("/validate-pods", handlers.validate_pod),
-                             ("/validate-elasticquotas", handlers.validate_elasticquota))
-    }
-    routes = AdmissionRoutes(endpoints, app.wsgi_app)
-    app.wsgi_app = routes  # type: ignore[method-assign]
-    app.extensions[ROUTES_EXTENSION] = routes
-
-    @app.get("/healthz")
-    def healthz() -> Response:
-        # Liveness: the worker answers, and so does the quota service behind it. Independent of
-        # the quota state, so a slow first sync makes the pod unready, not restarted; but a dead
-        # service fails it, so a server that cannot heal is restarted.
-        alive, reason = quota.alive()
-        if alive:
-            return Response(b'{"status":"ok"}', status=200, mimetype=JSON)
-        return Response(orjson.dumps({"status": "unavailable", "reason": reason}), status=503, mimetype=JSON)
-
-    @app.get("/readyz")
-    def readyz() -> Response:
-        ready, reason = quota.ready()
-        body = orjson.dumps({"status": "ok" if ready else "unavailable", "reason": reason})
-        return Response(body, status=200 if ready else 503, mimetype=JSON)
-
-    @app.get("/metrics")
-    def metrics_view() -> Response:
-        text, content_type = metrics.render(quota)
-        return Response(text, status=200, content_type=content_type)
-
-    # What the API server answers for a path or method it does not serve: a JSON Status, so that a
-    # client (or a misconfigured webhook path) reads the reason, not Flask's HTML page.
-    @app.errorhandler(NotFound)
-    def not_found(error: NotFound) -> Response:
-        message = f"the server could not find the requested resource ({request.method} {_shown_path()})"
-        return Response(status_body(404, "NotFound", message), status=404, mimetype=JSON)
-
-    @app.errorhandler(MethodNotAllowed)
-    def method_not_allowed(error: MethodNotAllowed) -> Response:
-        allowed = ", ".join(sorted(error.valid_methods or ()))
-        message = f"{_shown_path()} does not allow {request.method}; it answers {allowed}"
-        return Response(status_body(405, "MethodNotAllowed", message), status=405, mimetype=JSON,
-                        headers={"Allow": allowed})
-
-    return app
-
-
-# A path is echoed in the Status up to this many characters (a client may send any length).
-SHOWN_PATH_LIMIT = 200
-
-
-def _shown_path() -> str:
-    path = request.path
-    return path if len(path) <= SHOWN_PATH_LIMIT else path[:SHOWN_PATH_LIMIT] + "..."
 
 
 def _object_name(req: AdmissionRequest) -> str:

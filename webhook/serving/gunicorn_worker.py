@@ -177,7 +177,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
     def load_wsgi(self) -> None:
         super().load_wsgi()
         # Imported here, once the app is loaded: the master imports this module before metrics are set up.
-        from webhook.admission.handlers import admission_endpoints
+        from webhook.serving.app import admission_endpoints
 
         # SCRIPT_NAME would shift the path the app sees and the PROXY protocol the peer's address:
         # with either, every request takes the WSGI path, which applies them.

@@ -183,7 +183,7 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
         configure_logging(self.settings.log_level)
         quota = build_quota_decider()
         # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.serving.metrics).
-        from webhook.admission.handlers import create_app
+        from webhook.serving.app import create_app
 
         return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
                           config_path=self.settings.config_path, nodes=build_node_view(),
