@@ -160,8 +160,9 @@ class Webhook:
     def post(self, path: str, document: dict[str, Any]) -> dict[str, Any]:
         body = reviews.body(document)
         environ = {"wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)), "REMOTE_ADDR": "127.0.0.1"}
-        status, payload = self.endpoints[path].serve(environ)
-        assert status == 200, payload
+        answer = self.endpoints[path].serve(environ)
+        assert answer.status == 200, answer.body
+        payload = answer.body
         response: dict[str, Any] = orjson.loads(payload)["response"]
         return response
 

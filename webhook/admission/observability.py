@@ -1,16 +1,29 @@
-"""What an admission leaves behind for its operators: the admission metrics.
+"""What an admission leaves behind for its operators: its metrics and its decision log line.
 
-The series are created here, where the decisions are taken, so admission needs nothing of the
-server to count what it does; the server's exposition (:func:`webhook.serving.metrics.render`)
-reads them from prometheus_client's registry, or, under gunicorn, from the worker processes'
-multiprocess files. prometheus_client picks its value storage when it is first imported, so this
-module must not be imported before ``PROMETHEUS_MULTIPROC_DIR`` is set: :mod:`webhook.serving.server`
-sets it up before the app, and with it this module, is loaded in a worker.
+Every review answered on an admission path is counted and logged here, one structured JSON line
+per review (the server configures no access log). The series are created here, where the
+decisions are taken, so admission needs nothing of the server to count what it does; the
+server's exposition (:func:`webhook.serving.metrics.render`) reads them from prometheus_client's
+registry, or, under gunicorn, from the worker processes' multiprocess files. prometheus_client
+picks its value storage when it is first imported, so this module must not be imported before
+``PROMETHEUS_MULTIPROC_DIR`` is set: :mod:`webhook.serving.server` sets it up before the app, and
+with it this module, is loaded in a worker.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+
+import orjson
 from prometheus_client import Counter, Histogram
+
+from gpuquota_core.enforcement import Relaxed
+from webhook.admission.decisions import Outcome
+from webhook.admission.review import AdmissionRequest
+
+# The decision log's logger; ``serve`` writes it to stderr, one record a line.
+LOGGER_NAME = "gpuquota.webhook"
 
 REQUESTS = Counter(
     "gpuquota_admission_requests",
@@ -70,3 +83,59 @@ def observe(endpoint: str, operation: str, result: str, seconds: float) -> None:
     if histogram is None:
         histogram = _durations.setdefault(endpoint, DURATION.labels(endpoint))
     histogram.observe(seconds)
+
+
+def record_decision(log: logging.Logger, endpoint: str, req: AdmissionRequest, outcome: Outcome,
+                    elapsed: float) -> None:
+    """Count and log a review answered with a decision (allowed, patched or denied)."""
+    response = outcome.response
+    observe(endpoint, req.operation, response.decision, elapsed)
+    if not response.allowed:
+        DENIALS.labels(endpoint, response.reason).inc()
+    for relaxed in outcome.relaxed:
+        WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
+    for resource in outcome.rewritten:
+        REWRITES.labels(resource).inc()
+    for resource in outcome.left_as_written:
+        LEFT_AS_WRITTEN.labels(resource).inc()
+    _log_decision(log, endpoint=endpoint, uid=req.uid, namespace=req.namespace, name=req.name or _object_name(req),
+                  operation=req.operation, decision=response.decision, reason=outcome.note, code=response.code,
+                  dry_run=req.dry_run, elapsed=elapsed, would_deny=outcome.relaxed)
+
+
+def record_rejected(log: logging.Logger, endpoint: str, code: int, message: str, elapsed: float) -> None:
+    """Count and log a body that is no review to decide: 400 (unreadable) or 413 (over the cap)."""
+    observe(endpoint, "", "bad_request" if code == 400 else "too_large", elapsed)
+    _log_decision(log, endpoint=endpoint, uid="", namespace="", name="", operation="", decision="rejected",
+                  reason=message, code=code, dry_run=False, elapsed=elapsed)
+
+
+def record_failure(log: logging.Logger, endpoint: str, req: AdmissionRequest, elapsed: float) -> None:
+    """Count and log a decision that raised; called while the exception is handled, for its traceback."""
+    log.exception("admission handler failed: endpoint=%s uid=%s", endpoint, req.uid)
+    observe(endpoint, req.operation, "error", elapsed)
+
+
+def _object_name(req: AdmissionRequest) -> str:
+    obj = req.object if req.object is not None else req.old_object
+    metadata = obj.get("metadata") if obj is not None else None
+    if not isinstance(metadata, Mapping):
+        return ""
+    return _text(metadata.get("name")) or _text(metadata.get("generateName"))
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _log_decision(log: logging.Logger, *, endpoint: str, uid: str, namespace: str, name: str, operation: str,
+                  decision: str, reason: str, code: int, dry_run: bool, elapsed: float,
+                  would_deny: tuple[Relaxed, ...] = ()) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    # would_deny: what warn / dry-run let pass, with the message the user would have seen.
+    record = {"event": "admission", "endpoint": endpoint, "uid": uid, "namespace": namespace, "name": name,
+              "operation": operation, "decision": decision, "code": code, "reason": reason,
+              "dry_run": dry_run, "latency_ms": round(elapsed * 1000, 3),
+              "would_deny": [{"check": r.check, "mode": r.mode.value, "message": r.message} for r in would_deny]}
+    log.info("%s", orjson.dumps(record).decode())

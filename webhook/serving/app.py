@@ -1,7 +1,7 @@
 """The WSGI application a worker serves: the admission routes in front of Flask, which keeps
 health, readiness, metrics and the JSON answers for unknown paths and methods.
 
-The admission decisions are :class:`~webhook.admission.handlers.AdmissionHandlers`'; here they
+The admission decisions are :class:`~webhook.admission.decisions.AdmissionHandlers`'; here they
 are wired to their paths, to the quota decider, the node view and the event reporter the server
 built, and to the probes that report on the same decider.
 """
@@ -20,10 +20,12 @@ from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.placement import NodeView
 from webhook.admission.body import MAX_BODY_BYTES
 from webhook.admission.config_source import ConfigSource
-from webhook.admission.handlers import JSON, LOGGER_NAME, AdmissionEndpoint, AdmissionHandlers, AdmissionRoutes
+from webhook.admission.decisions import AdmissionHandlers
+from webhook.admission.observability import LOGGER_NAME
 from webhook.admission.quota_port import EventReporter, QuotaDecider
 from webhook.admission.review import status_body
 from webhook.serving import metrics
+from webhook.serving.routes import JSON, AdmissionEndpoint, AdmissionRoutes
 
 # Where create_app keeps its admission routes, for the worker that answers reviews itself.
 ROUTES_EXTENSION = "gpuquota.admission_routes"
@@ -49,7 +51,6 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
     app = Flask("gpuquota-webhook")
     log = logger or logging.getLogger(LOGGER_NAME)
     handlers = AdmissionHandlers(ConfigSource(config, config_path, logger=log), quota, nodes, events)
-    app.extensions["gpuquota.handlers"] = handlers
 
     endpoints = {
         path: AdmissionEndpoint(path, handle, max_body_bytes, log)

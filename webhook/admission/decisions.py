@@ -1,26 +1,19 @@
-"""The admission routes: thin routes around the core, the codec and the quota decider.
+"""The admission decisions: one method per endpoint, from a decoded review to a response.
 
-The admission paths are served by :class:`AdmissionRoutes` in front of the server's Flask app
-(webhook.serving.app, which keeps health, readiness and metrics). Each reads the body (capped),
-decodes it with :mod:`webhook.admission.review`, hands the typed request to one method of
-:class:`AdmissionHandlers` and encodes what comes back. All protocol rules are in the codec, all
-GPU rules in :mod:`gpuquota_core`, all quota rules behind
-:class:`~webhook.admission.quota_port.QuotaDecider`; what is left here is mapping between them,
-and the enforcement modes (:mod:`gpuquota_core.enforcement`): a pod check in ``warn`` or
-``dry-run`` turns its denial into an allow here, after the quota service refused (and so
-reserved nothing).
+All protocol rules are in the codec (:mod:`webhook.admission.review`), all GPU rules in
+:mod:`gpuquota_core`, all quota rules behind :class:`~webhook.admission.quota_port.QuotaDecider`;
+what is left here is mapping between them, and the enforcement modes (:mod:`gpuquota_core.enforcement`):
+a pod check in ``warn`` or ``dry-run`` turns its denial into an allow here, after the quota service
+refused (and so reserved nothing). Free of HTTP and of the per-review metrics and log line
+(:mod:`webhook.admission.observability`, counted where a review is served), so the webhook's
+routes (webhook.serving.routes) and ``gpuquota explain`` call the same methods.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
-
-import orjson
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID, Mode, Relaxed
@@ -37,28 +30,9 @@ from gpuquota_core.pod_records import (
 from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.validation import GpuRequestProblem
-from webhook.admission import observability as metrics
 from webhook.admission.config_source import ConfigSource
 from webhook.admission.quota_port import EventReporter, QuotaDecider
-from webhook.admission.review import (
-    AdmissionRequest,
-    AdmissionResponse,
-    BadRequest,
-    allowed,
-    decode_review,
-    denied,
-    encode_review,
-    patched,
-    status_body,
-)
-
-LOGGER_NAME = "gpuquota.webhook"
-JSON = "application/json"
-
-
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body is larger than {limit} bytes")
+from webhook.admission.review import AdmissionRequest, AdmissionResponse, allowed, denied, patched
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +41,12 @@ class Outcome:
 
     response: AdmissionResponse
     note: str
-    # Denials that a check in warn or dry-run mode let pass (logged and counted by the route).
+    # Denials that a check in warn or dry-run mode let pass (logged and counted where it is served).
     relaxed: tuple[Relaxed, ...] = ()
+    # The resource names (as the user asked for them) the rewrite changed, or would have changed but
+    # left as written: counted where the outcome is served, so an in-process caller (explain) counts none.
+    rewritten: tuple[str, ...] = ()
+    left_as_written: tuple[str, ...] = ()
 
 
 def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
@@ -113,15 +91,13 @@ class AdmissionHandlers:
             return self._unreadable(req, error)
         notes = [f"gpuquota: {note}" for note in mutation.notes]
         if not mutation.changed:
-            for resource in mutation.left_sources:
-                metrics.LEFT_AS_WRITTEN.labels(resource).inc()
             note = f"left as written: {mutation.left_reason}" if mutation.left_sources else "already canonical"
-            return Outcome(allowed(req, warnings=[*mutation.warnings, *notes]), note)
-        for resource in mutation.rewritten_sources:
-            metrics.REWRITES.labels(resource).inc()
+            return Outcome(allowed(req, warnings=[*mutation.warnings, *notes]), note,
+                           left_as_written=tuple(mutation.left_sources))
         warnings = [f"gpuquota rewrote {line}" for line in mutation.summary] + list(mutation.warnings) + notes
         response = patched(req, mutation.operations(), warnings=warnings)
-        return Outcome(response, f"rewrote {len(mutation.summary)} container resource(s)")
+        return Outcome(response, f"rewrote {len(mutation.summary)} container resource(s)",
+                       rewritten=tuple(mutation.rewritten_sources))
 
     # -- /validate-pods ----------------------------------------------------------------------
 
@@ -280,143 +256,3 @@ class AdmissionHandlers:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
-
-
-def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
-    """The request body, refusing anything over ``limit`` before it is all in memory."""
-    stream = environ["wsgi.input"]
-    declared = environ.get("CONTENT_LENGTH") or ""
-    if declared:
-        try:
-            length = int(declared)
-        except ValueError:
-            raise BadRequest(f"Content-Length {declared!r} is not a number") from None
-        if length > limit:
-            raise BodyTooLarge(limit)
-        if length < 0:
-            raise BadRequest(f"Content-Length {declared!r} is negative")
-    elif not environ.get("wsgi.input_terminated"):
-        # Without a length, only a server that marks the end of the input (gunicorn does, for
-        # chunked bodies) lets us read to the end; others would block. Werkzeug reads nothing too.
-        return b""
-    else:
-        length = -1
-    chunks: list[bytes] = []
-    total = 0
-    while length < 0 or total < length:
-        want = 64 * 1024 if length < 0 else length - total
-        chunk = stream.read(min(want, limit + 1 - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > limit:
-            # Chunked: only the read itself can enforce the cap.
-            raise BodyTooLarge(limit)
-    if 0 <= length != total:
-        raise BadRequest(f"request body ended after {total} of {length} bytes")
-    return b"".join(chunks)
-
-
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionEndpoint:
-    """One admission route: WSGI environ in, (HTTP status, body) out, with its metrics and log line."""
-
-    path: str
-    handle: Callable[[AdmissionRequest, str], Outcome]
-    max_body_bytes: int
-    log: logging.Logger
-
-    def serve(self, environ: Mapping[str, Any]) -> tuple[int, bytes]:
-        endpoint, log = self.path, self.log
-        started = time.perf_counter()
-        try:
-            body = read_body(environ, self.max_body_bytes)
-            req = decode_review(body)
-        except BodyTooLarge as error:
-            return _refuse(endpoint, 413, "RequestEntityTooLarge", str(error), started, log)
-        except BadRequest as error:
-            return _refuse(endpoint, 400, "BadRequest", error.reason, started, log)
-        operation, uid = req.operation, req.uid
-        try:
-            # The TLS peer's address: who really sent the review (its userInfo is whatever the
-            # sender wrote); the per-caller reservation bound counts by it.
-            outcome = self.handle(req, environ.get("REMOTE_ADDR") or "")
-        except Exception:
-            # Reaches the API server as a webhook failure (its failurePolicy decides); the
-            # traceback goes to our log, not to the user.
-            log.exception("admission handler failed: endpoint=%s uid=%s", endpoint, uid)
-            metrics.observe(endpoint, operation, "error", time.perf_counter() - started)
-            return 500, status_body(500, "InternalError", "internal error in the gpuquota webhook")
-        payload = encode_review(outcome.response)
-        elapsed = time.perf_counter() - started
-        response = outcome.response
-        metrics.observe(endpoint, operation, response.decision, elapsed)
-        if not response.allowed:
-            metrics.DENIALS.labels(endpoint, response.reason).inc()
-        for relaxed in outcome.relaxed:
-            metrics.WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
-        _log_decision(log, endpoint=endpoint, uid=uid, namespace=req.namespace, name=req.name or _object_name(req),
-                      operation=operation, decision=response.decision, reason=outcome.note,
-                      code=response.code, dry_run=req.dry_run, elapsed=elapsed, would_deny=outcome.relaxed)
-        return 200, payload
-
-
-class AdmissionRoutes:
-    """WSGI middleware serving the admission paths itself; every other path goes on to Flask.
-
-    Flask's request context, URL matching and Response objects cost a large share of a call
-    (docs/benchmarks.md, "Mechanisms kept"), and admission POSTs are nearly all of this server's traffic. Health,
-    readiness and metrics stay Flask routes.
-    """
-
-    def __init__(self, endpoints: Mapping[str, AdmissionEndpoint], app: WsgiApp) -> None:
-        self.endpoints = dict(endpoints)
-        self.app = app
-
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        endpoint = self.endpoints.get(environ.get("PATH_INFO", ""))
-        if endpoint is None:
-            return self.app(environ, start_response)
-        headers = [("Content-Type", JSON)]
-        if environ.get("REQUEST_METHOD") == "POST":
-            status, body = endpoint.serve(environ)
-        else:
-            status, body = 405, status_body(405, "MethodNotAllowed", f"{endpoint.path} accepts only POST")
-            headers.append(("Allow", "POST"))
-        start_response(f"{status} {HTTPStatus(status).phrase}", [*headers, ("Content-Length", str(len(body)))])
-        return [body]
-
-
-def _object_name(req: AdmissionRequest) -> str:
-    obj = req.object if req.object is not None else req.old_object
-    metadata = obj.get("metadata") if obj is not None else None
-    if not isinstance(metadata, Mapping):
-        return ""
-    return _text(metadata.get("name")) or _text(metadata.get("generateName"))
-
-
-def _refuse(endpoint: str, code: int, reason: str, message: str, started: float,
-            log: logging.Logger) -> tuple[int, bytes]:
-    elapsed = time.perf_counter() - started
-    metrics.observe(endpoint, "", "bad_request" if code == 400 else "too_large", elapsed)
-    _log_decision(log, endpoint=endpoint, uid="", namespace="", name="", operation="", decision="rejected",
-                  reason=message, code=code, dry_run=False, elapsed=elapsed)
-    return code, status_body(code, reason, message)
-
-
-def _log_decision(log: logging.Logger, *, endpoint: str, uid: str, namespace: str, name: str, operation: str,
-                  decision: str, reason: str, code: int, dry_run: bool, elapsed: float,
-                  would_deny: tuple[Relaxed, ...] = ()) -> None:
-    if not log.isEnabledFor(logging.INFO):
-        return
-    # would_deny: what warn / dry-run let pass, with the message the user would have seen.
-    record = {"event": "admission", "endpoint": endpoint, "uid": uid, "namespace": namespace, "name": name,
-              "operation": operation, "decision": decision, "code": code, "reason": reason,
-              "dry_run": dry_run, "latency_ms": round(elapsed * 1000, 3),
-              "would_deny": [{"check": r.check, "mode": r.mode.value, "message": r.message} for r in would_deny]}
-    log.info("%s", orjson.dumps(record).decode())
