@@ -20,14 +20,8 @@ from gpuquota_core.enforcement import INVALID, Mode, Relaxed
 from gpuquota_core.events import pod_event
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
-from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict, needs_quota_service
-from gpuquota_core.pod_records import (
-    gpu_memory_unknown,
-    remembered_gpu_problems,
-    remembered_request_texts,
-    spec_shape_key,
-)
-from gpuquota_core.podspec import PodShapeError, as_mapping, mapping_or_empty
+from gpuquota_core.pod_admission import ALLOW, Verdict, needs_quota_service, pod_labels, read_pod_admission
+from gpuquota_core.podspec import PodShapeError, mapping_or_empty
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, POD_QUOTA_LABEL, QuotaShapeError
 from gpuquota_core.validation import GpuRequestProblem
 from webhook.admission.config_source import ConfigSource
@@ -47,14 +41,6 @@ class Outcome:
     # left as written: counted where the outcome is served, so an in-process caller (explain) counts none.
     rewritten: tuple[str, ...] = ()
     left_as_written: tuple[str, ...] = ()
-
-
-def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
-    raw = metadata.get("labels")
-    if not isinstance(raw, Mapping):
-        return {}
-    # Label values are strings in any stored object; anything else cannot select a quota anyway.
-    return {key: value for key, value in raw.items() if isinstance(key, str) and isinstance(value, str)}
 
 
 def _problem_text(problem: GpuRequestProblem) -> str:
@@ -111,30 +97,28 @@ class AdmissionHandlers:
         enforcement = config.enforcement
         relaxed: list[Relaxed] = []
         try:
-            # Computed once: the GPU checks and the canonical requests below are remembered by it.
-            spec = as_mapping(pod.get("spec"), "spec")
-            shape = spec_shape_key(spec, config)
-            problems = remembered_gpu_problems(spec, config, shape=shape)
-            warnings: list[str] = []
-            if problems:
-                if not self._grandfathered(req, problems, config):
-                    message = "; ".join(_problem_text(p) for p in problems)
-                    mode = enforcement.mode_for(INVALID)
-                    if mode is Mode.ENFORCE:
-                        self._report_event(req, pod, INVALID, mode, message)
-                        return Outcome(denied(req, message, code=422, reason=INVALID),
-                                       ",".join(sorted({p.rule for p in problems})))
-                    # Relaxed: the quota check below still runs, and may still deny.
-                    relaxed.append(Relaxed(INVALID, mode, message))
-                else:
-                    # The pod was already stored with this request (created before the webhook, or
-                    # by a path that skipped it). Refusing every later update would also refuse the
-                    # finalizer and status changes needed to delete it, so only warn.
-                    warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
-                                for p in problems]
-            admission = self._pod_admission(req, pod, spec, config, caller, shape)
+            reading = read_pod_admission(pod, req.old_object, config, uid=req.uid, operation=req.operation,
+                                         namespace=req.namespace, name=req.name, dry_run=req.dry_run, caller=caller)
         except PodShapeError as error:
             return self._unreadable(req, error)
+        problems = reading.problems
+        warnings: list[str] = []
+        if problems and reading.grandfathered:
+            # Stored with this request already: see PodReading.grandfathered; only warn.
+            warnings = [f"gpuquota: existing pod has an unschedulable GPU request: {_problem_text(p)}"
+                        for p in problems]
+        elif problems:
+            message = "; ".join(_problem_text(p) for p in problems)
+            mode = enforcement.mode_for(INVALID)
+            if mode is Mode.ENFORCE:
+                self._report_event(req, pod, INVALID, mode, message)
+                return Outcome(denied(req, message, code=422, reason=INVALID),
+                               ",".join(sorted({p.rule for p in problems})))
+            # Relaxed: the quota check below still runs, and may still deny.
+            relaxed.append(Relaxed(INVALID, mode, message))
+        admission = reading.admission
+        if isinstance(admission, PodShapeError):
+            return self._unreadable(req, admission)
         # An UPDATE that cannot change what a quota counts needs no decision (and so no quota
         # service: a finalizer removal passes during an outage too).
         verdict = self.quota.admit_pod(admission) if needs_quota_service(admission) else ALLOW
@@ -170,54 +154,9 @@ class AdmissionHandlers:
         metadata = pod.get("metadata")
         metadata = mapping_or_empty(metadata)
         namespace = req.namespace or _text(metadata.get("namespace"))
-        event = pod_event(check, mode, message, metadata, namespace, _labels(metadata).get(POD_QUOTA_LABEL, ""))
+        event = pod_event(check, mode, message, metadata, namespace, pod_labels(metadata).get(POD_QUOTA_LABEL, ""))
         if event is not None:
             self.events.report(event)
-
-    def _grandfathered(self, req: AdmissionRequest, problems: list[GpuRequestProblem],
-                       config: ConversionConfig) -> bool:
-        if req.operation != "UPDATE" or req.old_object is None:
-            return False
-        try:
-            old_spec = as_mapping(req.old_object.get("spec"), "spec")
-            old_problems = remembered_gpu_problems(old_spec, config)
-        except PodShapeError:
-            return False
-        return {p.message for p in problems} <= {p.message for p in old_problems}
-
-    def _pod_admission(self, req: AdmissionRequest, pod: Mapping[str, Any], spec: Mapping[str, Any],
-                       config: ConversionConfig, caller: str, shape: object) -> PodAdmission:
-        metadata = as_mapping(pod.get("metadata"), "metadata")
-        # The cluster-state cache charges stored pods with this same function (remembered by spec
-        # shape: the replicas of a workload ask alike), so an admission and the later watch event
-        # of the same pod count the same amounts.
-        requests = remembered_request_texts(spec, config, shape=shape)
-        old_labels: dict[str, str] | None = None
-        old_requests: dict[str, str] | None = None
-        if req.operation == "UPDATE" and req.old_object is not None:
-            old_labels = _labels(as_mapping(req.old_object.get("metadata"), "oldObject.metadata"))
-            try:
-                old_spec = as_mapping(req.old_object.get("spec"), "spec")
-                old_requests = remembered_request_texts(old_spec, config)
-            except PodShapeError:
-                # The stored object is the API server's own; if even it cannot be read, say
-                # "unknown" rather than refusing an update of something we cannot interpret.
-                old_requests = None
-        pod_uid = metadata.get("uid")
-        return PodAdmission(
-            uid=req.uid,
-            operation=req.operation,
-            namespace=req.namespace or _text(metadata.get("namespace")),
-            name=req.name or _text(metadata.get("name")) or _text(metadata.get("generateName")),
-            pod_uid=pod_uid if isinstance(pod_uid, str) else "",
-            labels=_labels(metadata),
-            canonical_requests=requests,
-            old_labels=old_labels,
-            old_canonical_requests=old_requests,
-            dry_run=req.dry_run,
-            unknown_gpu_memory=gpu_memory_unknown(requests),
-            caller=caller,
-        )
 
     # -- /validate-elasticquotas -------------------------------------------------------------
 
