@@ -23,13 +23,14 @@ WSGI as gthread serves it. An admission review (a POST to one of the app's admis
 Content-Length body, which is every call the API server makes) is answered by
 :meth:`StickyThreadWorker.handle_request` directly: WSGI's environ of ~40 entries, its Response
 object, ``start_response`` and the two writes (headers, then body) are a large share of a worker's
-Python time under load for an endpoint that reads three values (the body, its length, the peer's address)
-and returns one status and one JSON body. The answer is the route's own (its status, headers and body:
-:class:`webhook.serving.routes.Answer`, which the WSGI path writes too), behind gunicorn's status line and
-headers, with gunicorn's keep-alive rules. gunicorn's ``pre_request``/``post_request`` hooks and its access log are
-not run for these answers: the server configures neither (each decision is logged by the app, one
-structured line per review), so turning either on would need this path to call it too. The Date
-header of each answer is formatted once a second instead of once an answer (:class:`DateOncePerSecond`).
+Python time under load for an endpoint that reads three values (the body, its length, the peer's
+address) and returns one answer. That answer is the route's own, composed once
+(:class:`webhook.serving.routes.Answer`: status, headers, body; the WSGI path writes the same
+value), behind the status line and headers gunicorn puts first, with gunicorn's keep-alive rules.
+gunicorn's ``pre_request``/``post_request`` hooks and its access log are not run for these
+answers: the server configures neither (each decision is logged by the app, one structured line
+per review), so turning either on would need this path to call it too. The Date header of each
+answer is formatted once a second instead of once an answer (:class:`DateOncePerSecond`).
 """
 
 from __future__ import annotations
