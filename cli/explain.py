@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from gpuquota_core.ledger import ReservationLedger
     from gpuquota_core.pod_admission import PodAdmission, Verdict
     from gpuquota_core.shared_ledger import StoredReservation
-    from webhook.admission.handlers import AdmissionHandlers
+    from webhook.admission.decisions import AdmissionHandlers
     from webhook.admission.review import AdmissionRequest
     from webhook.quota.state import QuotaState
 
@@ -288,7 +288,7 @@ def _review(pod: Mapping[str, Any]) -> bytes:
 def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
                 config: ConversionConfig) -> list[Explanation]:
     from gpuquota_core.quota_integrity import QuotaTreeError
-    from webhook.admission.handlers import AdmissionHandlers
+    from webhook.admission.decisions import AdmissionHandlers
     from webhook.admission.review import decode_review
     from webhook.quota.state import QuotaState
 

@@ -52,7 +52,7 @@ from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL, UNCHECKED_QUOTAS
 from gpuquota_core.resources import is_gpu_name
-from webhook.admission.handlers import AdmissionHandlers
+from webhook.admission.decisions import AdmissionHandlers
 from webhook.admission.review import decode_review
 from webhook.quota.state import QuotaState
 

@@ -43,10 +43,10 @@ from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE
 from gpuquota_core.quota_objects import quota_from_object
-from webhook.admission.handlers import admission_endpoints, create_app
 from webhook.quota.client import QuotaClient
 from webhook.quota.service import serve
 from webhook.quota.state import QuotaState
+from webhook.serving.app import admission_endpoints, create_app
 
 EXAMPLES = int(os.environ.get("GPUQUOTA_PROPERTY_EXAMPLES", "300")) // 3
 PROFILE = settings(max_examples=EXAMPLES, deadline=None,
@@ -160,8 +160,9 @@ class Webhook:
     def post(self, path: str, document: dict[str, Any]) -> dict[str, Any]:
         body = reviews.body(document)
         environ = {"wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)), "REMOTE_ADDR": "127.0.0.1"}
-        status, payload = self.endpoints[path].serve(environ)
-        assert status == 200, payload
+        answer = self.endpoints[path].serve(environ)
+        assert answer.status == 200, answer.body
+        payload = answer.body
         response: dict[str, Any] = orjson.loads(payload)["response"]
         return response
 

@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from webhook.admission.handlers import BodyTooLarge, read_body
+from webhook.admission.body import BodyTooLarge, read_body
 from webhook.admission.review import BadRequest
 
 

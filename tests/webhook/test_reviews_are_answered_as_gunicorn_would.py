@@ -27,6 +27,7 @@ from webhookproc import LOOPBACK, WebhookProcess
 
 from webhook.serving.connection_balance import SHED_INTERVAL_SECONDS, ConnectionTable, Shedder
 from webhook.serving.gunicorn_worker import StickyThreadWorker
+from webhook.serving.routes import Answer
 
 REVIEW = body(review(pod(resources={"nvidia.com/gpu": "2"}), uid="uid-direct-1"))
 
@@ -58,6 +59,11 @@ def answer(sock: ssl.SSLSocket) -> tuple[str, list[tuple[str, str]], bytes]:
     return status_line, reply.getheaders(), reply.read()
 
 
+def without_date(reply: tuple[str, list[tuple[str, str]], bytes]) -> tuple[Any, ...]:
+    status, headers, content = reply
+    return status, [(name, value) for name, value in headers if name != "Date"], content
+
+
 def closed_by_server(sock: ssl.SSLSocket) -> bool:
     try:
         return sock.recv(1) == b""
@@ -72,10 +78,6 @@ def test_a_direct_answer_is_the_wsgi_answer_but_for_the_date(tls: ssl.SSLSocket,
     tls.sendall(chunked(path, REVIEW))  # the same review, through gunicorn's WSGI path
     through_wsgi = answer(tls)
 
-    def without_date(reply: tuple[str, list[tuple[str, str]], bytes]) -> tuple[Any, ...]:
-        status, headers, content = reply
-        return status, [(name, value) for name, value in headers if name != "Date"], content
-
     assert without_date(direct) == without_date(through_wsgi)
     status, headers, content = direct
     assert status == "HTTP/1.1 200 OK"
@@ -83,6 +85,19 @@ def test_a_direct_answer_is_the_wsgi_answer_but_for_the_date(tls: ssl.SSLSocket,
     assert dict(headers)["Connection"] == "keep-alive"
     assert json.loads(content)["response"]["uid"] == "uid-direct-1"
     assert dict(headers)["Content-Length"] == str(len(content))
+
+
+def test_a_refused_body_is_answered_alike_both_ways(tls: ssl.SSLSocket) -> None:
+    tls.sendall(with_length("/validate-pods", b"{not json"))
+    direct = answer(tls)
+    tls.sendall(chunked("/validate-pods", b"{not json"))
+    through_wsgi = answer(tls)
+
+    assert without_date(direct) == without_date(through_wsgi)
+    status, headers, content = direct
+    assert status == "HTTP/1.1 400 Bad Request"
+    assert [name for name, _ in headers] == ["Server", "Date", "Connection", "Content-Type", "Content-Length"]
+    assert json.loads(content)["reason"] == "BadRequest"
 
 
 def test_connection_close_is_honoured(tls: ssl.SSLSocket) -> None:
@@ -124,10 +139,10 @@ class RecordingEndpoint:
     def __init__(self) -> None:
         self.environs: list[dict[str, Any]] = []
 
-    def serve(self, environ: dict[str, Any]) -> tuple[int, bytes]:
+    def serve(self, environ: dict[str, Any]) -> Answer:
         environ = dict(environ, body=environ["wsgi.input"].read())
         self.environs.append(environ)
-        return 200, b'{"ok":true}'
+        return Answer(200, b'{"ok":true}')
 
 
 class Connection:

@@ -24,7 +24,7 @@ from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess, generate_certs
 
 from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
 from gpuquota_core.jsonpatch import apply
-from webhook.serving.settings import MAX_BODY_BYTES
+from webhook.admission.body import MAX_BODY_BYTES
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 MIB = 1024 * 1024

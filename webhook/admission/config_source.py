@@ -67,9 +67,9 @@ class ConfigSource:
         return self._config
 
     def _check(self, path: Path) -> None:
-        # Imported here: the master reads the file (read_config_file) before the metrics directory
-        # is set up, and webhook.serving.metrics must not be imported before that (see webhook.serving.metrics).
-        from webhook.serving import metrics
+        # Imported here: the master reads the file (read_config_file) before the metrics directory is
+        # set up, and the metrics must not be imported before that (see webhook.admission.observability).
+        from webhook.admission.observability import CONFIG_RELOADS
 
         signature = file_signature(path)
         if signature is not None and signature == self._seen:
@@ -80,14 +80,14 @@ class ConfigSource:
         except ConfigFileError as error:
             if signature != self._seen or first:
                 self._event("error", path, error=str(error), level=logging.ERROR)
-                metrics.CONFIG_RELOADS.labels("error").inc()
+                CONFIG_RELOADS.labels("error").inc()
             self._seen = signature
             return
         self._seen = signature
         if config == self._config:
             return  # touched, or the startup version: nothing to announce
         self._config = config
-        metrics.CONFIG_RELOADS.labels("loaded").inc()
+        CONFIG_RELOADS.labels("loaded").inc()
         self._event("loaded", path, enforcement=config.enforcement.describe())
 
     def _event(self, result: str, path: Path, *, level: int = logging.INFO, **fields: str) -> None:

@@ -1,16 +1,19 @@
-"""The seam between the HTTP handlers and whatever decides quota.
+"""The seams between the handlers and what they call outside admission: whatever decides quota,
+and wherever refusals go as Kubernetes Events.
 
 The handlers (any gunicorn worker, any thread) only ever see this interface. The implementation
 that holds the cluster state and the reservation ledger lives in one place per server instance, so
 that every worker gets the same answer for the same quota. What crosses it (``PodAdmission``,
 ``Verdict``, ``QuotaFigure``) is the core's (gpuquota_core.pod_admission), so the quota service
-reads it without importing this package.
+reads it without importing this package. The implementations (webhook.quota's client and event
+forwarder) satisfy these protocols without importing them; the serving layer hands them in.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from gpuquota_core.events import PodEvent
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict
 
 
@@ -35,6 +38,13 @@ class ReportsQuotaFigures(Protocol):
     """A decider that can say, at scrape time, what every quota holds (None: cannot be asked now)."""
 
     def quota_figures(self) -> list[QuotaFigure] | None:
+        ...
+
+
+class EventReporter(Protocol):
+    """Takes a refusal or would-deny as an Event to write; must never block an admission."""
+
+    def report(self, event: PodEvent) -> None:
         ...
 
 

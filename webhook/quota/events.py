@@ -104,10 +104,6 @@ def count_dropped(reason: str, occurrences: int = 1) -> None:
 
 # -- the worker's side -----------------------------------------------------------------------------
 
-class EventReporter(Protocol):
-    def report(self, event: PodEvent) -> None: ...
-
-
 class EventSender(Protocol):
     def record_events(self, events: list[dict[str, Any]]) -> int: ...
 

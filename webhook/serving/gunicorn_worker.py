@@ -23,12 +23,14 @@ WSGI as gthread serves it. An admission review (a POST to one of the app's admis
 Content-Length body, which is every call the API server makes) is answered by
 :meth:`StickyThreadWorker.handle_request` directly: WSGI's environ of ~40 entries, its Response
 object, ``start_response`` and the two writes (headers, then body) are a large share of a worker's
-Python time under load for an endpoint that reads three values (the body, its length, the peer's address)
-and returns one status and one JSON body. The answer keeps gunicorn's status line and headers and
-its keep-alive rules. gunicorn's ``pre_request``/``post_request`` hooks and its access log are
-not run for these answers: the server configures neither (each decision is logged by the app, one
-structured line per review), so turning either on would need this path to call it too. The Date
-header of each answer is formatted once a second instead of once an answer (:class:`DateOncePerSecond`).
+Python time under load for an endpoint that reads three values (the body, its length, the peer's
+address) and returns one answer. That answer is the route's own, composed once
+(:class:`webhook.serving.routes.Answer`: status, headers, body; the WSGI path writes the same
+value), behind the status line and headers gunicorn puts first, with gunicorn's keep-alive rules.
+gunicorn's ``pre_request``/``post_request`` hooks and its access log are not run for these
+answers: the server configures neither (each decision is logged by the app, one structured line
+per review), so turning either on would need this path to call it too. The Date header of each
+answer is formatted once a second instead of once an answer (:class:`DateOncePerSecond`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from http import HTTPStatus
 from typing import Any
 
 from gunicorn import SERVER, util
@@ -52,7 +53,6 @@ from gunicorn.workers.gthread import _DEFER, TConn, ThreadWorker
 
 from webhook.serving.connection_balance import ConnectionTable, Shedder
 
-_PHRASES = {status.value: status.phrase for status in HTTPStatus}
 COUNT_INTERVAL = 0.1  # seconds between two counts of a worker's connections
 # How long a thread may spend reading one request (head and body) or a TLS handshake. The API
 # server sends a review at once (its own timeout is 10 s by default); only a stalled or
@@ -177,7 +177,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
     def load_wsgi(self) -> None:
         super().load_wsgi()
         # Imported here, once the app is loaded: the master imports this module before metrics are set up.
-        from webhook.admission.handlers import admission_endpoints
+        from webhook.serving.app import admission_endpoints
 
         # SCRIPT_NAME would shift the path the app sees and the PROXY protocol the peer's address:
         # with either, every request takes the WSGI path, which applies them.
@@ -200,13 +200,16 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         close = (req.should_close() or not self.alive or not self.cfg.keepalive  # alive covers max_requests
                  or len(self.keepalived_conns) >= self.max_keepalived or self._shed())
         peer = _peer_address(conn.client)
-        status, body = endpoint.serve({"wsgi.input": req.body, "CONTENT_LENGTH": str(req.body.reader.length),
-                                       "REMOTE_ADDR": peer})
+        answer = endpoint.serve({"wsgi.input": req.body, "CONTENT_LENGTH": str(req.body.reader.length),
+                                 "REMOTE_ADDR": peer})
+        # The answer's own status line and headers (webhook.serving.routes), behind the ones gunicorn
+        # puts first in every answer it writes.
         major, minor = req.version
-        head = (f"HTTP/{major}.{minor} {status} {_PHRASES[status]}\r\nServer: {SERVER}\r\n"
+        own_headers = "".join(f"{name}: {value}\r\n" for name, value in answer.headers)
+        head = (f"HTTP/{major}.{minor} {answer.status_line}\r\nServer: {SERVER}\r\n"
                 f"Date: {util.http_date()}\r\nConnection: {'close' if close else 'keep-alive'}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
-        conn.sock.sendall(head.encode("latin-1") + body)  # one TLS record where gunicorn writes two
+                f"{own_headers}\r\n")
+        conn.sock.sendall(head.encode("latin-1") + answer.body)  # one TLS record where gunicorn writes two
         return not close
 
     def _shed(self) -> bool:

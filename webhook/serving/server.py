@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from gpuquota_core.placement import NodeView
-    from webhook.quota.events import EventReporter
+    from webhook.admission.quota_port import EventReporter
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -184,7 +184,7 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
         configure_logging(self.settings.log_level)
         quota = build_quota_decider()
         # Imported here, in the worker, after PROMETHEUS_MULTIPROC_DIR is set (see webhook.serving.metrics).
-        from webhook.admission.handlers import create_app
+        from webhook.serving.app import create_app
 
         return create_app(config=self.config, quota=quota, max_body_bytes=self.settings.max_body_bytes,
                           config_path=self.settings.config_path, nodes=build_node_view(),
@@ -240,8 +240,11 @@ def _metrics_directory(settings: Settings) -> MetricsDirectory:
 
 def _enable_multiprocess_metrics(directory: MetricsDirectory) -> None:
     os.environ[MULTIPROC_ENV] = str(directory.path)
-    if "webhook.serving.metrics" in sys.modules:
-        raise ServeError("internal error: webhook.serving.metrics was imported before the metrics directory was set")
+    # The modules that define metrics: imported before this point, their values would live in this
+    # process only and every worker's samples would be lost from /metrics.
+    for module in ("webhook.serving.metrics", "webhook.admission.observability"):
+        if module in sys.modules:
+            raise ServeError(f"internal error: {module} was imported before the metrics directory was set")
     values = sys.modules.get("prometheus_client.values")
     if values is not None:
         # Imported by someone else already: it chose in-process storage at import; switch it.

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
+
+# The cap on a review's body is admission's, sized there with its derivation.
+from webhook.admission.body import MAX_BODY_BYTES
 from webhook.quota.options import (
     DEFAULT_MAX_RESERVATIONS_PER_CALLER,
     DEFAULT_STALE_AFTER_SECONDS,
@@ -25,14 +28,6 @@ DEFAULT_CERT_DIR = Path("certs")
 CERT_FILE = "tls.crt"
 KEY_FILE = "tls.key"
 CA_FILE = "ca.crt"
-
-# The largest review the API server sends is an UPDATE: it carries object and oldObject, each up
-# to etcd's 1.5 MiB limit on a stored object (protobuf), and their JSON runs about twice the
-# protobuf: 2 objects x 2 x 1.5 MiB = 6 MiB. The envelope (uid, kinds, userInfo, options) is a few
-# KiB; the other 2 MiB are for objects whose JSON is more than twice their protobuf. A larger body
-# can only be an attack or a mistake; a smaller cap would refuse a large pod's label change, which
-# a fail-closed validating webhook turns into a refused update.
-MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
