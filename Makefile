@@ -98,7 +98,7 @@ property-long: $(STAMP)
 	GPUQUOTA_VIEWS_EXAMPLES=$(CLUSTERS) GPUQUOTA_SERVED_EXAMPLES=$(SERVED_CLUSTERS) \
 	GPUQUOTA_PROPERTY_EXAMPLES=$(CLUSTERS) GPUQUOTA_PROPERTY_RANDOM=1 \
 	  $(BIN)/pytest -q --timeout 0 tests/cli/test_one_verdict_property.py \
-	    tests/webhook/test_one_verdict_served.py tests/core/test_one_truth.py $(PYTEST_ARGS)
+	    tests/webhook/admission/test_one_verdict_served.py tests/core/test_one_truth.py $(PYTEST_ARGS)
 
 ## bench: the production shape against native ResourceQuota (bench/production_shape.py), then admission over TLS (bench/run.py)
 bench: $(STAMP) control-plane test-tools

@@ -3,7 +3,7 @@
 # installed only when missing, so a warm machine pays nothing:
 # - HAProxy, the load balancer in front of three webhook replicas (tests/e2e/test_replicas.py);
 # - wrk, the load generator of `make bench`, which tests/e2e/test_bench_scripts.py runs at toy size;
-# - promtool (Debian's prometheus package), which checks the alert rules (tests/webhook/test_monitoring.py).
+# - promtool (Debian's prometheus package), which checks the alert rules (tests/webhook/serving/test_monitoring.py).
 set -euo pipefail
 
 missing=()

@@ -5,7 +5,7 @@ that is set in a constructor, or relies on a private helper behaving as it did. 
 the tested range may rename any of these, and the code would then fail far from the cause or, worse,
 quietly do something else. So each such library has a :class:`PinnedLibrary` (kubeaccess's own
 below, the server's in webhook/serving/library_check.py): the range pyproject.toml pins
-(tests/webhook/test_library_check.py compares the two) and a probe of every internal relied on.
+(tests/webhook/serving/test_library_check.py compares the two) and a probe of every internal relied on.
 :func:`check_libraries` refuses, in one line naming the library, the version found and the range
 tested, when the installed release is not one of them or its internals differ.
 
@@ -187,6 +187,6 @@ def _ruamel_internals() -> Iterator[str]:
         yield "ruamel.yaml.comments.CommentedMap().ca.items is not the comment table (a dict) it was"
 
 
-# The ranges pinned in pyproject.toml (tests/webhook/test_library_check.py keeps the two equal).
+# The ranges pinned in pyproject.toml (tests/webhook/serving/test_library_check.py keeps the two equal).
 KUBERNETES = PinnedLibrary("kubernetes", "37.0.3", "37.1", _kubernetes_internals)
 RUAMEL_YAML = PinnedLibrary("ruamel.yaml", "0.19.1", "0.20", _ruamel_internals)

@@ -21,7 +21,7 @@ With no Node in the input the views judge as ``rewrite: always`` would (they say
 the reference here.
 
 A difference is a bug in a view. ``GPUQUOTA_VIEWS_EXAMPLES`` sets the number of clusters (``make
-property-long`` runs many more, randomized); tests/webhook/test_one_verdict_served.py sends a few
+property-long`` runs many more, randomized); tests/webhook/admission/test_one_verdict_served.py sends a few
 of them through a real ``gpuquota serve --state``.
 """
 

@@ -135,7 +135,7 @@ def _prometheus_internals() -> Iterator[str]:
         yield "prometheus_client Gauge has no multiprocess_mode 'livemostrecent'"
 
 
-# The ranges pinned in pyproject.toml (tests/webhook/test_library_check.py keeps the two equal).
+# The ranges pinned in pyproject.toml (tests/webhook/serving/test_library_check.py keeps the two equal).
 SERVING_LIBRARIES = (
     PinnedLibrary("gunicorn", "27.0.1", "27.1", _gunicorn_internals),
     PinnedLibrary("gunicorn_h1c", "0.6.10", "0.7"),

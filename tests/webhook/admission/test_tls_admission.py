@@ -3,7 +3,7 @@
 Every request here crosses the same layers the API server's does: TCP, a verified TLS handshake
 against the CA that ``gpuquota certs generate`` printed, HTTP/1.1 keep-alive, gunicorn gthread
 workers, which answer admission reviews themselves and pass everything else (chunked reviews,
-other methods and paths) to the WSGI app (tests/webhook/test_reviews_are_answered_as_gunicorn_would.py
+other methods and paths) to the WSGI app (tests/webhook/serving/test_reviews_are_answered_as_gunicorn_would.py
 compares the two).
 """
 
