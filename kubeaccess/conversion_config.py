@@ -1,7 +1,7 @@
 """The conversion config file (conversion table and enforcement modes): one reader for the CLI and the server.
 
-`gpuquota serve` reads it at start (a bad file stops it before serving) and its workers re-read it
-when it changes (webhook.admission.config_source); `gpuquota convert`, `audit` and the other
+``gpuquota serve`` reads it at start (a bad file stops it before serving) and its workers re-read it
+when it changes (webhook.admission.config_source); ``gpuquota convert``, ``audit`` and the other
 commands read it once. All of them through :func:`load_conversion_config`, so a file one accepts,
 the others accept, with the same one-line error otherwise.
 """
