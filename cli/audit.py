@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -14,6 +15,7 @@ import click
 from gpuquota_core.audit import DEFAULT_SHARED_LABEL, SCOPES, AuditReport, Finding, Severity, audit_objects
 from gpuquota_core.selector import Selector
 from kubeaccess import collector
+from webhook.admission.status import status_of
 
 from . import hints, output
 from .errors import CommandError, cluster_error
@@ -108,6 +110,7 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
     # -n and -l choose what is shown; everything read is judged (a quota's parents live elsewhere).
     report = audit_objects(objects, scope, shared_label=gpu_shared_label, namespace=namespace or None,
                            selector=selector, origin=lambda obj: origins.get(id(obj)))
+    report.findings[:] = [_with_status(finding) for finding in report.findings]
     failing = fail_on != "none" and (worst := report.worst()) is not None and worst >= Severity[fail_on.upper()]
     exit_code = 1 if failing else 0
     if fmt == "policyreport":
@@ -129,6 +132,14 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
         elif not no_headers:
             click.echo(f"No findings{f' on objects matching {selector}' if selector is not None else ''}.")
     raise SystemExit(exit_code)
+
+
+def _with_status(finding: Finding) -> Finding:
+    """A quota refusal's finding with the HTTP status the webhook would answer it with: the core
+    names the reason; which status carries it is the webhook's table (webhook.admission.status)."""
+    if finding.check != "pod-quota-refused" or "reason" not in finding.details:
+        return finding
+    return replace(finding, details={**finding.details, "code": status_of(str(finding.details["reason"]))})
 
 
 def _echo_policy_reports(report: AuditReport) -> None:

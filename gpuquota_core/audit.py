@@ -465,7 +465,7 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
         if decision is not None:
             report.findings.append(Finding(
                 "pod-quota-refused", Severity.ERROR, kind, namespace, name, decision.message,
-                {"reason": decision.reason, "code": decision.code}))
+                {"reason": decision.reason}))
 
 
 class _NothingUsed:

@@ -29,13 +29,30 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-# The response reasons of /validate-pods: a GPU request Koordinator can never schedule (422), and
-# the refusals of quota_decision, which imports them from here.
+# The refusal reasons, defined once: a GPU request Koordinator can never schedule, the refusals of
+# quota_decision (which imports them from here), and those of the quota service and the webhook.
+# Which HTTP status carries each is the webhook's choice (webhook.admission.status), not the core's.
 INVALID = "Invalid"
 QUOTA_EXCEEDED = "QuotaExceeded"
 QUOTA_NOT_FOUND = "QuotaNotFound"
 PARENT_QUOTA = "ParentQuota"
 UNKNOWN_GPU_MEMORY = "UnknownGpuMemory"
+# A denial that names no reason of its own.
+FORBIDDEN = "Forbidden"
+# An AdmissionReview or object the webhook cannot read at all.
+BAD_REQUEST = "BadRequest"
+# Refusals that decide nothing about the quota: the webhook could not decide now; retry shortly.
+NOT_READY = "NotReady"  # the quota state has not synced yet
+QUOTA_SERVICE_DOWN = "QuotaServiceDown"  # the worker cannot reach the quota service
+LEDGER_UNAVAILABLE = "LedgerUnavailable"  # strict accounting cannot read or write its ledger
+# The service could not decide an admission by its deadline: asked again once, as a timeout is (the
+# second attempt has a deadline of its own).
+ANSWER_TOO_LATE = "AnswerTooLate"
+# The room was lent to another replica's escrow, due back but not back by the deadline: not a
+# refusal for the quota, so asked again once too.
+ESCROW_NOT_BACK = "EscrowNotBackInTime"
+# One caller already holds as many unconfirmed reservations as it may.
+TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 # check name -> what it refuses (for the docs and the error message of an unknown name).
 CHECKS: Mapping[str, str] = {

@@ -45,8 +45,9 @@ class PodAdmission:
 class Verdict:
     allowed: bool
     message: str = ""
-    code: int = 200  # HTTP-style status code for a denial (403 quota, 422 invalid)
-    reason: str = ""  # machine-readable reason, e.g. "QuotaExceeded", "QuotaNotFound"
+    # Machine-readable reason, a constant of gpuquota_core.enforcement ("QuotaExceeded", ...); the
+    # webhook derives a denial's HTTP status from it.
+    reason: str = ""
     warnings: tuple[str, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)
 

@@ -42,7 +42,6 @@ class Decision:
     charges: dict[str, ResourceList] = field(default_factory=dict)
     message: str = ""
     reason: str = ""
-    code: int = 200
     details: dict[str, str] = field(default_factory=dict)
 
 
@@ -80,7 +79,7 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
         # Koordinator's quota admission refuses the same pod with the same words; ours follow them.
         return Decision(False, message=f"elastic quota {pod.quota_label} not found: pod {pod.namespace}/{pod.name} "
                         f"names ElasticQuota {pod.quota_label!r} in label quota.scheduling.koordinator.sh/name, "
-                        f"but no such quota exists", reason=QUOTA_NOT_FOUND, code=403)
+                        f"but no such quota exists", reason=QUOTA_NOT_FOUND)
     if resolution.quota is None:
         return Decision(True)
     leaf = tree.quotas[resolution.quota]
@@ -88,7 +87,7 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
         # Koordinator's ElasticQuota pod check says this first (pkg/webhook/elasticquota/pod_check.go), then our reason.
         return Decision(False, message=f"pod can not be linked to a parentQuotaGroup,quota:{leaf.name}, "
                         f"pod:{pod.name}: pod {pod.namespace}/{pod.name} cannot use ElasticQuota {leaf.ref}: it is "
-                        f"a parent quota (is-parent=true); use one of its leaf quotas", reason=PARENT_QUOTA, code=403)
+                        f"a parent quota (is-parent=true); use one of its leaf quotas", reason=PARENT_QUOTA)
     chain = tuple(q.name for q in tree.chain(leaf.name))
     if pod.unknown_gpu_memory:
         for name in chain:
@@ -97,7 +96,7 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
                     f"pod {pod.namespace}/{pod.name} requests koordinator.sh/gpu-memory in bytes, which cannot be "
                     f"converted to koordinator.sh/gpu-memory-ratio (no GPU model mapping), but quota "
                     f"{tree.quotas[name].ref} limits gpu-memory-ratio: request koordinator.sh/gpu-memory-ratio "
-                    f"instead, or add a model mapping to the conversion config"), reason=UNKNOWN_GPU_MEMORY, code=403)
+                    f"instead, or add a model mapping to the conversion config"), reason=UNKNOWN_GPU_MEMORY)
     counted = _counted_by_old_version(tree, old)
     reserved: dict[str, ResourceList] = {name: ledger.used(name) for name in chain}
     if replay_of is not None:
@@ -113,7 +112,7 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
         notes = [note.message for note in tree.limit(first.quota.name)[1]
                  if note.message.split(" ", 1)[0] in first.limited]
         message = first.message + "".join(f"; {note}" for note in notes)
-        return Decision(False, message=message, reason=QUOTA_EXCEEDED, code=403,
+        return Decision(False, message=message, reason=QUOTA_EXCEEDED,
                         details={"quota": first.quota.ref})
     return Decision(True, quotas=chain, charges=charges)
 

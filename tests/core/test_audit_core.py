@@ -20,6 +20,7 @@ from gpuquota_core.placement import RewritePolicy
 from gpuquota_core.pod_records import pod_record
 from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
+from webhook.admission.status import status_of
 from webhook.quota.state import QuotaState
 
 PARENT = "quota.scheduling.koordinator.sh/parent"
@@ -469,7 +470,7 @@ def review_message(quota: dict[str, Any], *others: dict[str, Any]) -> str:
     state.replace_kind("ElasticQuota", list(others))
     state.replace_kind("Pod", [])
     verdict = state.review_elasticquota(quota)
-    assert (verdict.allowed, verdict.code) == (False, 422)
+    assert (verdict.allowed, status_of(verdict.reason)) == (False, 422)
     return verdict.message
 
 
@@ -563,7 +564,7 @@ def test_pods_and_templates_the_webhooks_quota_decision_refuses() -> None:
     assert sorted(found) == ["bytes", "ghost", "on-parent", "too-big", "web"]
     assert found["ghost"].message == ("elastic quota missing not found: pod t/ghost names ElasticQuota 'missing' in "
                                       "label quota.scheduling.koordinator.sh/name, but no such quota exists")
-    assert found["ghost"].details == {"reason": "QuotaNotFound", "code": 403}
+    assert found["ghost"].details == {"reason": "QuotaNotFound"}
     assert found["on-parent"].details["reason"] == "ParentQuota"
     assert found["bytes"].details["reason"] == "UnknownGpuMemory"
     assert found["too-big"].message.startswith(f"exceeded quota: t/team, requested: {CORE}=300,{RATIO}=300")

@@ -43,6 +43,7 @@ from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE
 from gpuquota_core.quota_objects import quota_from_object
+from webhook.admission.status import status_of
 from webhook.quota.client import QuotaClient
 from webhook.quota.service import serve
 from webhook.quota.state import QuotaState
@@ -229,7 +230,7 @@ def test_the_audit_reports_a_pod_or_template_exactly_as_the_webhook_answers_it(
             [(check, finding)] = found.items()
             if check == "pod-quota-refused":
                 assert (status["code"], status["reason"], status["message"]) == (
-                    finding.details["code"], finding.details["reason"], finding.message)
+                    status_of(finding.details["reason"]), finding.details["reason"], finding.message)
             elif "rules" in finding.details:
                 problems = finding.details["problems"]
                 assert finding.message == "; ".join(problems)

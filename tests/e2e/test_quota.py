@@ -15,6 +15,7 @@ from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP as EQ_GROUP
 from gpuquota_core.quota_objects import ELASTICQUOTA_PLURAL as EQ_PLURAL
 from gpuquota_core.quota_objects import ELASTICQUOTA_VERSION as EQ_VERSION
 from kubeaccess.kube import connect
+from webhook.admission.status import status_of
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
 
@@ -48,7 +49,7 @@ def test_watched_pod_counts_and_exact_denial(api: Any, live_state: QuotaState, n
             requests={RATIO: "100"}, limits={RATIO: "100"}))])))
     eventually(lambda: live_state.usage.get(f"{namespace}/running") is not None, "pod in the watch")
     verdict = live_state.admit_pod(admission(namespace, "next", quota_name, "200"))
-    assert not verdict.allowed and verdict.code == 403
+    assert not verdict.allowed and status_of(verdict.reason) == 403
     assert verdict.message == (f"exceeded quota: {namespace}/{quota_name}, requested: {RATIO}=200, "
                                f"used: {RATIO}=100, limited: {RATIO}=200")
     assert live_state.admit_pod(admission(namespace, "small", quota_name, "100")).allowed

@@ -21,6 +21,7 @@ from controlplane import Api
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
 from kubeaccess.kube import connect
+from webhook.admission.status import status_of
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
 from webhook.quota.strict.accounting import StrictAccounting
@@ -98,7 +99,7 @@ def test_burst_over_three_replicas_admits_exactly_the_room(api: Api, world: Worl
     # Every replica now refuses, with the parent named: the room is gone for all of them.
     for number, replica in enumerate(world.replicas):
         verdict = replica.accounting.admit_pod(admission(world, f"late-{number}", world.leaves[0]))
-        assert not verdict.allowed and verdict.code == 403
+        assert not verdict.allowed and status_of(verdict.reason) == 403
         assert verdict.message.startswith(f"exceeded quota: {world.namespace}/{world.org}, ")
 
 
@@ -119,5 +120,5 @@ def test_ledger_that_cannot_be_written_refuses_instead_of_admitting(kubeconfig_p
     state = world.replicas[0].state
     broken = StrictAccounting(state, LedgerStore(connect(str(kubeconfig_path), None), "no-such-namespace"))
     verdict = broken.admit_pod(admission(world, "p", world.leaves[0]))
-    assert not verdict.allowed and verdict.code == 503 and verdict.reason == "LedgerUnavailable"
+    assert not verdict.allowed and status_of(verdict.reason) == 503 and verdict.reason == "LedgerUnavailable"
     assert "cannot write ConfigMap no-such-namespace/gpuquota-ledger-" in verdict.message

@@ -20,6 +20,7 @@ from controlplane import Api
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.quantity import Quantity
+from webhook.admission.status import status_of
 from webhook.quota.cluster_state import list_into, lister_for, start_live_sync
 from webhook.quota.state import KINDS, QuotaState
 from webhook.quota.strict.accounting import StrictAccounting
@@ -83,7 +84,7 @@ def test_a_replica_whose_pod_watch_lags_waits_for_it_instead_of_admitting_past_t
     assert shared_ledger.pods_counted_through(ledger.data) == int(created.metadata.resource_version)
 
     refused = admit(lagging, "p3")
-    assert not refused.allowed and refused.code == 503 and refused.reason == "LedgerUnavailable"
+    assert not refused.allowed and status_of(refused.reason) == 503 and refused.reason == "LedgerUnavailable"
     assert "watch of pods has not caught up" in refused.message and created.metadata.resource_version in refused.message
 
     list_into(lagging_state, lister_for(api.client, "Pod"), "Pod")  # caught up: a fresh list shows p1

@@ -8,6 +8,7 @@ from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check, q
 from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.usage_index import UsageIndex
+from webhook.admission.status import status_of
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
 
@@ -47,7 +48,7 @@ def test_leaf_quota_refuses_with_native_message() -> None:
     tree, usage, ledger = world()
     assert admit(tree, usage, ledger, pod("p1", "150")).allowed
     denied = admit(tree, usage, ledger, pod("p2", "100"))
-    assert not denied.allowed and denied.code == 403 and denied.reason == "QuotaExceeded"
+    assert not denied.allowed and status_of(denied.reason) == 403 and denied.reason == "QuotaExceeded"
     assert denied.message == (f"exceeded quota: team/team-a, requested: {RATIO}=100, used: {RATIO}=150 "
                               f"(150 of it reserved by admissions not yet seen), limited: {RATIO}=200")
 

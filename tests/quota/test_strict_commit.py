@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
+from webhook.admission.status import status_of
 from webhook.quota.state import QuotaState
 from webhook.quota.strict.accounting import StrictAccounting
 from webhook.quota.strict.escrow import ESCROW_WINDOW_SECONDS as WINDOW
@@ -181,7 +182,7 @@ def test_a_deleted_ledger_is_created_again_and_the_tree_held_until_what_it_held_
     # may have written reservations this one never read: until they have expired the tree is
     # held, and the admission is refused for the ledger, not admitted into room that may be taken.
     refused = replica.admit("p3")
-    assert not refused.allowed and refused.code == 503 and refused.reason == "LedgerUnavailable"
+    assert not refused.allowed and status_of(refused.reason) == 503 and refused.reason == "LedgerUnavailable"
     assert "the shared quota ledger of tree org was deleted" in refused.message
     assert core.calls == ["replace", "read", "create"]
     assert core.stored() == {"team/p1", "team/p2"}
@@ -202,9 +203,9 @@ def test_a_ledger_recreated_by_another_replica_gets_back_what_this_one_knew(core
     # The first replica's replace conflicts; its fresh read shows another object (another uid):
     # it carries p1 into it and holds the tree, and so does the second replica from then on.
     clock[0] += 1.0
-    assert first.admit("p3").code == 503
+    assert status_of(first.admit("p3").reason) == 503
     assert core.stored() == {"team/p1", "team/p2"}
-    assert second.admit("p4").code == 503
+    assert status_of(second.admit("p4").reason) == 503
     # Held until one TTL after the new object was created (to the second, rounded up): whatever
     # only the deleted object held was admitted before that and has expired by then.
     clock[0] += TTL
@@ -219,7 +220,7 @@ def test_the_reconciler_recreates_a_deleted_ledger_that_no_admission_writes(core
     # No object lists any more: only what the replica wrote to tells it the tree exists.
     assert first.accounting.reconcile_once() == 0
     assert core.stored() == {"team/p1", "team/p2"}
-    assert second.admit("p3").code == 503  # the hold is in the object, for replicas that never saw it
+    assert status_of(second.admit("p3").reason) == 503  # the hold is in the object, for replicas that never saw it
     # Once the reservations expire, the reconciler empties the object and the room is back.
     clock[0] += TTL + 1
     assert first.accounting.reconcile_once() == 2 and core.stored() == set()
@@ -271,7 +272,7 @@ def test_a_missing_ledger_namespace_refuses_instead_of_admitting(core: FakeCore,
 
     core.create_namespaced_config_map = no_namespace  # type: ignore[method-assign]
     verdict = replica.admit("p1")
-    assert not verdict.allowed and verdict.code == 503 and verdict.reason == "LedgerUnavailable"
+    assert not verdict.allowed and status_of(verdict.reason) == 503 and verdict.reason == "LedgerUnavailable"
     assert f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404" in verdict.message
 
 
@@ -301,7 +302,7 @@ def test_a_replica_whose_pod_watch_is_behind_the_ledger_does_not_decide_on_it(
     # ... as of the resourceVersion its watch showed p1 at, which every reader's watch must reach first.
     assert shared_ledger.pods_counted_through(core.config_maps[LEDGER]["data"]) == 100
     refused = behind.admit("p3")
-    assert not refused.allowed and refused.code == 503 and "watch" in refused.message
+    assert not refused.allowed and status_of(refused.reason) == 503 and "watch" in refused.message
     watch_shows(behind, "p1", "100")  # caught up: p1 and p2 fill the room
     refused = behind.admit("p3")
     assert not refused.allowed and refused.reason == "QuotaExceeded"
@@ -379,7 +380,7 @@ def test_a_deleted_ledger_keeps_holding_what_an_open_escrow_admitted(core: FakeC
     # when it notices, which covers what this escrow admits (docs/design.md, "Known limits").
     assert replica.admit("p3").allowed and core.calls == []
     clock[0] += WINDOW
-    assert replica.admit("p4").code == 503
+    assert status_of(replica.admit("p4").reason) == 503
     # The recreated object holds p1 and the escrow p2 and p3 were admitted from, until they expire,
     # and the tree is held for the longest any lost entry could live.
     assert core.stored() == {"team/p1", key}
@@ -488,7 +489,7 @@ def test_a_pod_that_does_not_fit_even_without_another_replicas_escrow_is_refused
     reads_before = core.calls.count("read")
     # 10 cards: more than the 9 free with r1's escrow given back, so waiting for it is pointless.
     verdict = second.admit("huge", "1000")
-    assert (verdict.allowed, verdict.code) == (False, 403)
+    assert (verdict.allowed, status_of(verdict.reason)) == (False, 403)
     assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in verdict.message
     assert core.calls.count("read") - reads_before <= 1
 
@@ -502,7 +503,7 @@ def test_a_pod_whose_room_another_replicas_escrow_has_not_given_back_by_its_dead
     # 8 cards fit once r1 gives its escrow back, but the worker stops waiting before a second look:
     # a retryable 503 naming the lender (the worker asks once more), not "exceeded quota".
     verdict = second.admit("big", "800", answer_by=monotonic[0] + 0.03)
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "EscrowNotBackInTime")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "EscrowNotBackInTime")
     assert "held in escrow by webhook replica r1" in verdict.message
     assert "exceeded quota" not in verdict.message
     assert "team/big" not in core.stored()
@@ -554,7 +555,7 @@ def test_a_deleted_ledger_stays_readable_and_holds_its_tree_for_every_replica_un
     assert LEDGER in core.config_maps  # kept by the finalizer, with everything it held
     # A replica whose first look at the tree comes after the deletion finds it, and holds.
     verdict = first_look_after.admit("p2")
-    assert not verdict.allowed and verdict.code == 503 and "was deleted" in verdict.message
+    assert not verdict.allowed and status_of(verdict.reason) == 503 and "was deleted" in verdict.message
     # The one that knew it may still admit from its open escrow: that room is in the object.
     assert knew.admit("p3").allowed
     clock[0] += WINDOW + TTL + 1  # everything the deleted object held has expired
@@ -564,7 +565,7 @@ def test_a_deleted_ledger_stays_readable_and_holds_its_tree_for_every_replica_un
     assert "team/p4" in core.stored()
     # The one that knew the old object and never saw it terminating cannot tell the new one from a
     # recreation after a loss: it holds the tree as after a loss, then admits again.
-    assert knew.admit("p5").code == 503
+    assert status_of(knew.admit("p5").reason) == 503
     clock[0] += WINDOW + TTL + 1
     assert knew.admit("p6").allowed
 
@@ -586,7 +587,7 @@ def test_an_admission_that_reaches_the_ledger_after_its_worker_gave_up_is_refuse
     monotonic = [500.0]
     replica = Replica(core, "r1", clock, monotonic=monotonic)
     verdict = replica.admit("p1", answer_by=monotonic[0] - 0.1)  # queued while the service was stopped
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "AnswerTooLate")
     assert verdict.message == ("pod team/p1 not admitted: the quota service arrived after the webhook worker "
                                "stopped waiting for its answer; retry shortly")
     assert core.calls == []  # no read, no write: nothing holds room for it
@@ -601,7 +602,7 @@ def test_an_admission_whose_write_ends_after_its_worker_gave_up_is_refused_and_i
     # Decided in time, but the write that records it returns after the worker's deadline: the
     # worker never receives "allowed", so the pod is never stored on its strength.
     verdict = replica.admit("late", "200", answer_by=monotonic[0] + 1.75)
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "AnswerTooLate")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "AnswerTooLate")
     assert "decided it after the webhook worker stopped waiting" in verdict.message
     assert core.stored() == {"team/answered", "team/late"}  # written before the deadline passed
     replica.accounting.settle_due()  # the settler's next round (no admission needed)
@@ -636,7 +637,7 @@ def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(co
     clock[0] += WINDOW + 2.0
     reads_before = core.calls.count("read")
     verdict = restarted.admit("big", "800")  # 7 cards are free while the escrow holds 2
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "EscrowNotBackInTime")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "EscrowNotBackInTime")
     assert "held in escrow by webhook replica host/101, which has not given it back since its window ended" \
         in verdict.message
     # The escrow lives its window plus a TTL from its write; 2.5 s of that are gone.
@@ -645,7 +646,7 @@ def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(co
     assert core.calls.count("read") - reads_before <= 1
     # A pod that would not fit even without that escrow is refused for the quota, as ever.
     refused = restarted.admit("huge", "1000")
-    assert (refused.allowed, refused.code) == (False, 403)
+    assert (refused.allowed, status_of(refused.reason)) == (False, 403)
     assert f"used: {RATIO}=300 (300 of it reserved by admissions not yet seen)" in refused.message
     # The escrow's room comes back when it expires, as the room of any admission not yet seen does.
     clock[0] += TTL
@@ -673,7 +674,7 @@ def test_an_unreadable_ledger_is_rebuilt_and_its_tree_held_until_what_it_may_hav
     # Whoever reads it first rebuilds it: the reservations it may have held are unknown, so the tree
     # is held one TTL, and the rebuilt object says so to every replica.
     verdict = never_saw.admit("p2")
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "LedgerUnavailable")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "LedgerUnavailable")
     assert "the shared quota ledger of tree org could not be read and is being rebuilt" in verdict.message
     data = core.config_maps[LEDGER]["data"]
     assert shared_ledger.decode(data) == {}
@@ -683,13 +684,14 @@ def test_an_unreadable_ledger_is_rebuilt_and_its_tree_held_until_what_it_may_hav
     # The replica that knew the object holds the tree too, from the rebuilt object.
     clock[0] += 1.0
     verdict = knew.admit("p3")
-    assert verdict.code == 503 and "was deleted or could not be read; reservations only it held" in verdict.message
+    assert status_of(verdict.reason) == 503
+    assert "was deleted or could not be read; reservations only it held" in verdict.message
     clock[0] += TTL
     for replica in (knew, never_saw):
         watch_shows(replica, "other", "57")
     # The room is back: 300, of which "other" takes 100 (p1 expired with the hold).
     assert never_saw.admit("p4", "200").allowed and not never_saw.admit("p5").allowed
-    assert knew.admit("p6").code == 403
+    assert status_of(knew.admit("p6").reason) == 403
 
 
 def test_an_unreadable_ledger_deleted_under_its_finalizer_goes_once_the_hold_is_over(
@@ -698,7 +700,7 @@ def test_an_unreadable_ledger_deleted_under_its_finalizer_goes_once_the_hold_is_
     assert replica.admit("p1").allowed
     core.overwrite(LEDGER, {shared_ledger.LEDGER_DATA_KEY: "{not json"})
     core.delete(LEDGER)  # kept, terminating, by the finalizer
-    assert replica.admit("p2").code == 503
+    assert status_of(replica.admit("p2").reason) == 503
     assert "deletionTimestamp" in core.config_maps[LEDGER]["metadata"]
     clock[0] += TTL
     # The finalizer went, the apiserver removed the object, and a new ledger holds the new admission.
@@ -719,7 +721,7 @@ def test_a_write_that_lands_but_whose_answer_is_lost_leaves_no_room_held_by_the_
 
     core.replace_namespaced_config_map = lands_then_breaks  # type: ignore[method-assign]
     verdict = replica.admit("big", "300")  # not of the escrow's shape: a write of its own
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "LedgerUnavailable")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "LedgerUnavailable")
     assert "team/big" in core.stored()  # it landed, though the replica cannot know
     core.replace_namespaced_config_map = replace  # type: ignore[method-assign]
     replica.accounting.settle_due()
@@ -740,7 +742,7 @@ def test_readiness_says_why_a_replica_cannot_write_its_ledger_until_it_can(core:
     assert core.config_maps == {}  # a dry run: nothing created
     # A ledger write failing for another reason than a conflict makes it unready until the next check.
     core.namespace_missing = True
-    assert replica.admit("p1").code == 503
+    assert status_of(replica.admit("p1").reason) == 503
     assert replica.state.ready() == (False, f"cannot write ConfigMap {NAMESPACE}/{LEDGER}: 404 Not Found")
     core.namespace_missing = False
     assert replica.accounting.check_ledger() and replica.state.ready()[0]

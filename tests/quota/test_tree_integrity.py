@@ -22,6 +22,7 @@ from gpuquota_core.quota_integrity import (
 )
 from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
+from webhook.admission.status import status_of
 from webhook.quota.state import QuotaState
 
 RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -153,7 +154,7 @@ def test_quota_state_review_runs_the_tree_checks() -> None:
     state = QuotaState()
     state.load([quota("team", "ns-a")])
     verdict = state.review_elasticquota(quota("team", "ns-b"))
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 422, "Invalid")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 422, "Invalid")
     assert "already used by ns-a/team" in verdict.message
     assert state.review_elasticquota(quota("other", parent="team")).allowed
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota_core.conversion import ConversionConfig
-from gpuquota_core.enforcement import INVALID, Mode, Relaxed
+from gpuquota_core.enforcement import BAD_REQUEST, FORBIDDEN, INVALID, Mode, Relaxed
 from gpuquota_core.events import pod_event
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
@@ -70,7 +70,7 @@ class AdmissionHandlers:
         if not (req.is_core("Pod") and req.operation == "CREATE"):
             return Outcome(allowed(req), "not a pod CREATE")
         if req.object is None:
-            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+            return Outcome(denied(req, "request.object is missing", reason=BAD_REQUEST), "no object")
         try:
             mutation = admission_mutation(req.object, self.config, self.nodes())
         except PodShapeError as error:
@@ -92,7 +92,7 @@ class AdmissionHandlers:
             return Outcome(allowed(req), "not a pod CREATE or UPDATE")
         pod = req.object
         if pod is None:
-            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+            return Outcome(denied(req, "request.object is missing", reason=BAD_REQUEST), "no object")
         config = self.config
         enforcement = config.enforcement
         relaxed: list[Relaxed] = []
@@ -112,7 +112,7 @@ class AdmissionHandlers:
             mode = enforcement.mode_for(INVALID)
             if mode is Mode.ENFORCE:
                 self._report_event(req, pod, INVALID, mode, message)
-                return Outcome(denied(req, message, code=422, reason=INVALID),
+                return Outcome(denied(req, message, reason=INVALID),
                                ",".join(sorted({p.rule for p in problems})))
             # Relaxed: the quota check below still runs, and may still deny.
             relaxed.append(Relaxed(INVALID, mode, message))
@@ -168,11 +168,11 @@ class AdmissionHandlers:
         if req.operation not in ("CREATE", "UPDATE"):
             return Outcome(allowed(req), f"{req.operation} not reviewed")
         if req.object is None:
-            return Outcome(denied(req, "request.object is missing", code=400, reason="BadRequest"), "no object")
+            return Outcome(denied(req, "request.object is missing", reason=BAD_REQUEST), "no object")
         try:
             verdict = self.quota.review_elasticquota(req.object)
         except (QuotaShapeError, PodShapeError) as error:
-            return Outcome(denied(req, f"cannot read the ElasticQuota: {error}", code=422, reason="Invalid"),
+            return Outcome(denied(req, f"cannot read the ElasticQuota: {error}", reason=INVALID),
                            "unreadable quota")
         return self._from_verdict(req, verdict, [])
 
@@ -180,7 +180,7 @@ class AdmissionHandlers:
 
     @staticmethod
     def _unreadable(req: AdmissionRequest, error: PodShapeError) -> Outcome:
-        response = denied(req, f"cannot read the pod: {error}", code=400, reason="BadRequest")
+        response = denied(req, f"cannot read the pod: {error}", reason=BAD_REQUEST)
         return Outcome(response, f"pod shape: {error.path}")
 
     @staticmethod
@@ -188,7 +188,7 @@ class AdmissionHandlers:
         all_warnings = warnings + [w for w in verdict.warnings if w not in warnings]
         if verdict.allowed:
             return Outcome(allowed(req, warnings=all_warnings), verdict.reason or "allowed")
-        response = denied(req, verdict.message, code=verdict.code, reason=verdict.reason or "Forbidden",
+        response = denied(req, verdict.message, reason=verdict.reason or FORBIDDEN,
                           warnings=all_warnings)
         return Outcome(response, verdict.reason or "denied")
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import orjson
 
+from gpuquota_core.enforcement import FORBIDDEN
 from gpuquota_core.jsonpatch import Operation
+from webhook.admission.status import status_of
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -192,16 +194,15 @@ def patched(request: AdmissionRequest, operations: list[Operation], *,
     return AdmissionResponse(request.uid, True, patch=operations, warnings=tuple(warnings), decision="patched")
 
 
-def denied(request: AdmissionRequest, message: str, *, code: int = 403, reason: str = "Forbidden",
+def denied(request: AdmissionRequest, message: str, *, reason: str = FORBIDDEN,
            warnings: Iterable[str] = ()) -> AdmissionResponse:
-    # A denial must carry a 4xx/5xx code: the API server shows it to the user as the HTTP status.
-    if code < 400:
-        code = 403
-    return AdmissionResponse(request.uid, False, code=code, message=message, reason=reason,
+    """Refuse; the API server shows the user the status_of ``reason`` as the HTTP status."""
+    return AdmissionResponse(request.uid, False, code=status_of(reason), message=message, reason=reason,
                              warnings=tuple(warnings), decision="denied")
 
 
-def status_body(code: int, reason: str, message: str) -> bytes:
-    """A ``metav1.Status`` for HTTP-level failures (400, 413, 500): what the API server logs."""
-    return orjson.dumps({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+def status_body(reason: str, message: str) -> bytes:
+    """A ``metav1.Status`` for HTTP-level failures (an unreadable or oversized body, a server error):
+    what the API server logs. Its code is the HTTP status the answer goes out with."""
+    return orjson.dumps({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": status_of(reason),
                          "reason": reason, "message": message})

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuquota_core.enforcement import ANSWER_TOO_LATE, ESCROW_NOT_BACK, QUOTA_SERVICE_DOWN
 from gpuquota_core.pod_admission import PodAdmission, QuotaFigure, Verdict
 from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
 
@@ -23,12 +24,9 @@ DEFAULT_TIMEOUT_SECONDS = 2.0
 # way back; a reply that misses it only leaves its reservation to the TTL, as before: availability,
 # not safety, so it is kept small (a decision taking longer than the timeout less it is refused).
 ANSWER_MARGIN_SECONDS = 0.1
-# The reason of the service's refusal of an admission it could not decide by its deadline: asked
-# again once, as a timeout is (the second attempt has a deadline of its own).
-ANSWER_TOO_LATE = "AnswerTooLate"
-# The reason of a refusal whose room was lent to another replica's escrow, due back but not back by
-# the deadline (webhook.quota.strict.accounting): not a refusal for the quota, so asked again once too.
-ESCROW_NOT_BACK = "EscrowNotBackInTime"
+# Refusals asked again once, as a timeout is (the second attempt has a deadline of its own): an
+# admission the service could not decide by its deadline, and room lent to another replica's escrow
+# and not back by then (webhook.quota.strict.accounting); neither is a refusal for the quota.
 ASKED_AGAIN_ONCE = frozenset({ANSWER_TOO_LATE, ESCROW_NOT_BACK})
 
 
@@ -119,15 +117,16 @@ class QuotaClient:
             # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
             reply = self._call({"op": "admit_pod", "admission": admission}, deadline_key="answer_by")
         except (OSError, ValueError) as error:
-            return Verdict(False, f"quota service unavailable, pod not admitted: {error}", 503, "QuotaServiceDown")
+            return Verdict(False, f"quota service unavailable, pod not admitted: {error}",
+                           reason=QUOTA_SERVICE_DOWN)
         return self._verdict(reply)
 
     def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         try:
             reply = self._call({"op": "review_elasticquota", "quota": quota})
         except (OSError, ValueError) as error:
-            return Verdict(False, f"quota service unavailable, quota not admitted: {error}", 503,
-                           "QuotaServiceDown")
+            return Verdict(False, f"quota service unavailable, quota not admitted: {error}",
+                           reason=QUOTA_SERVICE_DOWN)
         return self._verdict(reply)
 
     def record_events(self, events: list[dict[str, Any]]) -> int:

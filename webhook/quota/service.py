@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuquota_core.enforcement import INVALID
 from gpuquota_core.events import ObjectRef, quota_target
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.quota_objects import QuotaShapeError
@@ -77,7 +78,7 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
         try:
             return state.review_elasticquota(message["quota"])
         except QuotaShapeError as error:
-            return Verdict(False, f"cannot read the ElasticQuota: {error}", 422, "Invalid")
+            return Verdict(False, f"cannot read the ElasticQuota: {error}", reason=INVALID)
     return {"error": f"unknown operation {op!r}"}
 
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from gpuquota_core.enforcement import INVALID, NOT_READY, TOO_MANY_RESERVATIONS
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
@@ -34,7 +35,6 @@ from webhook.quota.options import (
 from webhook.quota.pod_versions import PodVersions
 
 KINDS = ("Pod", "ElasticQuota")
-TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class QuotaView:
         """
         new, old = requests if requests is not None else quota_requests(admission)
         if not self.synced:
-            return Verdict(False, "quota state is not synced yet; retry shortly", 503, "NotReady"), None
+            return Verdict(False, "quota state is not synced yet; retry shortly", reason=NOT_READY), None
         if old is not None and not needs_check(new, old, self.tree):
             return ALLOW, None
         pod_key = f"{admission.namespace}/{admission.name}"
@@ -71,7 +71,7 @@ class QuotaView:
         decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
                           replay_of=replay_of)
         if not decision.allowed:
-            return Verdict(False, decision.message, decision.code, decision.reason, details=decision.details), None
+            return Verdict(False, decision.message, reason=decision.reason, details=decision.details), None
         if admission.dry_run or not decision.quotas:
             return ALLOW, None
         held = ledger.held_by(admission.caller)
@@ -81,7 +81,7 @@ class QuotaView:
             return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: caller {admission.caller} "
                            f"already holds {held} quota reservations no created pod has confirmed (limit "
                            f"{self.max_reservations_per_caller}); retry once they are confirmed or expire",
-                           429, TOO_MANY_RESERVATIONS), None
+                           reason=TOO_MANY_RESERVATIONS), None
         # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
         # relabel's new leaf, a resize's growth) is held in the ledger.
         reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
@@ -340,7 +340,7 @@ class QuotaState:
             used = add_lists(self.usage.used(info.name), self.ledger.used(info.name))
             review = review_quota_object(quota, self.tree, used)
         if review.problems:
-            return Verdict(False, "; ".join(review.problems), 422, "Invalid", warnings=review.warnings)
+            return Verdict(False, "; ".join(review.problems), reason=INVALID, warnings=review.warnings)
         return Verdict(True, warnings=review.warnings)
 
     def admit_pod(self, admission: PodAdmission,

@@ -17,6 +17,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 
 from gpuquota_core.conversion import ConversionConfig
+from gpuquota_core.enforcement import NOT_READY, QUOTA_SERVICE_DOWN
 from gpuquota_core.placement import NodeView
 from webhook.admission.body import MAX_BODY_BYTES
 from webhook.admission.config_source import ConfigSource
@@ -24,6 +25,7 @@ from webhook.admission.decisions import AdmissionHandlers
 from webhook.admission.observability import LOGGER_NAME
 from webhook.admission.quota_port import EventReporter, QuotaDecider
 from webhook.admission.review import status_body
+from webhook.admission.status import METHOD_NOT_ALLOWED, NOT_FOUND, status_of
 from webhook.serving import metrics
 from webhook.serving.routes import JSON, AdmissionEndpoint, AdmissionRoutes
 
@@ -69,13 +71,14 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
         alive, reason = quota.alive()
         if alive:
             return Response(b'{"status":"ok"}', status=200, mimetype=JSON)
-        return Response(orjson.dumps({"status": "unavailable", "reason": reason}), status=503, mimetype=JSON)
+        return Response(orjson.dumps({"status": "unavailable", "reason": reason}),
+                        status=status_of(QUOTA_SERVICE_DOWN), mimetype=JSON)
 
     @app.get("/readyz")
     def readyz() -> Response:
         ready, reason = quota.ready()
         body = orjson.dumps({"status": "ok" if ready else "unavailable", "reason": reason})
-        return Response(body, status=200 if ready else 503, mimetype=JSON)
+        return Response(body, status=200 if ready else status_of(NOT_READY), mimetype=JSON)
 
     @app.get("/metrics")
     def metrics_view() -> Response:
@@ -87,13 +90,14 @@ def create_app(*, config: ConversionConfig, quota: QuotaDecider, max_body_bytes:
     @app.errorhandler(NotFound)
     def not_found(error: NotFound) -> Response:
         message = f"the server could not find the requested resource ({request.method} {_shown_path()})"
-        return Response(status_body(404, "NotFound", message), status=404, mimetype=JSON)
+        return Response(status_body(NOT_FOUND, message), status=status_of(NOT_FOUND), mimetype=JSON)
 
     @app.errorhandler(MethodNotAllowed)
     def method_not_allowed(error: MethodNotAllowed) -> Response:
         allowed = ", ".join(sorted(error.valid_methods or ()))
         message = f"{_shown_path()} does not allow {request.method}; it answers {allowed}"
-        return Response(status_body(405, "MethodNotAllowed", message), status=405, mimetype=JSON,
+        return Response(status_body(METHOD_NOT_ALLOWED, message), status=status_of(METHOD_NOT_ALLOWED),
+                        mimetype=JSON,
                         headers={"Allow": allowed})
 
     return app

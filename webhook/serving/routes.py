@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from gpuquota_core.enforcement import BAD_REQUEST
 from webhook.admission.body import BodyTooLarge, read_body
 from webhook.admission.decisions import Outcome
 from webhook.admission.observability import record_decision, record_failure, record_rejected
 from webhook.admission.review import AdmissionRequest, BadRequest, decode_review, encode_review, status_body
+from webhook.admission.status import INTERNAL_ERROR, METHOD_NOT_ALLOWED, REQUEST_ENTITY_TOO_LARGE, status_of
 
 JSON = "application/json"
 # Status code -> "200 OK", the form of a status line after the HTTP version and of WSGI's status.
@@ -67,9 +69,9 @@ class AdmissionEndpoint:
             body = read_body(environ, self.max_body_bytes)
             req = decode_review(body)
         except BodyTooLarge as error:
-            return _refuse(log, endpoint, 413, "RequestEntityTooLarge", str(error), started)
+            return _refuse(log, endpoint, REQUEST_ENTITY_TOO_LARGE, str(error), started)
         except BadRequest as error:
-            return _refuse(log, endpoint, 400, "BadRequest", error.reason, started)
+            return _refuse(log, endpoint, BAD_REQUEST, error.reason, started)
         try:
             # The TLS peer's address: who really sent the review (its userInfo is whatever the
             # sender wrote); the per-caller reservation bound counts by it.
@@ -78,15 +80,17 @@ class AdmissionEndpoint:
             # Reaches the API server as a webhook failure (its failurePolicy decides); the
             # traceback goes to our log, not to the user.
             record_failure(log, endpoint, req, time.perf_counter() - started)
-            return Answer(500, status_body(500, "InternalError", "internal error in the gpuquota webhook"))
+            return Answer(status_of(INTERNAL_ERROR),
+                          status_body(INTERNAL_ERROR, "internal error in the gpuquota webhook"))
         payload = encode_review(outcome.response)
         record_decision(log, endpoint, req, outcome, time.perf_counter() - started)
         return Answer(200, payload)
 
 
-def _refuse(log: logging.Logger, endpoint: str, code: int, reason: str, message: str, started: float) -> Answer:
+def _refuse(log: logging.Logger, endpoint: str, reason: str, message: str, started: float) -> Answer:
+    code = status_of(reason)
     record_rejected(log, endpoint, code, message, time.perf_counter() - started)
-    return Answer(code, status_body(code, reason, message))
+    return Answer(code, status_body(reason, message))
 
 
 class AdmissionRoutes:
@@ -108,7 +112,8 @@ class AdmissionRoutes:
         if environ.get("REQUEST_METHOD") == "POST":
             answer = endpoint.serve(environ)
         else:
-            answer = Answer(405, status_body(405, "MethodNotAllowed", f"{endpoint.path} accepts only POST"),
+            answer = Answer(status_of(METHOD_NOT_ALLOWED),
+                            status_body(METHOD_NOT_ALLOWED, f"{endpoint.path} accepts only POST"),
                             allow="POST")
         start_response(answer.status_line, answer.headers)
         return [answer.body]

@@ -21,6 +21,7 @@ from webhookproc import post_review, served_from_state
 
 from gpuquota_core.audit import audit_objects
 from gpuquota_core.jsonpatch import apply
+from webhook.admission.status import status_of
 
 CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
 STORED = [{"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
@@ -63,7 +64,7 @@ def test_served_webhook_and_audit_give_the_same_verdicts(tmp_path: Path) -> None
         refused = post_review(server, "/validate-pods", review(ghost, dry_run=True))
         finding = findings[("ghost", "pod-quota-refused")]
         assert (refused["status"]["code"], refused["status"]["reason"], refused["status"]["message"]) == (
-            finding.details["code"], finding.details["reason"], finding.message)
+            status_of(finding.details["reason"]), finding.details["reason"], finding.message)
 
         mutated = post_review(server, "/mutate-pods", review(mixed))
         # shared-0 advertises the canonical names: the card is rewritten, and judged so by both.

@@ -14,6 +14,7 @@ from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_objects import quota_from_object
+from webhook.admission.status import status_of
 from webhook.quota.client import QuotaClient
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.service import serve
@@ -49,7 +50,7 @@ def admission(name: str, ratio: str, dry_run: bool = False) -> PodAdmission:
 def test_denial_through_socket_has_native_message(client: QuotaClient) -> None:
     assert client.ready() == (True, "quota state synced")
     verdict = client.admit_pod(admission("big", "800"))
-    assert not verdict.allowed and verdict.code == 403
+    assert not verdict.allowed and status_of(verdict.reason) == 403
     # Quantities print as Kubernetes prints them: 1000 is "1k".
     assert verdict.message == (f"exceeded quota: team/team-a, requested: {RATIO}=800, used: {RATIO}=300, "
                                f"limited: {RATIO}=1k")
@@ -70,7 +71,7 @@ def test_concurrent_admissions_take_exactly_the_room(client: QuotaClient) -> Non
 def test_service_down_is_a_prompt_denial(tmp_path: Path) -> None:
     client = QuotaClient(tmp_path / "absent.sock", timeout=0.5)
     verdict = client.admit_pod(admission("p", "1"))
-    assert not verdict.allowed and verdict.code == 503 and "quota service unavailable" in verdict.message
+    assert not verdict.allowed and status_of(verdict.reason) == 503 and "quota service unavailable" in verdict.message
     assert client.ready()[0] is False
 
 
@@ -82,7 +83,7 @@ def test_elasticquota_review_through_socket(client: QuotaClient) -> None:
                                 f"(max 200, used 300)",)
     mixed = {"metadata": {"name": "m", "namespace": "team"}, "spec": {"max": {RATIO: "200", "nvidia.com/gpu": "2"}}}
     refused = client.review_elasticquota(mixed)
-    assert not refused.allowed and refused.code == 422 and "gpuquota migrate" in refused.message
+    assert not refused.allowed and status_of(refused.reason) == 422 and "gpuquota migrate" in refused.message
 
 
 def pod_object(name: str, uid: str, ratio: str, quota: str = "team-a") -> dict[str, object]:
@@ -152,7 +153,7 @@ def test_one_caller_cannot_hold_more_than_its_bound_of_unconfirmed_reservations(
     assert state.admit_pod(ask("f1", "10.0.0.9")).allowed
     assert state.admit_pod(ask("f2", "10.0.0.9")).allowed
     refused = state.admit_pod(ask("f3", "10.0.0.9"))
-    assert not refused.allowed and refused.code == 429 and refused.reason == "TooManyReservations"
+    assert not refused.allowed and status_of(refused.reason) == 429 and refused.reason == "TooManyReservations"
     assert refused.message == ("pod team/f3 not admitted: caller 10.0.0.9 already holds 2 quota reservations no "
                                "created pod has confirmed (limit 2); retry once they are confirmed or expire")
     # Another caller (the API server) is not affected, and the flood's room is not taken further.
@@ -264,7 +265,7 @@ def test_a_service_that_does_not_answer_is_refused_after_the_timeout(tmp_path: P
         listener.listen(8)  # accepted by the kernel, never read
         client = QuotaClient(path, timeout=0.2)
         verdict = client.admit_pod(admission("p", "1"))
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, "QuotaServiceDown")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "QuotaServiceDown")
     assert verdict.message == "quota service unavailable, pod not admitted: no answer within 0.2s"
 
 
@@ -324,7 +325,7 @@ def test_an_admission_the_service_could_not_decide_in_time_is_asked_once_more_wi
         tmp_path: Path, reason: str) -> None:
     path = tmp_path / "late.sock"
     received: list[dict[str, object]] = []
-    too_late = {"allowed": False, "message": "pod team/p not admitted: too late", "code": 503, "reason": reason}
+    too_late = {"allowed": False, "message": "pod team/p not admitted: too late", "reason": reason}
 
     def service(listener: socket.socket) -> None:
         conn, _ = listener.accept()
@@ -346,7 +347,7 @@ def test_an_admission_the_service_could_not_decide_in_time_is_asked_once_more_wi
         assert client.admit_pod(admission("p", "1")).allowed  # the second attempt's answer
         verdict = client.admit_pod(admission("q", "1"))  # too late twice: the second refusal stands
         thread.join(timeout=10)
-    assert (verdict.allowed, verdict.code, verdict.reason) == (False, 503, reason)
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, reason)
     first, second = (float(message["answer_by"]) for message in received[:2])  # type: ignore[arg-type]
     assert first < second  # each attempt has a deadline of its own
     assert len(received) == 4  # two attempts each, never a third

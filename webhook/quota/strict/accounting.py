@@ -49,11 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.enforcement import QUOTA_EXCEEDED
+from gpuquota_core.enforcement import ANSWER_TOO_LATE, ESCROW_NOT_BACK, LEDGER_UNAVAILABLE, QUOTA_EXCEEDED
 from gpuquota_core.ledger import Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict, quota_requests
 from webhook.quota import metrics
-from webhook.quota.client import ANSWER_TOO_LATE, ESCROW_NOT_BACK
 from webhook.quota.state import QuotaState, QuotaView
 from webhook.quota.strict.escrow import (
     DEFAULT_ESCROW_MOST_PODS,
@@ -310,7 +309,8 @@ class StrictAccounting:
         if commit.batch:
             log.warning("strict accounting: refusing %d admissions: %s", len(commit.batch), reason)
         for job in commit.batch:
-            job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly", 503, "LedgerUnavailable")
+            job.verdict = Verdict(False, f"pod not admitted: {reason}; retry shortly",
+                                  reason=LEDGER_UNAVAILABLE)
 
     def _attempt_until_done(self, tree_root: str, queue: _TreeQueue, commit: _Commit) -> None:
         """Read, judge, write and answer until every job is answered and everything is written;
@@ -449,7 +449,7 @@ class StrictAccounting:
     def _late(self, admission: PodAdmission, when: str) -> Verdict:
         return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: the quota service "
                        f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
-                       503, ANSWER_TOO_LATE)
+                       reason=ANSWER_TOO_LATE)
 
     def _without_late(self, batch: list[_Job]) -> list[_Job]:
         """The jobs whose worker still waits; the others are refused before anything is written for them."""
@@ -542,13 +542,13 @@ class StrictAccounting:
                f"webhook replica {', '.join(lenders)}"
         if due:
             return Verdict(False, f"{held}, which had not given it back when the webhook worker stopped waiting; "
-                           f"retry shortly", 503, ESCROW_NOT_BACK)
+                           f"retry shortly", reason=ESCROW_NOT_BACK)
         # Not given back long after its window: that replica is stopped, dead or cut off, and its
         # escrow holds the room until it expires (pods may have been admitted from it).
         expires = max(item.reservation.expires_at for key, item in keep.items() if key in lent_out(keep, self.replica))
         return Verdict(False, f"{held}, which has not given it back since its window ended (that replica may have "
                        f"stopped); the room comes back when the escrow expires, in {max(expires - now, 0):.0f}s at "
-                       f"most; retry shortly", 503, ESCROW_NOT_BACK)
+                       f"most; retry shortly", reason=ESCROW_NOT_BACK)
 
     def _take_escrow(self, view: QuotaView, queue: _TreeQueue, batch: list[_Job], results: list[Judged],
                      holding: ReservationLedger, now: float) -> tuple[Escrow, shared_ledger.StoredReservation] | None:
