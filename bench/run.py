@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+# The checkout's packages first: tests/webhook (the tests of the webhook's wings) would otherwise be
+# found as a namespace package named webhook before the installed package's finder is asked.
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from controlplane import free_ports  # noqa: E402  (tests/controlplane.py)
 

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 # tests/ is not a package, so make its helper modules importable from here and from test modules.
 _TESTS_DIR = Path(__file__).resolve().parents[1]
 if str(_TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(_TESTS_DIR))
+    sys.path.append(str(_TESTS_DIR))  # after the packages: see tests/conftest.py
 
 from admissionchain import (  # noqa: E402
     delete_webhook_configurations,
