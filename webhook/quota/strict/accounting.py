@@ -545,7 +545,7 @@ class StrictAccounting:
                            f"retry shortly", reason=ESCROW_NOT_BACK)
         # Not given back long after its window: that replica is stopped, dead or cut off, and its
         # escrow holds the room until it expires (pods may have been admitted from it).
-        expires = max(item.reservation.expires_at for key, item in keep.items() if key in lent_out(keep, self.replica))
+        expires = max(keep[key].reservation.expires_at for key in lent_out(keep, self.replica))
         return Verdict(False, f"{held}, which has not given it back since its window ended (that replica may have "
                        f"stopped); the room comes back when the escrow expires, in {max(expires - now, 0):.0f}s at "
                        f"most; retry shortly", reason=ESCROW_NOT_BACK)
