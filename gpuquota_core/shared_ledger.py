@@ -64,6 +64,13 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 # Quota names are DNS subdomains (up to 253 characters); label values stop at 63, so a tree root
 # longer than that cannot be named in a label and is reconciled only when admissions write to it.
 TREE_LABEL = "gpuquota.koord-gpuquota.io/quota-tree"
+# One object beside the ledgers lists the trees whose ledger was created and not yet let go through
+# its finalizer. A replica that finds no ledger for a tree it never read cannot tell a new tree from
+# one whose ledger was removed without its finalizer (by hand, or a restore from an older backup);
+# the list tells it, and it holds a listed tree as it would hold one it saw deleted. Its name does
+# not start with LEDGER_NAME_PREFIX, so nothing reads it as a ledger.
+REGISTRY_OBJECT_NAME = "gpuquota-ledgers"
+REGISTRY_DATA_KEY = "trees.json"
 
 
 class LedgerFormatError(ValueError):
@@ -183,6 +190,24 @@ def pods_counted_through(data: Mapping[str, str] | None) -> int:
     if not (raw.isascii() and raw.isdigit()):  # isdigit alone admits digits int() does not read
         raise LedgerFormatError(f"{PODS_COUNTED_THROUGH_KEY} is not a resourceVersion: {raw!r}")
     return int(raw)
+
+
+def encode_registry(trees: Iterable[str]) -> dict[str, str]:
+    return {REGISTRY_DATA_KEY: json.dumps(sorted(set(trees)))}
+
+
+def decode_registry(data: Mapping[str, str] | None) -> set[str]:
+    """The trees the registry lists; LedgerFormatError when it is not a list of tree names."""
+    raw = (data or {}).get(REGISTRY_DATA_KEY)
+    if raw is None:
+        raise LedgerFormatError(f"{REGISTRY_DATA_KEY} is missing")
+    try:
+        trees = json.loads(raw)
+    except ValueError as error:
+        raise LedgerFormatError(f"{REGISTRY_DATA_KEY} is not JSON: {error}") from None
+    if not isinstance(trees, list) or not all(isinstance(tree, str) and tree for tree in trees):
+        raise LedgerFormatError(f"{REGISTRY_DATA_KEY} is not a list of quota tree names")
+    return set(trees)
 
 
 def _charges_text(r: Reservation) -> dict[str, dict[str, str]]:

@@ -422,6 +422,28 @@ def test_ledger_deleted_mid_burst(cluster_ok: Cluster, run: int) -> None:
     recover(cluster, tree, figures, run, deleted.ended_at)
 
 
+@pytest.mark.parametrize("run", RUN_IDS)
+def test_ledger_removed_without_its_finalizer_mid_burst(cluster_ok: Cluster, run: int) -> None:
+    cluster, figures = cluster_ok, Figures("ledger deleted, finalizer removed")
+    tree = make_tree(cluster)
+    name = shared_ledger.ledger_object_name(tree.parent)
+    fresh = cluster.replicas[2]
+
+    def remove() -> None:
+        poll(lambda: bool(cluster.api.core.read_namespaced_config_map(name, cluster.ledger_namespace)),
+             "the burst wrote the ledger")
+        # One replica restarted meanwhile: it never read the lost object, and only the registry of
+        # ledgers tells it the tree is not new (webhook/quota/strict/registry.py).
+        fresh.stop()
+        cluster.api.core.patch_namespaced_config_map(name, cluster.ledger_namespace, {"metadata": {"finalizers": None}})
+        cluster.api.core.delete_namespaced_config_map(name, cluster.ledger_namespace)  # gone at once
+        fresh.start()
+
+    removed = Fault(remove)
+    burst_under(cluster, tree, figures, removed, at=ROOM // 2, in_thread=False)
+    recover(cluster, tree, figures, run, removed.ended_at)
+
+
 @pytest.mark.parametrize("also_deleted", [False, True], ids=["overwritten", "overwritten-and-deleted"])
 @pytest.mark.parametrize("run", RUN_IDS)
 def test_ledger_overwritten_with_garbage_mid_burst(cluster_ok: Cluster, run: int, also_deleted: bool) -> None:

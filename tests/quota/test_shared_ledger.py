@@ -170,3 +170,17 @@ def test_a_group_takes_about_a_third_of_the_room_of_one_full_entry_per_pod() -> 
     grouped = len(shared_ledger.encode(pods)[shared_ledger.LEDGER_DATA_KEY])
     one_each = sum(len(shared_ledger.encode([pod])[shared_ledger.LEDGER_DATA_KEY]) for pod in pods)
     assert grouped < 0.4 * one_each
+
+
+def test_the_registry_of_ledgers_reads_back_the_trees_it_was_written_with() -> None:
+    assert shared_ledger.decode_registry(shared_ledger.encode_registry(["b", "a", "a"])) == {"a", "b"}
+    assert not shared_ledger.REGISTRY_OBJECT_NAME.startswith(shared_ledger.LEDGER_NAME_PREFIX)
+
+
+@pytest.mark.parametrize("data", [{}, {shared_ledger.REGISTRY_DATA_KEY: "{not json"},
+                                  {shared_ledger.REGISTRY_DATA_KEY: '{"a": 1}'},
+                                  {shared_ledger.REGISTRY_DATA_KEY: '["a", 2]'},
+                                  {shared_ledger.REGISTRY_DATA_KEY: '[""]'}])
+def test_a_registry_that_is_not_a_list_of_tree_names_is_an_error_not_an_empty_list(data: dict[str, str]) -> None:
+    with pytest.raises(shared_ledger.LedgerFormatError):
+        shared_ledger.decode_registry(data)

@@ -35,6 +35,9 @@ NAMESPACE = "gpuquota-system"
 TREE = "org"
 LEDGER = shared_ledger.ledger_object_name(TREE)
 TTL = 30.0
+# The calls of a tree's first admission: the ledger missing, the registry not listing it, the ledger
+# created empty, the tree listed, then the reservation written (store.LedgerStore.write).
+FIRST_LEDGER_OF_A_TREE = ["read", "registry read", "create", "registry read", "registry create", "replace"]
 
 
 @dataclass
@@ -61,7 +64,7 @@ class FakeCore:
         return _Raw(json.dumps(stored).encode())
 
     def read_namespaced_config_map(self, name: str, namespace: str, **_: Any) -> _Raw:
-        self.calls.append("read")
+        self.calls.append("read" if name != shared_ledger.REGISTRY_OBJECT_NAME else "registry read")
         if name not in self.config_maps:
             raise ApiException(status=404, reason="Not Found")
         return _Raw(json.dumps(self.config_maps[name]).encode())
@@ -73,13 +76,14 @@ class FakeCore:
             raise ApiException(status=409, reason="AlreadyExists")
         if dry_run:
             return _Raw(json.dumps(body).encode())
-        self.calls.append("create")
+        self.calls.append("create" if body["metadata"]["name"] != shared_ledger.REGISTRY_OBJECT_NAME
+                          else "registry create")
         body = {**body, "metadata": {**body["metadata"], "creationTimestamp": datetime.fromtimestamp(
             self.clock[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
         return self._stamp(body, uid=f"uid-{next(self._versions)}")
 
     def replace_namespaced_config_map(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> _Raw:
-        self.calls.append("replace")
+        self.calls.append("replace" if name != shared_ledger.REGISTRY_OBJECT_NAME else "registry replace")
         current = self.config_maps.get(name)
         if current is None:
             raise ApiException(status=404, reason="Not Found")
@@ -150,7 +154,7 @@ class Replica:
              "spec": {"max": {RATIO: str(leaf_room)}}},
         ])
         self.store = LedgerStore(client.ApiClient(), NAMESPACE)
-        self.store.core = core
+        self.store.core = self.store.registry.core = core
         self.accounting = StrictAccounting(self.state, self.store, replica=name, clock=lambda: clock[0],
                                            create_deadline_seconds=create_deadline, escrow_most_pods=escrow,
                                            monotonic=(lambda: monotonic[0]) if monotonic else time.monotonic)
@@ -184,7 +188,8 @@ def test_a_deleted_ledger_is_created_again_and_the_tree_held_until_what_it_held_
     refused = replica.admit("p3")
     assert not refused.allowed and status_of(refused.reason) == 503 and refused.reason == "LedgerUnavailable"
     assert "the shared quota ledger of tree org was deleted" in refused.message
-    assert core.calls == ["replace", "read", "create"]
+    # It knew the object, so it needs no registry to know a ledger was lost; the new one is listed.
+    assert core.calls == ["replace", "read", "create", "registry read"]
     assert core.stored() == {"team/p1", "team/p2"}
     assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + TTL
     clock[0] += TTL
@@ -193,23 +198,62 @@ def test_a_deleted_ledger_is_created_again_and_the_tree_held_until_what_it_held_
     assert shared_ledger.RECOVERING_UNTIL_KEY not in core.config_maps[LEDGER]["data"]
 
 
-def test_a_ledger_recreated_by_another_replica_gets_back_what_this_one_knew(core: FakeCore,
-                                                                            clock: list[float]) -> None:
+def test_a_ledger_removed_without_its_finalizer_holds_its_tree_for_a_replica_that_never_read_it(
+        core: FakeCore, clock: list[float]) -> None:
     first, second = Replica(core, "r1", clock), Replica(core, "r2", clock)
     assert first.admit("p1").allowed
-    del core.config_maps[LEDGER]
-    # The second replica never saw the old object: it creates a new one (new uid) without p1.
-    assert second.admit("p2").allowed and core.stored() == {"team/p2"}
+    assert shared_ledger.decode_registry(core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"]) == {TREE}
+    del core.config_maps[LEDGER]  # its finalizer taken off by hand: gone at once
+    # The second replica never saw the old object, and p1 still holds room there. The registry
+    # lists the tree, so the missing object is a lost ledger, not a new tree: held, not admitted from
+    # an empty ledger; the new object records the hold for every replica.
+    refused = second.admit("p2")
+    assert not refused.allowed and refused.reason == "LedgerUnavailable" and status_of(refused.reason) == 503
+    assert "the shared quota ledger of tree org was deleted" in refused.message
+    assert shared_ledger.recovering_until(core.config_maps[LEDGER]["data"]) == clock[0] + TTL
     # The first replica's replace conflicts; its fresh read shows another object (another uid):
-    # it carries p1 into it and holds the tree, and so does the second replica from then on.
+    # it carries p1 into it and holds the tree too.
     clock[0] += 1.0
     assert status_of(first.admit("p3").reason) == 503
-    assert core.stored() == {"team/p1", "team/p2"}
-    assert status_of(second.admit("p4").reason) == 503
-    # Held until one TTL after the new object was created (to the second, rounded up): whatever
-    # only the deleted object held was admitted before that and has expired by then.
+    assert core.stored() == {"team/p1"}
     clock[0] += TTL
-    assert second.admit("p4").allowed
+    assert second.admit("p4").allowed and first.admit("p5").allowed
+    assert core.stored() == {"team/p4", "team/p5"}
+
+
+def test_a_new_tree_is_listed_before_its_ledger_holds_a_reservation(core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed
+    # Missing and unlisted: a new tree. Created with nothing in it, listed, then written: a ledger
+    # never holds a reservation that a replica finding it missing could take for a new tree's.
+    assert core.calls == FIRST_LEDGER_OF_A_TREE
+    assert core.stored() == {"team/p1"}
+    # An existing ledger read by a replica that has not listed it (one made before the registry
+    # existed, or whose maker stopped in between) is listed by that replica's first read.
+    core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"] = shared_ledger.encode_registry([])
+    assert Replica(core, "r2", clock).admit("p2").allowed
+    assert shared_ledger.decode_registry(core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"]) == {TREE}
+
+
+def test_a_registry_that_cannot_be_read_is_rebuilt_from_the_ledgers_that_exist(core: FakeCore,
+                                                                               clock: list[float]) -> None:
+    assert Replica(core, "r1", clock).admit("p1").allowed
+    core.overwrite(shared_ledger.REGISTRY_OBJECT_NAME, {shared_ledger.REGISTRY_DATA_KEY: "{not json"})
+    assert Replica(core, "r2", clock).admit("p2").allowed
+    assert shared_ledger.decode_registry(core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"]) == {TREE}
+
+
+def test_a_ledger_let_go_through_its_finalizer_is_unlisted_first_and_its_tree_is_new_again(
+        core: FakeCore, clock: list[float]) -> None:
+    first, second = Replica(core, "r1", clock), Replica(core, "r2", clock)
+    assert first.admit("p1").allowed
+    core.delete(LEDGER)  # kept, terminating, by the finalizer
+    assert status_of(first.admit("p2").reason) == 503
+    clock[0] += TTL + 1
+    assert first.accounting.reconcile_once() == 0 and LEDGER not in core.config_maps
+    assert shared_ledger.decode_registry(core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"]) == set()
+    # Nothing it held can take room any more: a replica that never saw it is not held.
+    assert second.admit("p3").allowed
 
 
 def test_the_reconciler_recreates_a_deleted_ledger_that_no_admission_writes(core: FakeCore,
@@ -322,10 +366,10 @@ def test_pods_of_one_shape_are_admitted_from_escrow_without_a_write_of_their_own
     assert entry.replica == "r1" and entry.reservation.quotas == ("team-a", TREE)
     assert entry.reservation.requests == {RATIO: shared_ledger.Quantity.of(2400)}
     assert entry.reservation.expires_at == clock[0] + WINDOW + TTL  # the window, then a reservation's TTL
-    assert core.calls == ["read", "create"]
+    assert core.calls == FIRST_LEDGER_OF_A_TREE
     for n in range(2, 26):
         assert replica.admit(f"p{n}").allowed
-    assert core.calls == ["read", "create"]  # 24 pods, no write
+    assert core.calls == FIRST_LEDGER_OF_A_TREE  # 24 pods, no write
     # The 26th is written with the 24 it admitted from escrow; the spent escrow is gone, and a new
     # one takes a quarter of what is left: 100 - 26 = 74 -> 18.
     assert replica.admit("p26").allowed

@@ -24,6 +24,7 @@ from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from gpuquota_core.shared_ledger import MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, TREE_LABEL
 from webhook.quota.pod_versions import resource_version
+from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
 
 log = logging.getLogger("gpuquota.quota")
 FIELD_MANAGER = "gpuquota-webhook"
@@ -44,8 +45,10 @@ class LedgerStore:
 
     A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it: it is read as usual and
     holds its tree until everything in it has expired, then ``finish_deletion`` lets it go. It can
-    still disappear at once (its finalizer removed by hand, a restore from an older backup). The
-    reservations this replica last saw in it are then carried over: returned by every
+    still disappear at once (its finalizer removed by hand, a restore from an older backup). A
+    replica that never read it learns that from the registry of ledgers (``registry``), which lists
+    every tree whose ledger may hold reservations, and holds the tree for one TTL from then (as a
+    replica that saw it would). The reservations this replica last saw in it are carried over: returned by every
     read as if still stored, until a write of this replica has put them back (a create when the
     object is missing, a replace when another replica recreated it first, recognised by its new
     ``metadata.uid``). Expired or confirmed ones are pruned on that write as usual, so nothing
@@ -80,6 +83,11 @@ class LedgerStore:
         # Per tree: the pod resourceVersion the copy last read or written asks its readers' watches
         # to have reached (shared_ledger.PODS_COUNTED_THROUGH_KEY); only ever raised.
         self._pods_counted_through: dict[str, int] = {}
+        # Trees this replica saw listed in the registry, or listed itself, since it last found their object missing.
+        self._registered: set[str] = set()
+        # Trees whose missing object this replica has judged (and held) since it last read or wrote one.
+        self._missing_judged: set[str] = set()
+        self.registry = LedgerRegistry(self.core, namespace)
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
         self.clock: Callable[[], float] = time.time
         self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
@@ -94,9 +102,7 @@ class LedgerStore:
             response = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
         except ApiException as error:
             if error.status == 404:
-                with self._lock:
-                    self._lost(tree_root)
-                    return "", dict(self._carried.get(tree_root, {}))
+                return self._missing(tree_root)
             raise LedgerUnavailable(f"cannot read ConfigMap {self.namespace}/{name}: {error.status} {error.reason}") \
                 from None
         body = orjson.loads(response.data)
@@ -133,9 +139,52 @@ class LedgerStore:
                 held = max(held, until)
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), held)
             self._pods_counted_through[tree_root] = max(self._pods_counted_through.get(tree_root, 0), counted_through)
+            self._missing_judged.discard(tree_root)
             result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
             self._cache[tree_root] = result
-            return result
+            listed = tree_root in self._registered
+        if not listed and not deleted_at:
+            # A ledger made before the registry existed, or whose maker stopped before listing it.
+            self._register(tree_root)
+        return result
+
+    def _missing(self, tree_root: str) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
+        """The object is not there: a new tree, or a ledger lost. A replica that knew the object
+        holds the tree (``_lost``); one that did not asks the registry whether there was one."""
+        with self._lock:
+            self._lost(tree_root)
+            self._registered.discard(tree_root)  # whoever creates it next lists it again
+            judged = tree_root in self._missing_judged
+        if not judged and self._registry_lists(tree_root):
+            with self._lock:
+                if tree_root not in self._missing_judged:
+                    until = self.clock() + self.hold_seconds
+                    log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s is missing, but the tree is "
+                                "listed in %s/%s: it was removed without its finalizer; holding the tree for "
+                                "%.1fs, until what it held has expired", self.namespace,
+                                shared_ledger.ledger_object_name(tree_root), tree_root, self.namespace,
+                                shared_ledger.REGISTRY_OBJECT_NAME, self.hold_seconds)
+                    self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
+                    self._hold_causes[tree_root] = "was deleted"
+                    self._missing_judged.add(tree_root)
+                self._registered.add(tree_root)
+        with self._lock:
+            return "", dict(self._carried.get(tree_root, {}))
+
+    def _registry_lists(self, tree_root: str) -> bool:
+        try:
+            return self.registry.lists(tree_root)
+        except RegistryUnavailable as error:
+            raise LedgerUnavailable(str(error)) from None
+
+    def _register(self, tree_root: str) -> None:
+        """List the tree in the registry (once per replica until its object is found missing)."""
+        try:
+            self.registry.add(tree_root, self.list_trees)
+        except RegistryUnavailable as error:
+            raise LedgerUnavailable(str(error)) from None
+        with self._lock:
+            self._registered.add(tree_root)
 
     def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[
             str, dict[str, shared_ledger.StoredReservation]]:
@@ -198,6 +247,7 @@ class LedgerStore:
         terminating = self._terminating.pop(tree_root, None)
         if terminating is not None and self.clock() >= terminating[0]:
             # Gone through its finalizer once everything it held had expired: nothing was lost.
+            self._missing_judged.add(tree_root)
             self._cache.pop(tree_root, None)
             self._known.pop(tree_root, None)
             self._carried.pop(tree_root, None)
@@ -208,6 +258,7 @@ class LedgerStore:
             until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
             self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
             self._hold_causes[tree_root] = "was deleted"
+            self._missing_judged.add(tree_root)
         if known is not None and known[1]:
             carried = self._carried.setdefault(tree_root, {})
             carried.update({key: item for key, item in known[1].items() if key not in carried})
@@ -251,6 +302,13 @@ class LedgerStore:
             terminating = self._terminating.get(tree_root)
         if terminating is None or not version or self.clock() < terminating[0]:
             return False
+        # Unlisted first: a replica that finds it missing afterwards must take the tree for a new one.
+        try:
+            self.registry.remove(tree_root)
+        except RegistryUnavailable as error:
+            raise LedgerUnavailable(str(error)) from None
+        with self._lock:
+            self._registered.discard(tree_root)
         self.write(tree_root, version, {}, release=True)
         return True
 
@@ -292,6 +350,27 @@ class LedgerStore:
     def write(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
               release: bool = False, pods_counted_through: int = 0) -> bool:
         """Store ``stored`` if the object is still at ``version`` (absent: ""); False on a conflict.
+
+        A ledger of a tree the registry does not list is created with nothing new in it (what this
+        replica carried, the hold), then the tree is listed, then ``stored`` is written: no ledger holds
+        a reservation while a replica that finds it missing could take its tree for a new one.
+        (``_registered`` is what the registry said when the object was last found missing.)
+        """
+        if not version and not release and tree_root not in self._registered:
+            with self._lock:
+                carried = dict(self._carried.get(tree_root, {}))
+            if not self._put(tree_root, "", carried, pods_counted_through=pods_counted_through):
+                return False
+            self._register(tree_root)
+            if stored == carried:
+                return True
+            with self._lock:
+                version = self._cache[tree_root][0]
+        return self._put(tree_root, version, stored, release, pods_counted_through)
+
+    def _put(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
+             release: bool = False, pods_counted_through: int = 0) -> bool:
+        """One create or replace of the object (``write``); False on a conflict.
 
         ``pods_counted_through``: the pod resourceVersion of what ``stored`` dropped because this
         replica's watch counts it (``judgement.pruned``); the object keeps the highest ever recorded.
@@ -351,6 +430,7 @@ class LedgerStore:
             # What was carried is in the object now (or was pruned from it on purpose), and it reads.
             self._carried.pop(tree_root, None)
             self._rebuilding.pop(tree_root, None)
+            self._missing_judged.discard(tree_root)
             self._pods_counted_through[tree_root] = counted_through
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
