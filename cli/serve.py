@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from webhook.quota.options import Accounting
+from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.serving.settings import DEFAULT_CERT_DIR, DEFAULT_HOST, DEFAULT_PORT, Settings
 
 from .errors import CommandError
@@ -15,6 +16,7 @@ from .errors import CommandError
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The flags' defaults are the server's own, so `gpuquota serve` and Settings() cannot drift apart.
 DEFAULTS = Settings()
+QUOTA_DEFAULTS = DEFAULTS.quota
 
 
 @click.command()
@@ -44,21 +46,21 @@ DEFAULTS = Settings()
               help="Mutual TLS: refuse clients without a certificate signed by this PEM CA "
                    "(reloaded when it changes). Probes must then be tcpSocket or exec, see docs/security.md.")
 @click.option("--accounting", type=click.Choice([mode.value for mode in Accounting]),
-              default=DEFAULTS.accounting.value,
+              default=QUOTA_DEFAULTS.accounting.value,
               show_default=True, callback=lambda _context, _parameter, value: Accounting(value),
               help="Quota reservations per server instance (local), or shared by all replicas through a "
                    "ConfigMap written before each admission (strict; see README 'Several replicas').")
-@click.option("--ledger-namespace", default=DEFAULTS.ledger_namespace,
+@click.option("--ledger-namespace", default=QUOTA_DEFAULTS.ledger_namespace,
               help="Namespace of strict accounting's ledger ConfigMaps (default: the pod's own namespace).")
 @click.option("--stale-after", "stale_after_seconds", type=click.FloatRange(min=1),
-              default=DEFAULTS.stale_after_seconds,
+              default=QUOTA_DEFAULTS.stale_after_seconds,
               show_default=True, help="Seconds a failing list/watch may last before /readyz reports the quota "
                                       "view stale (decisions continue from the last state meanwhile).")
 @click.option("--reservation-ttl", "reservation_ttl_seconds", type=click.FloatRange(min=1),
-              default=DEFAULTS.reservation_ttl_seconds,
+              default=QUOTA_DEFAULTS.reservation_ttl_seconds,
               show_default=True, help="Seconds an admitted pod holds quota room until the watch shows it.")
 @click.option("--max-reservations-per-caller", type=click.IntRange(min=1),
-              default=DEFAULTS.max_reservations_per_caller, show_default=True,
+              default=QUOTA_DEFAULTS.max_reservations_per_caller, show_default=True,
               help="Quota reservations one caller (TLS peer) may hold before its pods are confirmed; bounds what "
                    "forged AdmissionReviews can take (docs/security.md).")
 def serve(**flags: Any) -> None:
@@ -76,7 +78,18 @@ def serve(**flags: Any) -> None:
     from webhook.serving.server import ServeError, run
 
     try:
-        # Each option's parameter is named after its Settings field: a new flag is the option and the field.
-        run(Settings(**flags))
+        run(settings_from_flags(flags))
     except ServeError as error:
         raise CommandError(str(error)) from None
+
+
+def settings_from_flags(flags: Mapping[str, Any]) -> Settings:
+    """The server's settings from ``serve``'s parsed options.
+
+    Each option's parameter is named after the field it sets: a field of QuotaServiceOptions goes to
+    ``Settings.quota``, any other to Settings itself. So a new quota service flag is the field and its
+    option, with nothing in between to forget.
+    """
+    quota_fields = set(QuotaServiceOptions.field_names())
+    quota = QuotaServiceOptions(**{name: value for name, value in flags.items() if name in quota_fields})
+    return Settings(quota=quota, **{name: value for name, value in flags.items() if name not in quota_fields})

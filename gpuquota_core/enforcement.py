@@ -56,7 +56,7 @@ TOO_MANY_RESERVATIONS = "TooManyReservations"
 
 # check name -> what it refuses (for the docs and the error message of an unknown name).
 CHECKS: Mapping[str, str] = {
-    INVALID: "a GPU request Koordinator can never schedule (422, every validation rule)",
+    INVALID: "a GPU request Koordinator can never schedule (every validation rule)",
     QUOTA_EXCEEDED: "the pod would push its ElasticQuota or an ancestor past its limit",
     QUOTA_NOT_FOUND: "the pod's quota label names an ElasticQuota that does not exist",
     PARENT_QUOTA: "the pod's quota label names a parent quota (is-parent=true)",

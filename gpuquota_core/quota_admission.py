@@ -34,7 +34,7 @@ def review_quota_object(obj: Mapping[str, Any], tree: QuotaTree, used: Mapping[s
     a parent cycle: :func:`placement_problems`).
 
     Raises :class:`~gpuquota_core.quota_objects.QuotaShapeError` for an object that cannot be read (the
-    webhook answers 422, the audit reports ``quota-invalid``).
+    webhook denies it as ``Invalid``, the audit reports ``quota-invalid``).
     """
     quota = quota_from_object(obj)
     review = review_quota(quota, tree, used, migrating=migration_in_progress(obj))

@@ -1,39 +1,77 @@
-"""The quota service's options cross a process boundary as one JSON argument: what the master
-builds from the server's settings is exactly what the service reads back, and anything else is
-refused with the field it is about."""
+"""The quota service's options are one value from `gpuquota serve` to the service: each of its
+fields is a flag of ``serve``, held once in the server's settings, and crosses the process boundary
+as one JSON argument that the service reads back equal; anything else is refused with the field it
+is about."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from cli.serve import serve, settings_from_flags
 from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.quota.service import CANNOT_START_EXIT
 from webhook.quota.state import QuotaState
+from webhook.serving import server
+from webhook.serving.server import quota_service_options
 from webhook.serving.settings import Settings
 
 
-def test_the_options_built_from_the_settings_read_back_equal() -> None:
-    settings = Settings(kubeconfig_path=Path("/etc/kube/config"), context="prod", accounting=Accounting.STRICT,
-                        ledger_namespace="", stale_after_seconds=45.5, reservation_ttl_seconds=90.0,
-                        max_reservations_per_caller=7)
-    options = settings.quota_options("gpuquota-system")
-    assert options == QuotaServiceOptions(state_path=None, kubeconfig_path=Path("/etc/kube/config"), context="prod",
-                                          accounting=Accounting.STRICT, ledger_namespace="gpuquota-system",
-                                          stale_after_seconds=45.5, reservation_ttl_seconds=90.0,
-                                          max_reservations_per_caller=7)
-    read_back = QuotaServiceOptions.from_json(options.to_json())
-    assert read_back == options
+def serve_settings(arguments: list[str]) -> Settings:
+    """The settings ``gpuquota serve`` would run with for these arguments (click's own parsing)."""
+    with serve.make_context("serve", arguments) as context:
+        return settings_from_flags(context.params)
+
+
+def test_every_quota_service_option_is_a_serve_flag_and_no_settings_field() -> None:
+    fields = set(QuotaServiceOptions.field_names())
+    assert sorted(fields - {parameter.name for parameter in serve.params if parameter.name}) == []
+    # Settings holds them once, as Settings.quota, never as copies beside it.
+    assert sorted(fields & {field.name for field in dataclasses.fields(Settings)}) == []
+
+
+def test_the_serve_flags_reach_the_quota_service_unchanged(tmp_path: Path) -> None:
+    state, kubeconfig = tmp_path / "state.yaml", tmp_path / "kubeconfig"
+    state.write_text("", encoding="utf-8")
+    kubeconfig.write_text("", encoding="utf-8")
+    given = QuotaServiceOptions(state_path=state, kubeconfig_path=kubeconfig, context="prod",
+                                accounting=Accounting.STRICT, ledger_namespace="gpuquota-ledger",
+                                stale_after_seconds=45.5, reservation_ttl_seconds=90.0, max_reservations_per_caller=7)
+    # Every field away from its default: a field added without a flag here cannot pass on its default.
+    defaults = QuotaServiceOptions()
+    assert [name for name in QuotaServiceOptions.field_names() if getattr(given, name) == getattr(defaults, name)] == []
+
+    settings = serve_settings(["--state", str(state), "--kubeconfig", str(kubeconfig), "--context", "prod",
+                               "--accounting", "strict", "--ledger-namespace", "gpuquota-ledger",
+                               "--stale-after", "45.5", "--reservation-ttl", "90",
+                               "--max-reservations-per-caller", "7"])
+    assert settings.quota == given
+    read_back = QuotaServiceOptions.from_json(quota_service_options(settings).to_json())
+    assert read_back == given
     assert read_back.accounting is Accounting.STRICT
     assert isinstance(read_back.kubeconfig_path, Path)
 
 
-def test_the_defaults_are_the_settings_defaults() -> None:
-    assert Settings().quota_options("") == QuotaServiceOptions()
-    assert str(Settings().accounting) == "local"
+def test_without_the_flag_the_service_gets_the_pods_own_namespace(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("gpuquota-system\n", encoding="utf-8")
+    monkeypatch.setattr(server, "SERVICE_ACCOUNT_NAMESPACE", namespace_file)
+    settings = serve_settings(["--accounting", "strict"])
+    assert settings.quota.ledger_namespace == ""
+    assert quota_service_options(settings) == QuotaServiceOptions(accounting=Accounting.STRICT,
+                                                                  ledger_namespace="gpuquota-system")
+    assert quota_service_options(serve_settings(["--ledger-namespace", "ledgers"])).ledger_namespace == "ledgers"
+
+
+def test_the_flags_defaults_are_the_settings_defaults() -> None:
+    assert serve_settings([]) == Settings()
+    assert Settings().quota == QuotaServiceOptions()
+    assert str(Settings().quota.accounting) == "local"
 
 
 @pytest.mark.parametrize(("text", "message"), [

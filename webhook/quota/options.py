@@ -1,10 +1,11 @@
 """What the quota service process is started with, as typed values.
 
-The gunicorn master builds one :class:`QuotaServiceOptions` from the server's settings and hands
-it to ``python -m webhook.quota.service`` as one JSON argument, read back into the same dataclass:
-a field added here travels to the service without another argv flag, parser line or parameter.
-The defaults live here, beside the service that applies them; ``webhook.serving.settings`` imports
-them (serving knows quota, never the reverse).
+The server's settings hold one :class:`QuotaServiceOptions` (``Settings.quota``), filled by
+``gpuquota serve`` from the options named after its fields. The gunicorn master resolves the ledger
+namespace in it and hands it to ``python -m webhook.quota.service`` as one JSON argument, read back
+into the same dataclass: a new option is a field here and a flag of ``serve``, with no settings
+field, argv flag, parser line or parameter in between. The fields' meanings and defaults live only
+here, beside the service that applies them (serving knows quota, never the reverse).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ Extension points for the quota half (see ``webhook/admission/quota_port.py``):
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -35,7 +36,7 @@ from gunicorn.app.base import BaseApplication
 from gpuquota_core.conversion import ConversionConfig
 from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
 from webhook.admission.quota_port import NoQuota, QuotaDecider
-from webhook.quota.options import Accounting
+from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.serving.gunicorn_conf import MetricsDirectory, gunicorn_options, require_client_certificates
 from webhook.serving.settings import Settings
 from webhook.serving.supervision import QuotaServiceSupervisor, SupervisingArbiter
@@ -66,7 +67,7 @@ def start_shared_services(settings: Settings, supervisor: QuotaServiceSupervisor
     from webhook.quota.service import private_socket_path, start_service_process
 
     def start(path: Path) -> subprocess.Popen[bytes]:
-        return start_service_process(path, settings.quota_options(ledger_namespace(settings)))
+        return start_service_process(path, quota_service_options(settings))
 
     path = private_socket_path()
     supervisor.start_with(start, path)
@@ -87,20 +88,27 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 
 def ledger_namespace(settings: Settings) -> str:
     """Where strict accounting keeps its ledger: the flag, else the namespace this pod runs in."""
-    if settings.ledger_namespace:
-        return settings.ledger_namespace
+    if settings.quota.ledger_namespace:
+        return settings.quota.ledger_namespace
     try:
         return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip()
     except OSError:
         return ""
 
 
+def quota_service_options(settings: Settings) -> QuotaServiceOptions:
+    """What the quota service process is started with: the server's quota options as given, with
+    the ledger namespace resolved here, where the pod's own namespace can be read."""
+    return dataclasses.replace(settings.quota, ledger_namespace=ledger_namespace(settings))
+
+
 def _check_accounting(settings: Settings) -> None:
-    if settings.accounting not in {mode.value for mode in Accounting}:
-        raise ServeError(f"--accounting must be {Accounting.spelled()}, not {str(settings.accounting)!r}")
-    if settings.accounting == Accounting.STRICT and settings.state_path is not None:
+    accounting = settings.quota.accounting
+    if accounting not in {mode.value for mode in Accounting}:
+        raise ServeError(f"--accounting must be {Accounting.spelled()}, not {str(accounting)!r}")
+    if accounting == Accounting.STRICT and settings.quota.state_path is not None:
         raise ServeError("--accounting strict records reservations in the cluster; it cannot run with --state")
-    if settings.accounting == Accounting.STRICT and not ledger_namespace(settings):
+    if accounting == Accounting.STRICT and not ledger_namespace(settings):
         raise ServeError("--accounting strict needs --ledger-namespace (outside a pod there is no own namespace)")
 
 
@@ -254,7 +262,7 @@ def _enable_multiprocess_metrics(directory: MetricsDirectory) -> None:
 def _check_cluster_source(settings: Settings) -> None:
     # Without this, the quota service would fail in its own process and the server would sit
     # unready forever; say at once what to pass instead.
-    if settings.state_path is None and settings.kubeconfig_path is None \
+    if settings.quota.state_path is None and settings.quota.kubeconfig_path is None \
             and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         raise ServeError("not running in a cluster: give --kubeconfig for a live cluster or --state for manifests")
 
@@ -263,7 +271,8 @@ def _check_state_file(settings: Settings) -> None:
     """Load ``--state`` here, the way the quota service will, so a file it cannot use stops the
     server with one line before anything is served (else the service would die in its own
     process and leave a server that is alive but never ready)."""
-    if settings.state_path is None:
+    state_path = settings.quota.state_path
+    if state_path is None:
         return
     # Before the metrics directory is set: the quota modules create their metrics at import,
     # and this process must not write them to the directory the workers report from.
@@ -271,21 +280,21 @@ def _check_state_file(settings: Settings) -> None:
     from webhook.quota.state import QuotaState
 
     try:
-        load_state_file(QuotaState(), settings.state_path)
+        load_state_file(QuotaState(), state_path)
     except ValueError as error:  # every reader and tree check of the core raises a ValueError
         text = str(error)
-        raise ServeError(text if text.startswith(str(settings.state_path)) else
-                         f"{settings.state_path}: {text}") from None
+        raise ServeError(text if text.startswith(str(state_path)) else f"{state_path}: {text}") from None
 
 
 def _check_kubeconfig(settings: Settings) -> None:
     """A kubeconfig the quota service could not load stops the server here, in one line."""
-    if settings.kubeconfig_path is None:
+    kubeconfig_path = settings.quota.kubeconfig_path
+    if kubeconfig_path is None:
         return
     from kubeaccess.kube import KubeAccessError, connect
 
     try:
-        connect(str(settings.kubeconfig_path), settings.context).close()  # type: ignore[no-untyped-call]
+        connect(str(kubeconfig_path), settings.quota.context).close()  # type: ignore[no-untyped-call]
     except KubeAccessError as error:
         raise ServeError(str(error)) from None
 

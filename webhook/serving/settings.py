@@ -7,19 +7,12 @@ factory, and the quota decider factory receives it too: one object travels throu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 
 # The cap on a review's body is admission's, sized there with its derivation.
 from webhook.admission.body import MAX_BODY_BYTES
-from webhook.quota.options import (
-    DEFAULT_MAX_RESERVATIONS_PER_CALLER,
-    DEFAULT_STALE_AFTER_SECONDS,
-    Accounting,
-    QuotaServiceOptions,
-)
+from webhook.quota.options import QuotaServiceOptions
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8443
@@ -35,12 +28,6 @@ class Settings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     cert_dir: Path = DEFAULT_CERT_DIR
-    # A file or directory of manifests standing in for the cluster (offline mode); None = no state.
-    state_path: Path | None = None
-    # Live mode: the kubeconfig (and context) to watch the cluster with; None with no state_path
-    # means in-cluster config when running in a pod.
-    kubeconfig_path: Path | None = None
-    context: str | None = None
     # YAML conversion table (gpuquota_core.conversion.load_config); None = the built-in defaults.
     config_path: Path | None = None
     # Twice the cores of the benchmark machine (docs/benchmarks.md): each worker has its own
@@ -62,22 +49,12 @@ class Settings:
     metrics_dir: Path | None = None
     # PEM CA(s) that client certificates must chain to (mutual TLS); None = any client may connect.
     client_ca_path: Path | None = None
-    # Quota accounting across replicas (webhook.quota.options.Accounting): each server instance's
-    # own ledger, or a shared ConfigMap in ledger_namespace written first (one API write per batch).
-    accounting: Accounting = Accounting.LOCAL
-    ledger_namespace: str = ""
-    # Seconds a failing list/watch may last before /readyz reports the quota view stale.
-    stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS
-    # How long an admitted pod holds room before the watch must have shown it (see gpuquota_core.ledger).
-    reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS
-    # Unconfirmed reservations one caller (TLS peer) may hold.
-    max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER
-
-    def quota_options(self, ledger_namespace: str) -> QuotaServiceOptions:
-        """What the quota service process is started with: the fields of the same name, and the
-        ledger namespace as resolved (the flag, else the pod's own: webhook.serving.server)."""
-        same_named = {name: getattr(self, name) for name in QuotaServiceOptions.field_names()}
-        return QuotaServiceOptions(**{**same_named, "ledger_namespace": ledger_namespace})
+    # What the quota service process is started with: the cluster source (manifests, else the
+    # kubeconfig or in-cluster config), the accounting and the ledger's limits, each documented and
+    # defaulted there once. Serving also reads the cluster source and the accounting, to refuse a
+    # configuration before anything is served, and starts the service with ledger_namespace
+    # resolved (the flag, else the pod's own: webhook.serving.server.quota_service_options).
+    quota: QuotaServiceOptions = field(default_factory=QuotaServiceOptions)
 
     @property
     def certfile(self) -> Path:

@@ -6,6 +6,8 @@ core without a row would be answered 403, so every reason constant of the core i
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 from reviews import pod, review
@@ -60,3 +62,10 @@ def test_a_denial_and_a_status_body_carry_the_status_of_their_reason() -> None:
     assert status_body("RequestEntityTooLarge", "too big") == (
         b'{"apiVersion":"v1","kind":"Status","status":"Failure","code":413,'
         b'"reason":"RequestEntityTooLarge","message":"too big"}')
+
+
+def test_the_core_describes_its_checks_without_their_http_status() -> None:
+    # The status that carries a reason is told here only; the core's words stay true if it changes.
+    statuses = {str(code) for code in (*STATUS_BY_REASON.values(), status.DENIAL_STATUS)}
+    assert {check: text for check, text in enforcement.CHECKS.items()
+            if set(re.findall(r"\d+", text)) & statuses} == {}
