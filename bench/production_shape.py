@@ -137,6 +137,7 @@ READY_DEADLINE = 60.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The issue's sizes: 16 repetitions, 20 bursts with room for all per mode.
 ISSUE_REPETITIONS, ISSUE_BURSTS = 16, 20
+DEFAULT_ROUNDS = 10  # repetitions, and bursts with room for all per mode, unless told otherwise
 
 
 def is_variant(mode: str) -> bool:
@@ -612,16 +613,17 @@ def stored_cell(results: list[BurstResult], room: int, mode: str) -> str:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repetitions", type=int, default=10,
-                        help="rounds, each: a share of the sequential cycles, then every mode's bursts shuffled")
-    parser.add_argument("--bursts", type=int, default=10,
-                        help="bursts with room for all, per mode, spread over the repetitions")
+    parser.add_argument("--repetitions", type=int, help="rounds, each: a share of the sequential cycles, then "
+                                                         f"every mode's bursts shuffled (default {DEFAULT_ROUNDS})")
+    parser.add_argument("--bursts", type=int, help="bursts with room for all, per mode, spread over the "
+                                                   f"repetitions (default {DEFAULT_ROUNDS})")
     parser.add_argument("--cycles", type=int, default=300, help="sequential cycles per repetition")
     parser.add_argument("--burst-size", type=int, default=300)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--room", type=int, default=100, help="room of the bursts with room for fewer")
     parser.add_argument("--issue-sizes", action="store_true",
-                        help=f"issue 29's sizes: {ISSUE_REPETITIONS} repetitions, {ISSUE_BURSTS} bursts")
+                        help=f"issue 29's sizes: {ISSUE_REPETITIONS} repetitions, {ISSUE_BURSTS} bursts "
+                             "(unless --repetitions or --bursts says otherwise)")
     parser.add_argument("--workers", type=int, help="workers of every server (default: the server's own)")
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--baseline", metavar="CHECKOUT",
@@ -633,8 +635,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--modes", help=f"comma-separated modes to measure (default: {', '.join(MODES)} and every "
                                         f"variant; {UNADMITTED} always runs; also known: {', '.join(KOORDINATOR)})")
     args = parser.parse_args(argv)
-    if args.issue_sizes:
-        args.repetitions, args.bursts = ISSUE_REPETITIONS, ISSUE_BURSTS
+    if args.repetitions is None:
+        args.repetitions = ISSUE_REPETITIONS if args.issue_sizes else DEFAULT_ROUNDS
+    if args.bursts is None:
+        args.bursts = ISSUE_BURSTS if args.issue_sizes else DEFAULT_ROUNDS
     if args.room >= args.burst_size:
         parser.error("--room must be less than --burst-size: the room-for-fewer bursts must meet their limit")
     specs = [f"{BASELINE}={args.baseline}"] if args.baseline is not None else []

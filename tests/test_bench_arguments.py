@@ -19,7 +19,8 @@ sys.path.insert(0, "bench")
 import production_shape as shape
 args = shape.parse(sys.argv[1:])
 ours = [mode for mode in args.modes if shape.is_ours(mode)]
-print(json.dumps({"modes": args.modes, "variants": {mode: str(path) for mode, path in args.variants.items()},
+print(json.dumps({"modes": args.modes, "rounds": [args.repetitions, args.bursts],
+                  "variants": {mode: str(path) for mode, path in args.variants.items()},
                   "titles": [shape.title(mode) for mode in args.modes],
                   "groups": [shape.process_groups(mode) for mode in ours],
                   "ledgers": [shape.ledger_namespace(mode) for mode in ours]}))
@@ -67,6 +68,13 @@ def test_modes_choose_among_the_variants_and_unchosen_variants_are_not_started()
     got = parsed("--variant", "a=.", "--variant", "b=.", "--modes", "none,strict-b,native,koord")
     assert got["modes"] == ["native", "strict-b", "koord"]
     assert got["variants"] == {"strict-b": str(ROOT)}
+
+
+def test_the_issue_sizes_give_way_to_explicit_repetitions_and_bursts() -> None:
+    assert parsed()["rounds"] == [10, 10]
+    assert parsed("--issue-sizes")["rounds"] == [16, 20]
+    assert parsed("--issue-sizes", "--repetitions", "5", "--bursts", "5")["rounds"] == [5, 5]
+    assert parsed("--issue-sizes", "--bursts", "6")["rounds"] == [16, 6]
 
 
 def test_malformed_variants_are_refused_with_the_spec_named(tmp_path: Path) -> None:
