@@ -32,17 +32,22 @@ so our webhook rewrites it as in a cluster where Koordinator's device plugin run
 The bursts of a repetition (every mode, both kinds) run in a shuffled order. Prints a Markdown
 table of medians with their ranges and each of ours against native, and where the samples are.
 
-To weigh what a change does on this shape, ``--baseline CHECKOUT`` adds the mode ``strict-baseline``:
-three more ``--accounting strict`` replicas behind their own HAProxy and with their own ledger
-namespace, running the code of another checkout of this repository (say a ``git worktree`` with a
-mechanism taken out; same virtualenv, run from that checkout's directory with it first on
-PYTHONPATH, so its webhook/ and gpuquota_core/ are the ones imported), measured exactly as
-``strict`` and shown against native and against ``strict``. ``--modes`` limits the run to some modes
-(``none`` always runs; a server no chosen mode needs is not started).
+To weigh what changes do on this shape, each ``--variant NAME=CHECKOUT`` (repeatable) adds the
+mode ``strict-NAME``: three more ``--accounting strict`` replicas behind their own HAProxy and with
+their own ledger namespace (``gpuquota-ledger-NAME``), running the code of another checkout of this
+repository (say a ``git worktree`` with one mechanism taken out; same virtualenv, run from that
+checkout's directory with it first on PYTHONPATH, so its webhook/ and gpuquota_core/ are the ones
+imported), measured exactly as ``strict``, in the same cycles and shuffled among the same bursts,
+and shown against native and against ``strict``. Several variants in one run share one control
+plane and one stretch of time, so their figures compare with each other as well as with ``strict``.
+``--baseline CHECKOUT`` is ``--variant baseline=CHECKOUT`` (the mode ``strict-baseline``).
+``--modes`` limits the run to some modes (``none`` always runs; a server no chosen mode needs is not
+started).
 
 Usage: .venv/bin/python bench/production_shape.py [--repetitions 10] [--bursts 10] [--cycles 300]
        [--burst-size 300] [--clients 32] [--room 100] [--issue-sizes] [--workers N]
-       [--baseline CHECKOUT] [--modes none,native,strict,strict-baseline,koord,koord3]
+       [--baseline CHECKOUT] [--variant NAME=CHECKOUT ...]
+       [--modes none,native,strict,strict-baseline,strict-NAME,koord,koord3]
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -103,11 +109,14 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from loadbalancer import HAProxy, start_replicas_behind_haproxy  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
-STRICT_BASELINE = "strict-baseline"
-MODES = ("native", "local", "strict")  # what runs unless --modes or --baseline says otherwise
+VARIANT_PREFIX = "strict-"  # a variant NAME is measured as the mode strict-NAME
+BASELINE = "baseline"  # --baseline CHECKOUT is --variant baseline=CHECKOUT
+STRICT_BASELINE = VARIANT_PREFIX + BASELINE
+# A variant's name ends up in namespace, quota and webhook configuration names (with its burst's
+# kind and numbers after it, within a namespace's 63 characters): a short DNS label.
+VARIANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,22}[a-z0-9])?")
+MODES = ("native", "local", "strict")  # what runs unless --modes or --variant says otherwise
 KOORDINATOR = ("koord", "koord3")  # Koordinator's own quota admission, only when --modes names them
-KNOWN_MODES = (*MODES, STRICT_BASELINE, *KOORDINATOR)
-OURS = ("local", "strict", STRICT_BASELINE)  # the modes our webhook admits
 VENDOR_GPU = "nvidia.com/gpu"
 IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
 # Named in the table's title; EnableQuotaAdmission is what makes koord-manager admit by quota.
@@ -115,22 +124,90 @@ KOORDINATOR_GATES = {"EnableQuotaAdmission": True}
 UNADMITTED = "none"  # the namespace every sequential create is paired against
 TITLES = {"native": "native ResourceQuota (`requests.nvidia.com/gpu`)", "local": "ours, local, 1 server",
           "strict": "ours, strict, 3 replicas + HAProxy",
-          STRICT_BASELINE: "baseline checkout: ours, strict, 3 replicas + HAProxy",
           "koord": "Koordinator (koord-manager, EnableQuotaAdmission), 1 replica",
           "koord3": "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy"}
 # Per mode of ours, the names of its process groups in the CPU table: its servers, then its HAProxy.
 GROUPS = {"local": ("local server", ""), "strict": ("strict replicas", "HAProxy"),
-          STRICT_BASELINE: ("baseline strict replicas", "baseline's HAProxy"),
           "koord": ("koord-manager", ""), "koord3": ("koord-manager replicas", "koord-manager's HAProxy")}
 MODE_LABEL = "gpuquota-bench-mode"
 NATIVE_RESOURCE = "requests.nvidia.com/gpu"
 LEDGER_NAMESPACE = "gpuquota-ledger"
-BASELINE_LEDGER_NAMESPACE = "gpuquota-ledger-baseline"  # the baseline's replicas keep their own ledger
 WARMUP_CYCLES = 20
 READY_DEADLINE = 60.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The issue's sizes: 16 repetitions, 20 bursts with room for all per mode.
 ISSUE_REPETITIONS, ISSUE_BURSTS = 16, 20
+DEFAULT_ROUNDS = 10  # repetitions, and bursts with room for all per mode, unless told otherwise
+
+
+def is_variant(mode: str) -> bool:
+    return mode.startswith(VARIANT_PREFIX)
+
+
+def is_ours(mode: str) -> bool:
+    """Whether our webhook admits the mode's pods (local, strict and every variant of strict)."""
+    return mode in ("local", "strict") or is_variant(mode)
+
+
+def variant_name(mode: str) -> str:
+    return mode.removeprefix(VARIANT_PREFIX)
+
+
+def title(mode: str) -> str:
+    if mode == STRICT_BASELINE:
+        return "baseline checkout: ours, strict, 3 replicas + HAProxy"
+    return f"variant {variant_name(mode)}: ours, strict, 3 replicas + HAProxy" if is_variant(mode) else TITLES[mode]
+
+
+def process_groups(mode: str) -> tuple[str, str]:
+    """The names of a mode's process groups in the CPU table: its servers, then its HAProxy."""
+    if is_variant(mode):
+        return f"{variant_name(mode)} strict replicas", f"{variant_name(mode)}'s HAProxy"
+    return GROUPS[mode]
+
+
+def ledger_namespace(mode: str) -> str:
+    """Every variant's replicas keep a ledger of their own beside strict's."""
+    return f"{LEDGER_NAMESPACE}-{variant_name(mode)}" if is_variant(mode) else LEDGER_NAMESPACE
+
+
+def variant_checkouts(specs: Iterable[str]) -> dict[str, Path]:
+    """Mode (``strict-NAME``) -> checkout, from ``NAME=CHECKOUT`` specs in the order given; ValueError
+    naming the spec when one is malformed, names no checkout of this repository, or repeats a name."""
+    checkouts: dict[str, Path] = {}
+    for spec in specs:
+        name, separator, path = spec.partition("=")
+        if not separator or not path:
+            raise ValueError(f"--variant {spec!r}: expected NAME=CHECKOUT")
+        if not VARIANT_NAME.fullmatch(name):
+            raise ValueError(f"--variant {spec!r}: the name must be 1 to 24 lower-case letters, digits and "
+                             "inner hyphens (it names the mode strict-NAME and its namespaces)")
+        mode = VARIANT_PREFIX + name
+        if mode in checkouts:
+            raise ValueError(f"--variant {spec!r}: the name {name} is given twice"
+                             + (" (--baseline is --variant baseline=CHECKOUT)" if name == BASELINE else ""))
+        try:
+            checkouts[mode] = baseline_checkout(Path(path))
+        except ValueError as error:
+            raise ValueError(f"--variant {spec!r}: {error}") from None
+    return checkouts
+
+
+def chosen_modes(wanted: str | None, variants: Iterable[str]) -> tuple[str, ...]:
+    """The modes to measure, in the table's order (``none`` aside): every default one and every variant
+    when ``wanted`` is None, else those it names (ValueError for an unknown mode, or for none)."""
+    known = ("native", "local", "strict", *variants, *KOORDINATOR)
+    if wanted is None:
+        return tuple(mode for mode in known if mode in MODES or is_variant(mode))
+    chosen = set(wanted.split(",")) - {UNADMITTED}
+    if unknown := chosen - set(known):
+        needs = [f"{mode} needs --variant {variant_name(mode)}=CHECKOUT"
+                 for mode in sorted(unknown) if is_variant(mode)]
+        raise ValueError(f"unknown modes: {', '.join(sorted(unknown))} (known: {', '.join(known)})"
+                         + (f"; {'; '.join(needs)}" if needs else ""))
+    if not chosen:
+        raise ValueError(f"--modes names no mode besides {UNADMITTED}")
+    return tuple(mode for mode in known if mode in chosen)
 
 
 def eventually(condition: Callable[[], bool], what: str) -> None:
@@ -202,10 +279,11 @@ class Rig:
         # koord-manager runs as a component of the plane (its processes are among the plane's).
         koord = {manager.pid for managers in self.koord_managers.values() for manager in managers}
         groups = {"apiserver + etcd": [pid for pid in self.plane.pids if pid not in koord]}
-        groups |= {GROUPS[mode][0]: [server.pid for server in servers] for mode, servers in self.servers.items()}
-        groups |= {GROUPS[mode][0]: [manager.pid for manager in managers]
+        groups |= {process_groups(mode)[0]: [server.pid for server in servers]
+                   for mode, servers in self.servers.items()}
+        groups |= {process_groups(mode)[0]: [manager.pid for manager in managers]
                    for mode, managers in self.koord_managers.items()}
-        groups |= {GROUPS[mode][1]: [balancer.process.pid] for mode, balancer in self.balancers.items()}
+        groups |= {process_groups(mode)[1]: [balancer.process.pid] for mode, balancer in self.balancers.items()}
         return groups
 
 
@@ -230,22 +308,20 @@ def start_plane(work: Path, clients: int, modes: tuple[str, ...]) -> Rig:
     return Rig(plane, api, burst_client(plane.kubeconfig_path, clients))
 
 
-def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: list[str], baseline: Path | None) -> None:
-    """The servers of the chosen modes of ours, each kept in ``rig`` as soon as it serves (so stop_rig stops
-    whatever came up), and the webhook configurations pointing at them."""
+def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: list[str],
+                  variants: dict[str, Path]) -> None:
+    """The servers of the chosen modes of ours (a variant's from its checkout), each kept in ``rig`` as soon
+    as it serves (so stop_rig stops whatever came up), and the webhook configurations pointing at them."""
     kubeconfig = ["--kubeconfig", str(rig.plane.kubeconfig_path)]
     urls: dict[str, tuple[str, str]] = {}
     if "local" in modes:
         local = WebhookProcess(work / "local", serve_args=[*kubeconfig, "--accounting", "local", *worker_args])
         rig.servers["local"] = [local.start()]
         urls["local"] = (local.url, local.ca_bundle)
-    for mode in ("strict", STRICT_BASELINE):
-        if mode not in modes:
-            continue
-        ledger, env, cwd = LEDGER_NAMESPACE, {}, None
-        if mode == STRICT_BASELINE:
-            assert baseline is not None
-            ledger, cwd, env = BASELINE_LEDGER_NAMESPACE, baseline, baseline_env(baseline)
+    for mode in (mode for mode in modes if mode == "strict" or is_variant(mode)):
+        ledger, env, cwd = ledger_namespace(mode), {}, None
+        if is_variant(mode):
+            cwd, env = variants[mode], baseline_env(variants[mode])
             rig.api.core.create_namespace({"metadata": {"name": ledger}})
         replicas, balancer = start_replicas_behind_haproxy(work / mode, [
             *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *worker_args], env=env, cwd=cwd)
@@ -275,12 +351,14 @@ def stop_rig(rig: Rig | None, work: Path) -> None:
                 server.stop()
         rig.api.close()
         rig.plane.stop()
-    for directory in ("cp", *OURS):  # etcd's data, logs, certificates (koord-manager's are under cp)
-        shutil.rmtree(work / directory, ignore_errors=True)
+    # etcd's data, logs, certificates (koord-manager's are under cp), one directory per mode of ours.
+    for directory in work.iterdir():
+        if directory.is_dir():
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def create_namespace(api: Api, name: str, mode: str) -> None:
-    labels = {MODE_LABEL: mode} if mode in OURS or mode in KOORDINATOR else {}
+    labels = {MODE_LABEL: mode} if is_ours(mode) or mode in KOORDINATOR else {}
     api.core.create_namespace({"metadata": {"name": name, "labels": labels}})
 
 
@@ -428,7 +506,7 @@ def sequential_namespaces(rig: Rig, modes: tuple[str, ...], room: int) -> None:
         elif mode in KOORDINATOR:
             create_koordinator_quota(rig.api, namespace, namespace, room, {})
             eventually(lambda n=namespace: refused_for_quota(rig.api, n, n, room + 1), f"{namespace} refuses")
-        elif mode in OURS:
+        elif is_ours(mode):
             # bench/apiserver_overhead.py's pod charges the quota named after its namespace.
             create_quota(rig.api, namespace, namespace, {RATIO: str(100 * room)})
             for server in rig.servers_of(mode):
@@ -463,10 +541,10 @@ def spread(values: list[float], digits: int) -> str:
 
 
 def compared(mode: str, values: dict[str, list[float]]) -> str:
-    """How ``mode``'s median compares with native's (every mode of ours) and with strict's (the baseline),
+    """How ``mode``'s median compares with native's (every mode of ours) and with strict's (every variant),
     for those of them measured in this run."""
     references = [reference for reference in ("native", "strict") if reference in values and reference != mode
-                  and (reference == "native" or mode == STRICT_BASELINE)]
+                  and (reference == "native" or is_variant(mode))]
     ratios = []
     for reference in references:
         theirs = statistics.median(values[reference])
@@ -500,7 +578,7 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
         "CPU per admitted pod, all processes (apiserver, etcd, our servers, HAProxy), ms":
             {mode: spread(cpu[mode], 2) + compared(mode, cpu) for mode in modes},
     }
-    lines = ["| | " + " | ".join(TITLES[mode] for mode in modes) + " |", "|---" * (len(modes) + 1) + "|"]
+    lines = ["| | " + " | ".join(title(mode) for mode in modes) + " |", "|---" * (len(modes) + 1) + "|"]
     lines += [f"| {title} | " + " | ".join(cells[mode] for mode in modes) + " |" for title, cells in rows.items()]
     groups = list(samples.bursts[0].cpu_ms_by_group)
     lines += ["", "CPU per admitted pod by process group, ms (bursts with room for all; medians). Every server "
@@ -508,7 +586,7 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
               "| | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
     for mode in modes:
         per_pod = {group: [r.cpu_ms_by_group[group] / r.stored for r in bursts(mode, "all")] for group in groups}
-        lines.append(f"| {TITLES[mode]} | " + " | ".join(f"{statistics.median(per_pod[g]):.2f}" for g in groups) + " |")
+        lines.append(f"| {title(mode)} | " + " | ".join(f"{statistics.median(per_pod[g]):.2f}" for g in groups) + " |")
     return "\n".join(lines)
 
 
@@ -535,44 +613,42 @@ def stored_cell(results: list[BurstResult], room: int, mode: str) -> str:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repetitions", type=int, default=10,
-                        help="rounds, each: a share of the sequential cycles, then every mode's bursts shuffled")
-    parser.add_argument("--bursts", type=int, default=10,
-                        help="bursts with room for all, per mode, spread over the repetitions")
+    parser.add_argument("--repetitions", type=int, help="rounds, each: a share of the sequential cycles, then "
+                                                         f"every mode's bursts shuffled (default {DEFAULT_ROUNDS})")
+    parser.add_argument("--bursts", type=int, help="bursts with room for all, per mode, spread over the "
+                                                   f"repetitions (default {DEFAULT_ROUNDS})")
     parser.add_argument("--cycles", type=int, default=300, help="sequential cycles per repetition")
     parser.add_argument("--burst-size", type=int, default=300)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--room", type=int, default=100, help="room of the bursts with room for fewer")
     parser.add_argument("--issue-sizes", action="store_true",
-                        help=f"issue 29's sizes: {ISSUE_REPETITIONS} repetitions, {ISSUE_BURSTS} bursts")
+                        help=f"issue 29's sizes: {ISSUE_REPETITIONS} repetitions, {ISSUE_BURSTS} bursts "
+                             "(unless --repetitions or --bursts says otherwise)")
     parser.add_argument("--workers", type=int, help="workers of every server (default: the server's own)")
     parser.add_argument("--seed", type=int, default=29)
-    parser.add_argument("--baseline", type=Path,
-                        help=f"another checkout of this repository, served as the mode {STRICT_BASELINE}")
-    parser.add_argument("--modes", help=f"comma-separated modes to measure (default: all; {UNADMITTED} always runs; "
-                                        f"known: {', '.join(KNOWN_MODES)})")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help=f"another checkout of this repository, served as the mode {STRICT_BASELINE} "
+                             f"(--variant {BASELINE}=CHECKOUT)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=CHECKOUT",
+                        help=f"another checkout of this repository, served as the mode {VARIANT_PREFIX}NAME; "
+                             "repeatable")
+    parser.add_argument("--modes", help=f"comma-separated modes to measure (default: {', '.join(MODES)} and every "
+                                        f"variant; {UNADMITTED} always runs; also known: {', '.join(KOORDINATOR)})")
     args = parser.parse_args(argv)
-    if args.issue_sizes:
-        args.repetitions, args.bursts = ISSUE_REPETITIONS, ISSUE_BURSTS
+    if args.repetitions is None:
+        args.repetitions = ISSUE_REPETITIONS if args.issue_sizes else DEFAULT_ROUNDS
+    if args.bursts is None:
+        args.bursts = ISSUE_BURSTS if args.issue_sizes else DEFAULT_ROUNDS
     if args.room >= args.burst_size:
         parser.error("--room must be less than --burst-size: the room-for-fewer bursts must meet their limit")
-    if args.baseline is not None:
-        try:
-            args.baseline = baseline_checkout(args.baseline)
-        except ValueError as error:
-            parser.error(str(error))
-    available = (*MODES, STRICT_BASELINE) if args.baseline is not None else MODES
-    if args.modes is None:
-        args.modes = available
-    else:
-        wanted = set(args.modes.split(",")) - {UNADMITTED}
-        if unknown := wanted - set(KNOWN_MODES):
-            parser.error(f"unknown modes: {', '.join(sorted(unknown))} (known: {', '.join(KNOWN_MODES)})")
-        if STRICT_BASELINE in wanted and args.baseline is None:
-            parser.error(f"the mode {STRICT_BASELINE} needs --baseline CHECKOUT")
-        if not wanted:
-            parser.error(f"--modes names no mode besides {UNADMITTED}")
-        args.modes = tuple(mode for mode in KNOWN_MODES if mode in wanted)
+    specs = [f"{BASELINE}={args.baseline}"] if args.baseline is not None else []
+    try:
+        args.variants = variant_checkouts([*specs, *args.variant])
+        args.modes = chosen_modes(args.modes, args.variants)
+    except ValueError as error:
+        parser.error(str(error))
+    # Variants no chosen mode measures are not started.
+    args.variants = {mode: checkout for mode, checkout in args.variants.items() if mode in args.modes}
     return args
 
 
@@ -597,7 +673,7 @@ def main(argv: list[str]) -> None:
     rig: Rig | None = None
     try:
         rig = start_plane(work, args.clients, modes)
-        start_servers(rig, work, modes, worker_args, args.baseline)
+        start_servers(rig, work, modes, worker_args, args.variants)
         # Twice the creates: the sequential phase times the quota work, it does not test the room (the
         # bursts do), and an exact fit turned one transient over-count into a failed run (issue 37's note).
         sequential_namespaces(rig, modes, 2 * (args.repetitions * args.cycles + WARMUP_CYCLES + 1))
@@ -628,12 +704,13 @@ def main(argv: list[str]) -> None:
           f"one kept-alive connection; bursts: {args.bursts} per mode with room for all and "
           f"{args.repetitions} with room for {args.room}, {args.burst_size} creates from {args.clients} threads "
           f"each, every repetition's bursts in a shuffled order; medians [min – max]\n")
-    if STRICT_BASELINE in modes:
-        print(f"{TITLES[STRICT_BASELINE]}: the code of {described_checkout(args.baseline)}\n")
+    for mode, checkout in args.variants.items():
+        print(f"{title(mode)}: the code of {described_checkout(checkout)}\n")
     print(table(samples, args))
     samples_path = work / "samples.json"
     samples_path.write_text(json.dumps({
-        "args": {**vars(args), "baseline": args.baseline and str(args.baseline)}, "paired_ms": samples.paired_ms,
+        "args": {**vars(args), "variants": {mode: str(checkout) for mode, checkout in args.variants.items()}},
+        "paired_ms": samples.paired_ms,
         "bursts": [{**vars(result), "refused": dict(result.refused)} for result in samples.bursts]}), encoding="utf-8")
     print(f"\nsamples: {samples_path}")
 

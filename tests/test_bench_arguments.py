@@ -1,0 +1,90 @@
+"""bench/production_shape.py's variants: which modes a command line measures, what each is called, and
+which command lines it refuses before starting anything.
+
+The script puts tests/ before the repository on sys.path when imported (it is a script), so it is
+imported in a child interpreter, never into this test session.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+READ_ARGUMENTS = """
+import json, sys
+sys.path.insert(0, "bench")
+import production_shape as shape
+args = shape.parse(sys.argv[1:])
+ours = [mode for mode in args.modes if shape.is_ours(mode)]
+print(json.dumps({"modes": args.modes, "rounds": [args.repetitions, args.bursts],
+                  "variants": {mode: str(path) for mode, path in args.variants.items()},
+                  "titles": [shape.title(mode) for mode in args.modes],
+                  "groups": [shape.process_groups(mode) for mode in ours],
+                  "ledgers": [shape.ledger_namespace(mode) for mode in ours]}))
+"""
+
+
+def read_arguments(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", READ_ARGUMENTS, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def parsed(*argv: str) -> dict[str, list[str] | dict[str, str] | list[list[str]]]:
+    result = read_arguments(*argv)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def refusal(*argv: str) -> str:
+    result = read_arguments(*argv)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    return result.stderr.splitlines()[-1]
+
+
+def test_every_variant_is_a_strict_mode_of_its_own_after_strict() -> None:
+    other = ROOT / "bench" / ".."  # the same checkout by another spelling: resolved to one path
+    got = parsed("--variant", "without-fastpath=.", "--baseline", str(other), "--variant", "no-date=" + str(ROOT))
+    assert got["modes"] == ["native", "local", "strict", "strict-baseline", "strict-without-fastpath",
+                            "strict-no-date"]
+    assert got["variants"] == {"strict-baseline": str(ROOT), "strict-without-fastpath": str(ROOT),
+                               "strict-no-date": str(ROOT)}
+    assert got["titles"][2:] == ["ours, strict, 3 replicas + HAProxy",
+                                 "baseline checkout: ours, strict, 3 replicas + HAProxy",
+                                 "variant without-fastpath: ours, strict, 3 replicas + HAProxy",
+                                 "variant no-date: ours, strict, 3 replicas + HAProxy"]
+    assert got["groups"] == [["local server", ""], ["strict replicas", "HAProxy"],
+                             ["baseline strict replicas", "baseline's HAProxy"],
+                             ["without-fastpath strict replicas", "without-fastpath's HAProxy"],
+                             ["no-date strict replicas", "no-date's HAProxy"]]
+    # Each variant's replicas keep their own ledger; --baseline's is the one docs/benchmarks.md ran with.
+    assert got["ledgers"] == ["gpuquota-ledger", "gpuquota-ledger", "gpuquota-ledger-baseline",
+                              "gpuquota-ledger-without-fastpath", "gpuquota-ledger-no-date"]
+
+
+def test_modes_choose_among_the_variants_and_unchosen_variants_are_not_started() -> None:
+    got = parsed("--variant", "a=.", "--variant", "b=.", "--modes", "none,strict-b,native,koord")
+    assert got["modes"] == ["native", "strict-b", "koord"]
+    assert got["variants"] == {"strict-b": str(ROOT)}
+
+
+def test_the_issue_sizes_give_way_to_explicit_repetitions_and_bursts() -> None:
+    assert parsed()["rounds"] == [10, 10]
+    assert parsed("--issue-sizes")["rounds"] == [16, 20]
+    assert parsed("--issue-sizes", "--repetitions", "5", "--bursts", "5")["rounds"] == [5, 5]
+    assert parsed("--issue-sizes", "--bursts", "6")["rounds"] == [16, 6]
+
+
+def test_malformed_variants_are_refused_with_the_spec_named(tmp_path: Path) -> None:
+    assert refusal("--variant", "fastpath").endswith("error: --variant 'fastpath': expected NAME=CHECKOUT")
+    assert "--variant 'Fast=.': the name must be 1 to 24 lower-case letters" in refusal("--variant", "Fast=.")
+    assert refusal("--variant", f"x={tmp_path}").endswith(
+        f"error: --variant 'x={tmp_path}': {tmp_path} is not a checkout of this repository")
+    assert refusal("--variant", "x=.", "--variant", "x=.").endswith("the name x is given twice")
+    assert refusal("--baseline", ".", "--variant", "baseline=.").endswith(
+        "the name baseline is given twice (--baseline is --variant baseline=CHECKOUT)")
+    assert refusal("--modes", "none,native,strict-x").endswith(
+        "error: unknown modes: strict-x (known: native, local, strict, koord, koord3); "
+        "strict-x needs --variant x=CHECKOUT")
