@@ -92,8 +92,11 @@ class LedgerStore:
         self.clock: Callable[[], float] = time.time
         self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
 
-    def read(self, tree_root: str, fresh: bool) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
-        """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``."""
+    def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[
+            str, dict[str, shared_ledger.StoredReservation]]:
+        """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``.
+
+        ``listed_before``: the registry listed the tree before this read (see ``_missing``)."""
         with self._lock:
             if not fresh and tree_root in self._cache:
                 return self._cache[tree_root]
@@ -102,7 +105,7 @@ class LedgerStore:
             response = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
         except ApiException as error:
             if error.status == 404:
-                return self._missing(tree_root)
+                return self._missing(tree_root, listed_before)
             raise LedgerUnavailable(f"cannot read ConfigMap {self.namespace}/{name}: {error.status} {error.reason}") \
                 from None
         body = orjson.loads(response.data)
@@ -148,14 +151,21 @@ class LedgerStore:
             self._register(tree_root)
         return result
 
-    def _missing(self, tree_root: str) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
+    def _missing(self, tree_root: str, listed_before: bool) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
         """The object is not there: a new tree, or a ledger lost. A replica that knew the object
-        holds the tree (``_lost``); one that did not asks the registry whether there was one."""
+        holds the tree (``_lost``); one that did not asks the registry whether there was one.
+
+        A tree is listed only once its ledger exists, so a ledger found missing after the registry
+        listed its tree was lost. Listed now, but missing a moment before, proves nothing: another
+        replica may have made and listed it in between (the first admissions of a new tree do), so the
+        ledger is read once more."""
         with self._lock:
             self._lost(tree_root)
             self._registered.discard(tree_root)  # whoever creates it next lists it again
             judged = tree_root in self._missing_judged
-        if not judged and self._registry_lists(tree_root):
+        if not judged and not listed_before and self._registry_lists(tree_root):
+            return self.read(tree_root, fresh=True, listed_before=True)
+        if not judged and listed_before:
             with self._lock:
                 if tree_root not in self._missing_judged:
                     until = self.clock() + self.hold_seconds
