@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from admissionchain import (  # noqa: E402
+    WEBHOOK_CONFIGURATIONS,
     local_webhook_configurations,
     register_webhook_configurations,
     wait_until_webhook_is_called,
@@ -314,6 +315,8 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
     as it serves (so stop_rig stops whatever came up), and the webhook configurations pointing at them."""
     kubeconfig = ["--kubeconfig", str(rig.plane.kubeconfig_path)]
     urls: dict[str, tuple[str, str]] = {}
+    # A variant runs with its own checkout's webhook configurations, so a variant may change them too.
+    configurations = {mode: checkout / WEBHOOK_CONFIGURATIONS.relative_to(ROOT) for mode, checkout in variants.items()}
     if "local" in modes:
         local = WebhookProcess(work / "local", serve_args=[*kubeconfig, "--accounting", "local", *worker_args])
         rig.servers["local"] = [local.start()]
@@ -329,7 +332,8 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
         urls[mode] = (balancer.url, replicas[0].ca_bundle)
     for mode, (url, ca_bundle) in urls.items():
         register_webhook_configurations(rig.api, local_webhook_configurations(
-            url, ca_bundle, name_suffix=f"-{mode}", namespace_selector={"matchLabels": {MODE_LABEL: mode}}))
+            url, ca_bundle, name_suffix=f"-{mode}", namespace_selector={"matchLabels": {MODE_LABEL: mode}},
+            source=configurations.get(mode, WEBHOOK_CONFIGURATIONS)))
     labels = {mode: {MODE_LABEL: mode} for mode in KOORDINATOR}
     if "koord" in modes:
         rig.koord_managers["koord"] = [start_koord_manager(

@@ -16,9 +16,11 @@ WEBHOOK_READY_TIMEOUT = 60.0
 
 
 def local_webhook_configurations(url: str, ca_bundle: str, *, name_suffix: str = "",
-                                 namespace_selector: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The project's own configurations with clientConfig pointing at ``url`` (the envtest way)."""
-    documents = [doc for doc in yaml.safe_load_all(WEBHOOK_CONFIGURATIONS.read_text(encoding="utf-8")) if doc]
+                                 namespace_selector: Mapping[str, Any] | None = None,
+                                 source: Path = WEBHOOK_CONFIGURATIONS) -> list[dict[str, Any]]:
+    """The project's own configurations (``source``: another checkout's, for a variant) with clientConfig
+    pointing at ``url`` (the envtest way)."""
+    documents = [doc for doc in yaml.safe_load_all(source.read_text(encoding="utf-8")) if doc]
     for document in documents:
         document["metadata"]["name"] += name_suffix
         for webhook in document["webhooks"]:
