@@ -16,10 +16,7 @@ Every value here has a measured or operational reason (figures in docs/benchmark
 - ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.serving.settings.Settings`).
 - HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
   request at a time, and connections beyond the thread count starve.
-- ``http_parser = "fast"``: gunicorn_h1c (gunicorn's C parser, a dependency) parses an admission
-  request and reads its body markedly faster than the pure-Python parser (docs/benchmarks.md).
-  "fast" rather than "auto", so a broken install fails at start instead of silently running the
-  slower parser.
+- ``http_parser = "python"``: gunicorn's pure-Python parser, whatever else is installed.
 - No control socket: it lives in one fixed per-user path, so two servers (tests, ``make run``)
   would fight over it, and nothing here uses ``gunicornc``.
 """
@@ -200,7 +197,7 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         "keyfile": str(settings.keyfile),
         "ssl_context": TlsContextCache(settings.client_ca_path),
         "http_protocols": "h1",
-        "http_parser": "fast",
+        "http_parser": "python",
         "control_socket_disable": True,
         "worker_tmp_dir": _worker_tmp_dir(),
         "loglevel": settings.log_level,

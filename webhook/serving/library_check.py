@@ -1,16 +1,14 @@
 """The libraries whose internals the server relies on are the versions it was tested with, or it does not start.
 
-The server goes beyond the public API of four libraries:
+The server goes beyond the public API of three libraries:
 
 - gunicorn: :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker` subclasses gthread's
   ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request,
   body and parser attributes and the ``proxy_protocol`` setting, and replacing ``util.http_date``;
   :class:`~webhook.serving.supervision.SupervisingArbiter` subclasses the ``Arbiter`` and its
-  stop, child and worker management; ``gunicorn_conf`` sets settings by name (``http_parser =
-  "fast"``, ``http_protocols``, ``control_socket_disable``, which older releases do not know) and
+  stop, child and worker management; ``gunicorn_conf`` sets settings by name (``http_parser``,
+  ``http_protocols``, ``control_socket_disable``, which older releases do not know) and
   rewrites one of the arbiter's log lines.
-- gunicorn_h1c: the C parser behind ``http_parser = "fast"``; gunicorn calls it, at the version
-  gunicorn's own "fast" extra asks for.
 - prometheus_client: the server switches its value storage to multiprocess mode after import
   (``values.ValueClass``) and uses the multiprocess collector, ``mark_process_dead`` and the
   ``livemostrecent`` gauge mode.
@@ -138,7 +136,6 @@ def _prometheus_internals() -> Iterator[str]:
 # The ranges pinned in pyproject.toml (tests/webhook/serving/test_library_check.py keeps the two equal).
 SERVING_LIBRARIES = (
     PinnedLibrary("gunicorn", "27.0.1", "27.1", _gunicorn_internals),
-    PinnedLibrary("gunicorn_h1c", "0.6.10", "0.7"),
     PinnedLibrary("prometheus_client", "0.26.0", "0.27", _prometheus_internals),
     KUBERNETES,
 )

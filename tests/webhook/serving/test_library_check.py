@@ -114,7 +114,7 @@ def test_the_installed_libraries_are_the_tested_ones() -> None:
     check_serving_libraries()
     check_libraries([RUAMEL_YAML])
     assert {library.distribution for library in SERVING_LIBRARIES} == {
-        "gunicorn", "gunicorn_h1c", "prometheus_client", "kubernetes"}
+        "gunicorn", "prometheus_client", "kubernetes"}
 
 
 def installed_versions_but(**changed: str):  # type: ignore[no-untyped-def]
@@ -242,7 +242,7 @@ def test_the_pins_of_pyproject_are_the_ranges_checked() -> None:
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
     pinned = {dependency.replace("-", "_") for dependency in dependencies}
     assert {library.distribution for library in PINNED_LIBRARIES} == {
-        "gunicorn", "gunicorn_h1c", "prometheus_client", "kubernetes", "ruamel.yaml"}
+        "gunicorn", "prometheus_client", "kubernetes", "ruamel.yaml"}
     for library in PINNED_LIBRARIES:
         assert f"{library.distribution}{library.tested_range}" in pinned
 
