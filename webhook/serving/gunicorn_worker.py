@@ -29,8 +29,7 @@ address) and returns one answer. That answer is the route's own, composed once
 value), behind the status line and headers gunicorn puts first, with gunicorn's keep-alive rules.
 gunicorn's ``pre_request``/``post_request`` hooks and its access log are not run for these
 answers: the server configures neither (each decision is logged by the app, one structured line
-per review), so turning either on would need this path to call it too. The Date header of each
-answer is formatted once a second instead of once an answer (:class:`DateOncePerSecond`).
+per review), so turning either on would need this path to call it too.
 """
 
 from __future__ import annotations
@@ -126,30 +125,6 @@ def _peer_address(client: tuple[str, int] | str | bytes) -> str:
     return client if isinstance(client, str) else client[0]
 
 
-class DateOncePerSecond:
-    """gunicorn's ``util.http_date``, formatting the current time once per second.
-
-    gunicorn formats the Date header of every response afresh (``email.utils.formatdate``), a
-    visible share of a worker's Python time under load (docs/benchmarks.md, "Mechanisms kept"). The
-    header has a resolution of one second, so the text of the second is the same for every response in it.
-    """
-
-    def __init__(self, format_date: Callable[..., str], clock: Callable[[], float] = time.time) -> None:
-        self._format = format_date
-        self._clock = clock
-        self._second: tuple[int, str] = (-1, "")  # replaced whole: threads read it without a lock
-
-    def __call__(self, timestamp: float | None = None) -> str:
-        if timestamp is not None:
-            return self._format(timestamp)
-        now = int(self._clock())
-        second, text = self._second
-        if second != now:
-            text = self._format(now)
-            self._second = (now, text)
-        return text
-
-
 class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships no type hints
     alive: bool  # set by gunicorn's Worker; cleared here when the worker is to restart
     # Set by the master's pre_fork hook (webhook.serving.gunicorn_conf); without them nothing is shed.
@@ -160,8 +135,6 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
     _counted_at = float("-inf")  # when the main thread last counted this worker's connections
 
     def init_process(self) -> None:
-        if not isinstance(util.http_date, DateOncePerSecond):  # in this worker process, after the fork
-            util.http_date = DateOncePerSecond(util.http_date)
         if self.connection_table is not None and self.connection_slot is not None:
             self._shedder = Shedder(self.connection_table, self.connection_slot)
         self._open_connections: set[Any] = set()

@@ -4,7 +4,7 @@ The server goes beyond the public API of three libraries:
 
 - gunicorn: :class:`~webhook.serving.gunicorn_worker.StickyThreadWorker` subclasses gthread's
   ``ThreadWorker`` and overrides its connection handling, reading gthread's connection, request,
-  body and parser attributes and the ``proxy_protocol`` setting, and replacing ``util.http_date``;
+  body and parser attributes and the ``proxy_protocol`` setting, and calling ``util.http_date``;
   :class:`~webhook.serving.supervision.SupervisingArbiter` subclasses the ``Arbiter`` and its
   stop, child and worker management; ``gunicorn_conf`` sets settings by name (``http_parser``,
   ``http_protocols``, ``control_socket_disable``, which older releases do not know) and
@@ -57,7 +57,7 @@ def _gunicorn_internals() -> Iterator[str]:
     app_base = importlib.import_module("gunicorn.app.base")
     config = importlib.import_module("gunicorn.config")
 
-    # gunicorn_worker.StickyThreadWorker and DateOncePerSecond
+    # gunicorn_worker.StickyThreadWorker
     yield from attributes_missing(gunicorn, ("SERVER",), "gunicorn")
     yield from parameters_differ(util, {"http_date": ("timestamp",)}, "gunicorn.util")
     yield from attributes_missing(gthread, ("_DEFER", "TConn", "ThreadWorker"), "gunicorn.workers.gthread")

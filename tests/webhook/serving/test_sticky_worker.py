@@ -18,8 +18,6 @@ from pathlib import Path
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
-from webhook.serving.gunicorn_worker import DateOncePerSecond
-
 EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 PAYLOAD = body(review(pod(resources={"nvidia.com/gpu": "1"})))
 # Far below the 120 s keep-alive a waiting thread would otherwise sit out, far above a normal answer.
@@ -51,29 +49,11 @@ def mutate(connection: http.client.HTTPSConnection) -> float:
     return time.monotonic() - started
 
 
-def test_the_date_header_is_gunicorns_own_text_formatted_once_a_second() -> None:
-    now = [1_764_921_600.25]
-    calls: list[float] = []
-
-    def format_date(timestamp: float) -> str:
-        calls.append(timestamp)
-        return email.utils.formatdate(timestamp, usegmt=True)
-
-    date = DateOncePerSecond(format_date, clock=lambda: now[0])
-    first = date()
-    now[0] += 0.5
-    assert date() == first == "Fri, 05 Dec 2025 08:00:00 GMT" and len(calls) == 1
-    now[0] += 0.5  # the next second
-    assert date() == email.utils.formatdate(now[0], usegmt=True) == "Fri, 05 Dec 2025 08:00:01 GMT"
-    assert len(calls) == 2
-    assert date(0.0) == "Thu, 01 Jan 1970 00:00:00 GMT"  # an explicit time is gunicorn's own call
-
-
 def test_connections_outnumbering_threads_are_all_answered(tmp_path: Path) -> None:
     server = start(tmp_path, threads=2)
     try:
         connections = [connect(server) for _ in range(6)]
-        # The answers carry the current Date (formatted once a second, DateOncePerSecond).
+        # The answers carry the current Date.
         connections[0].request("GET", "/healthz")
         answer = connections[0].getresponse()
         answer.read()
