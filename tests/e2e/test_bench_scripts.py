@@ -101,18 +101,6 @@ def test_admission_bench_checks_every_server_and_prints_every_row() -> None:
     assert all(cells.split("|")[11].strip() == "0/0/0" for cells in fixed), output  # no errors at 200 req/s
 
 
-def test_connection_spread_reports_every_row() -> None:
-    output = run_script(["bench/connection_spread.py", "2", "2"], env={"BENCH_DURATION": "2s"})
-    rows = [line for line in output.splitlines() if re.match(r"\| [12] \| \d+ \| ", line)]
-    assert len(rows) == 2, output
-    for row in rows:
-        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
-        for spread in cells[2].split(" → "):
-            # wrk's 8 connections, but for one being replaced at that moment after a shed
-            assert 7 <= sum(int(n) for n in spread.split("-")) <= 8, row
-        assert int(cells[3]) >= 0
-
-
 def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
     output = run_script(["bench/production_shape.py", "--repetitions", "1", "--bursts", "1", "--cycles", "3",
                          "--burst-size", "10", "--clients", "4", "--room", "3"])

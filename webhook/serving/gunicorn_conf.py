@@ -10,9 +10,7 @@ Every value here has a measured or operational reason (figures in docs/benchmark
 - ``reuse_port``: a SO_REUSEPORT socket per worker lets the kernel spread the API server's few
   long-lived connections over the workers; without it they often all land on one worker. The
   kernel hashes, it does not balance: hence twice as many workers as cores by default
-  (:attr:`~webhook.serving.settings.Settings.workers`), and a worker holding more than its share of the
-  connections closes one now and then to have it hashed again (:mod:`webhook.serving.connection_balance`,
-  through the ``pre_fork`` and ``child_exit`` hooks below).
+  (:attr:`~webhook.serving.settings.Settings.workers`).
 - ``keepalive`` above the API server's 90 s idle timeout (see :class:`~webhook.serving.settings.Settings`).
 - HTTP/1.1 only (gunicorn's default): over h2 one connection is served by one thread, one
   request at a time, and connections beyond the thread count starve.
@@ -33,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from kubeaccess.file_signature import FileSignature, file_signature
-from webhook.serving.connection_balance import ConnectionTable
 from webhook.serving.gunicorn_worker import DeadlineSSLSocket
 from webhook.serving.settings import Settings
 
@@ -158,18 +155,11 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
     Both callbacks run in the master only (not atexit: forked workers would inherit that).
     """
 
-    # Room for a full set of workers and their replacements while old ones are still exiting.
-    connections = ConnectionTable(slots=2 * settings.workers + 2)
-
     def on_starting(_arbiter: Any) -> None:
         # gunicorn has set up its loggers by now, and logs the address right after this hook.
         logging.getLogger("gunicorn.error").addFilter(ListeningAddress(f"https://{settings.bind}"))
         metrics_dir.reset()
         on_master_start(settings)
-
-    def pre_fork(_arbiter: Any, worker: Any) -> None:
-        # Runs in the master, before the fork: the worker inherits the table and its own slot.
-        worker.connection_table, worker.connection_slot = connections, connections.claim()
 
     def child_exit(_arbiter: Any, worker: Any) -> None:
         # Runs in the master: drop the dead worker's live-gauge files so they are not reported
@@ -177,8 +167,6 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid, str(metrics_dir.path))  # type: ignore[no-untyped-call]
-        if getattr(worker, "connection_slot", None) is not None:
-            connections.release(worker.connection_slot)
 
     def on_exit(_arbiter: Any) -> None:
         metrics_dir.remove()
@@ -208,7 +196,6 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         "preload_app": False,
         "proc_name": "gpuquota-webhook",
         "on_starting": on_starting,
-        "pre_fork": pre_fork,
         "child_exit": child_exit,
         "on_exit": on_exit,
     }

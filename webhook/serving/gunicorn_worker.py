@@ -50,9 +50,6 @@ from gunicorn import SERVER, util
 from gunicorn.http.body import LengthReader
 from gunicorn.workers.gthread import _DEFER, TConn, ThreadWorker
 
-from webhook.serving.connection_balance import ConnectionTable, Shedder
-
-COUNT_INTERVAL = 0.1  # seconds between two counts of a worker's connections
 # How long a thread may spend reading one request (head and body) or a TLS handshake. The API
 # server sends a review at once (its own timeout is 10 s by default); only a stalled or
 # deliberately slow client takes longer, and it must not keep a thread from the others.
@@ -127,17 +124,8 @@ def _peer_address(client: tuple[str, int] | str | bytes) -> str:
 
 class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships no type hints
     alive: bool  # set by gunicorn's Worker; cleared here when the worker is to restart
-    # Set by the master's pre_fork hook (webhook.serving.gunicorn_conf); without them nothing is shed.
-    connection_table: ConnectionTable | None = None
-    connection_slot: int | None = None
-    _shedder: Shedder | None = None
-    _count_shed: Callable[[], None] = staticmethod(lambda: None)
-    _counted_at = float("-inf")  # when the main thread last counted this worker's connections
 
     def init_process(self) -> None:
-        if self.connection_table is not None and self.connection_slot is not None:
-            self._shedder = Shedder(self.connection_table, self.connection_slot)
-        self._open_connections: set[Any] = set()
         self._counts = threading.Lock()
         self._queued = 0  # requests submitted to the pool that no thread has taken yet
         self._busy = 0  # threads serving a request
@@ -156,9 +144,6 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         # with either, every request takes the WSGI path, which applies them.
         plain = not os.environ.get("SCRIPT_NAME") and self.cfg.proxy_protocol in ("off", False)
         self._direct = dict(admission_endpoints(self.wsgi)) if plain else {}
-        from webhook.serving.metrics import CONNECTIONS_SHED
-
-        self._count_shed = CONNECTIONS_SHED.inc
 
     def handle_request(self, req: Any, conn: Any) -> bool:
         endpoint = self._direct.get(req.path) if req.method == "POST" else None
@@ -171,7 +156,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
             self.log.info("Autorestarting worker after current request.")
             self.alive = False
         close = (req.should_close() or not self.alive or not self.cfg.keepalive  # alive covers max_requests
-                 or len(self.keepalived_conns) >= self.max_keepalived or self._shed())
+                 or len(self.keepalived_conns) >= self.max_keepalived)
         peer = _peer_address(conn.client)
         answer = endpoint.serve({"wsgi.input": req.body, "CONTENT_LENGTH": str(req.body.reader.length),
                                  "REMOTE_ADDR": peer})
@@ -184,33 +169,6 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
                 f"{own_headers}\r\n")
         conn.sock.sendall(head.encode("latin-1") + answer.body)  # one TLS record where gunicorn writes two
         return not close
-
-    def _shed(self) -> bool:
-        """Close this connection after the answer, to have it rehashed (webhook.serving.connection_balance)."""
-        if self._shedder is None or not self._shedder.should_close():
-            return False
-        self._count_shed()
-        return True
-
-    def _count_connections(self) -> None:
-        """Count and publish the connections this worker holds, at most every COUNT_INTERVAL.
-
-        Counted from the connections themselves, not from gthread's ``nr_conns``: that one drifts
-        (it was seen below zero after many connections), because a connection whose TLS
-        peer left is closed in ``handle`` and then again, failing, in ``finish_request``, which
-        decrements once for the close and once for the failure.
-        """
-        now = time.monotonic()
-        if self._shedder is None or now - self._counted_at < COUNT_INTERVAL:
-            return
-        self._counted_at = now
-        self._open_connections = {conn for conn in self._open_connections if conn.sock.fileno() != -1}
-        self._shedder.publish(len(self._open_connections))
-
-    def murder_keepalived(self, force: bool = False) -> None:
-        # gthread's main loop calls this after every round of events and at least once a second.
-        super().murder_keepalived(force)
-        self._count_connections()
 
     def _wake_one(self, count: int = 1) -> None:
         # A full pipe holds wake-ups enough already: waiting threads will see one.
@@ -232,7 +190,6 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
             return
         self.nr_conns += 1
         conn = TConn(self.cfg, client, address, listener.getsockname())  # non-blocking from here
-        self._open_connections.add(conn)
         self._park(conn)
 
     def _park(self, conn: Any) -> None:
@@ -261,9 +218,6 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         return _DEFER  # a client that only connected: wait for its request in the poller
 
     def enqueue_req(self, conn: Any) -> None:
-        # Every connection passes here when accepted (and again after each wait in the poller),
-        # always on the main thread, which alone reads and prunes the set.
-        self._open_connections.add(conn)
         with self._counts:
             self._queued += 1
             starved = self._waiting > 0 and self._busy + self._waiting + self._queued > self.cfg.threads

@@ -65,7 +65,7 @@ def _gunicorn_internals() -> Iterator[str]:
         return  # the rest looks inside them
     worker, connection = gthread.ThreadWorker, gthread.TConn
     yield from parameters_differ(worker, {
-        "init_process": (), "load_wsgi": (), "handle_request": ("req", "conn"), "murder_keepalived": ("force",),
+        "init_process": (), "load_wsgi": (), "handle_request": ("req", "conn"),
         "accept": ("listener",), "enqueue_req": ("conn",), "handle_exit": ("sig", "frame"), "handle": ("conn",),
         "is_parent_alive": (), "on_pending_socket_readable": ("conn", "client"),
     }, "gthread.ThreadWorker")

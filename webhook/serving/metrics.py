@@ -1,7 +1,7 @@
 """The server's Prometheus metrics and the exposition of all of them.
 
 The admission metrics (requests, duration, rewrites, denials, ...) are admission's
-(:mod:`webhook.admission.observability`); what is the server's is here: connections shed,
+(:mod:`webhook.admission.observability`); what is the server's is here:
 the serving certificate's expiry, the gauges asked of the quota decider at scrape time, and
 :func:`render`, which exposes all of them.
 
@@ -29,7 +29,6 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
-    Counter,
     Gauge,
     generate_latest,
 )
@@ -43,11 +42,6 @@ log = logging.getLogger("gpuquota.server")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-CONNECTIONS_SHED = Counter(
-    "gpuquota_connections_shed",
-    "Kept-alive connections a worker closed after an answer because it held more than its share "
-    "(webhook.serving.connection_balance); the client reconnects and the kernel hashes it afresh.",
-)
 SERVING_CERTIFICATE_EXPIRY = Gauge(
     "gpuquota_serving_certificate_expiry_timestamp_seconds",
     "Unix time at which the serving certificate expires (notAfter of the first certificate of the cert "

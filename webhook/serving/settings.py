@@ -34,8 +34,7 @@ class Settings:
     # SO_REUSEPORT socket and keeps every connection the kernel hashes to it, so with as many
     # workers as cores the API server's few connections could all land on one worker and leave a
     # core idle. Four make that rare and leave two busy workers even when it
-    # happens, for a small memory cost each; the workers then even the spread out by shedding
-    # connections (webhook.serving.connection_balance).
+    # happens, for a small memory cost each.
     workers: int = 4
     threads: int = 4
     # Above the API server's 90 s idle-connection timeout, so it is always the client that closes

@@ -25,7 +25,6 @@ from gunicorn.workers.gthread import ThreadWorker
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, WebhookProcess
 
-from webhook.serving.connection_balance import SHED_INTERVAL_SECONDS, ConnectionTable, Shedder
 from webhook.serving.gunicorn_worker import StickyThreadWorker
 from webhook.serving.routes import Answer
 
@@ -222,24 +221,3 @@ def test_a_worker_due_to_restart_closes_the_connection_after_its_last_answer(
     assert keep is False and worker.alive is False
     assert b"\r\nConnection: close\r\n" in written
 
-
-def test_a_worker_over_its_share_of_connections_closes_the_one_it_answered() -> None:
-    worker = bare_worker(RecordingEndpoint())
-    table = ConnectionTable(slots=2)
-    mine, other = table.claim(), table.claim()
-    assert mine is not None and other is not None
-    table.publish(other, 0)
-    now = [100.0]
-    worker._shedder = Shedder(table, mine, clock=lambda: now[0])
-    worker._shedder.publish(6)  # 6 of 6 on two workers
-    assert worker._shedder.should_close() is False  # first seen over its share
-    now[0] += SHED_INTERVAL_SECONDS
-    shed: list[int] = []
-    worker._count_shed = lambda: shed.append(1)
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        keep = worker.handle_request(parsed(with_length("/mutate-pods", b"{}")), Connection(ours, ("10.0.0.7", 1)))
-        written = theirs.recv(65536)
-
-    assert keep is False and worker.alive is True and shed == [1]
-    assert b"\r\nConnection: close\r\n" in written
