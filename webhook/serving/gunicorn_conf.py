@@ -38,14 +38,13 @@ log = logging.getLogger("gpuquota.server")
 
 
 class TlsContextCache:
-    """gunicorn's ``ssl_context`` hook: TLS 1.2+, rebuilt only when the cert, key or client CA changes.
+    """gunicorn's ``ssl_context`` hook: TLS 1.2+, a context built for every accepted connection.
 
     gunicorn 27 asks for a new SSLContext for every accepted connection and rereads the key and
-    certificate each time (a noticeable CPU cost per connection). That is what makes a rotated
-    certificate take effect without a restart, and it is kept: the files are ``stat``-ed on every
-    connection and the context rebuilt when either changed. Between changes one context serves
-    all connections. If a rebuild fails (the cert and key are being replaced one after the other),
-    the previous context keeps serving and the next connection tries again.
+    certificate each time: that is what makes a rotated certificate take effect without a restart.
+    If a build fails (the cert and key are being replaced one after the other), the previous
+    context keeps serving and the next connection tries again. The files are ``stat``-ed on every
+    connection so the serving certificate's metric is recorded only when they change.
 
     With ``client_ca`` (mutual TLS) every connection must present a certificate that chains to
     that file's CAs, or the handshake fails; the CA file is watched like the cert and key, so a
@@ -62,8 +61,6 @@ class TlsContextCache:
         key = (file_signature(conf.certfile), file_signature(conf.keyfile),
                file_signature(str(self._client_ca)) if self._client_ca is not None else None)
         with self._lock:
-            if self._context is not None and key == self._key:
-                return self._context
             try:
                 context = default_ssl_context_factory()
                 if self._client_ca is not None:
@@ -75,8 +72,9 @@ class TlsContextCache:
                 return self._context
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.sslsocket_class = DeadlineSSLSocket  # reads with a deadline (see there)
-            self._key, self._context = key, context
-            _record_serving_certificate(conf.certfile)
+            changed, self._key, self._context = key != self._key, key, context
+            if changed:
+                _record_serving_certificate(conf.certfile)
             return context
 
 
