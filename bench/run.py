@@ -168,7 +168,7 @@ def wrk(url: str, connections: int, body: Path) -> dict[str, Any]:
                             "-s", str(ROOT / "bench" / "post.lua"), url],
                            stdout=subprocess.PIPE, text=True, env={**os.environ, "BODY_FILE": str(body)})
     # wrk opens every connection before its first request; one second in, all are established.
-    # Sampled again a second before the end: workers over their share shed connections meanwhile.
+    # Sampled again a second before the end, to show where the kernel's hash left them.
     port = urllib.parse.urlsplit(url).port or 443
     spreads: list[str] = []
     for wait in (1.0, max(_seconds(DURATION) - 2.0, 0.0)):

@@ -9,7 +9,7 @@
 #                                                        with the archive's URL and sha256 filled in)
 #   DIST_DIR/SHA256SUMS                                  sha256sum -c checks all of the above
 #
-# shiv rather than the stdlib zipapp: cryptography, orjson, PyYAML and gunicorn_h1c are compiled
+# shiv rather than the stdlib zipapp: cryptography, orjson and PyYAML are compiled
 # extensions, which Python cannot import from inside a zip; shiv's bootstrap unpacks the
 # dependencies once into SHIV_ROOT (default ~/.shiv) and runs from there. The wheels are those pip
 # picks for the interpreter that builds, so the zipapp runs on that platform with that CPython

@@ -37,7 +37,7 @@ from webhook.serving.settings import Settings
 log = logging.getLogger("gpuquota.server")
 
 
-class TlsContextCache:
+class TlsContextFactory:
     """gunicorn's ``ssl_context`` hook: TLS 1.2+, a context built for every accepted connection.
 
     gunicorn 27 asks for a new SSLContext for every accepted connection and rereads the key and
@@ -181,7 +181,7 @@ def gunicorn_options(settings: Settings, metrics_dir: MetricsDirectory,
         "reuse_port": True,
         "certfile": str(settings.certfile),
         "keyfile": str(settings.keyfile),
-        "ssl_context": TlsContextCache(settings.client_ca_path),
+        "ssl_context": TlsContextFactory(settings.client_ca_path),
         "http_protocols": "h1",
         "http_parser": "python",
         "control_socket_disable": True,

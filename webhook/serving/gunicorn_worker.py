@@ -42,7 +42,6 @@ import selectors
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 

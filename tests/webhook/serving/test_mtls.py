@@ -23,7 +23,7 @@ from reviews import body, pod, review
 from webhookproc import LOOPBACK, REPO_ROOT, WebhookProcess
 
 from kubeaccess import pki
-from webhook.serving.gunicorn_conf import TlsContextCache
+from webhook.serving.gunicorn_conf import TlsContextFactory
 
 EXAMPLE_STATE = REPO_ROOT / "examples" / "cluster"
 ROTATION_DEADLINE = 30.0
@@ -139,7 +139,7 @@ def test_the_context_trusts_the_client_ca_and_nothing_else(client_pki: ClientPki
     conf = Config()
     conf.set("certfile", str(serving.tls_cert_path))
     conf.set("keyfile", str(serving.tls_key_path))
-    conf.set("ssl_context", TlsContextCache(client_pki.ca_file))
+    conf.set("ssl_context", TlsContextFactory(client_pki.ca_file))
 
     context = gunicorn_ssl_context(conf)
 
