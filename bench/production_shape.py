@@ -40,13 +40,16 @@ checkout's directory with it first on PYTHONPATH, so its webhook/ and gpuquota_c
 imported), measured exactly as ``strict``, in the same cycles and shuffled among the same bursts,
 and shown against native and against ``strict``. Several variants in one run share one control
 plane and one stretch of time, so their figures compare with each other as well as with ``strict``.
-``--baseline CHECKOUT`` is ``--variant baseline=CHECKOUT`` (the mode ``strict-baseline``).
+``--baseline CHECKOUT`` is ``--variant baseline=CHECKOUT`` (the mode ``strict-baseline``). A variant
+runs with its checkout's own webhook configurations. ``--balance NAME=first`` puts every connection of
+variant NAME on its first replica while it is up (the other two stand by, watching): one writer per
+ledger object with no forwarding, the most an owner per quota tree could give on the ledger's side.
 ``--modes`` limits the run to some modes (``none`` always runs; a server no chosen mode needs is not
 started).
 
 Usage: .venv/bin/python bench/production_shape.py [--repetitions 10] [--bursts 10] [--cycles 300]
        [--burst-size 300] [--clients 32] [--room 100] [--issue-sizes] [--workers N]
-       [--baseline CHECKOUT] [--variant NAME=CHECKOUT ...]
+       [--baseline CHECKOUT] [--variant NAME=CHECKOUT ...] [--balance NAME=first ...]
        [--modes none,native,strict,strict-baseline,strict-NAME,koord,koord3]
 """
 
@@ -111,6 +114,7 @@ from loadbalancer import HAProxy, start_replicas_behind_haproxy  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
 VARIANT_PREFIX = "strict-"  # a variant NAME is measured as the mode strict-NAME
+BALANCE_ALGORITHMS = ("roundrobin", "first", "leastconn")  # what --balance may ask HAProxy for
 BASELINE = "baseline"  # --baseline CHECKOUT is --variant baseline=CHECKOUT
 STRICT_BASELINE = VARIANT_PREFIX + BASELINE
 # A variant's name ends up in namespace, quota and webhook configuration names (with its burst's
@@ -310,7 +314,7 @@ def start_plane(work: Path, clients: int, modes: tuple[str, ...]) -> Rig:
 
 
 def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: list[str],
-                  variants: dict[str, Path]) -> None:
+                  variants: dict[str, Path], balances: dict[str, str] | None = None) -> None:
     """The servers of the chosen modes of ours (a variant's from its checkout), each kept in ``rig`` as soon
     as it serves (so stop_rig stops whatever came up), and the webhook configurations pointing at them."""
     kubeconfig = ["--kubeconfig", str(rig.plane.kubeconfig_path)]
@@ -327,7 +331,8 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
             cwd, env = variants[mode], baseline_env(variants[mode])
             rig.api.core.create_namespace({"metadata": {"name": ledger}})
         replicas, balancer = start_replicas_behind_haproxy(work / mode, [
-            *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *worker_args], env=env, cwd=cwd)
+            *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *worker_args], env=env, cwd=cwd,
+            balance=(balances or {}).get(mode, "roundrobin"))
         rig.servers[mode], rig.balancers[mode] = replicas, balancer
         urls[mode] = (balancer.url, replicas[0].ca_bundle)
     for mode, (url, ca_bundle) in urls.items():
@@ -636,6 +641,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=CHECKOUT",
                         help=f"another checkout of this repository, served as the mode {VARIANT_PREFIX}NAME; "
                              "repeatable")
+    parser.add_argument("--balance", action="append", default=[], metavar="NAME=ALGORITHM",
+                        help="HAProxy's balance algorithm in front of variant NAME (default roundrobin; first: "
+                             "every connection to the first replica that is up, the others standing by); repeatable")
     parser.add_argument("--modes", help=f"comma-separated modes to measure (default: {', '.join(MODES)} and every "
                                         f"variant; {UNADMITTED} always runs; also known: {', '.join(KOORDINATOR)})")
     args = parser.parse_args(argv)
@@ -653,6 +661,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error(str(error))
     # Variants no chosen mode measures are not started.
     args.variants = {mode: checkout for mode, checkout in args.variants.items() if mode in args.modes}
+    args.balances = {}
+    for spec in args.balance:
+        name, _, algorithm = spec.partition("=")
+        if VARIANT_PREFIX + name not in args.variants or algorithm not in BALANCE_ALGORITHMS:
+            parser.error(f"--balance {spec!r}: expected NAME=ALGORITHM for a measured variant NAME and one of "
+                         f"{', '.join(BALANCE_ALGORITHMS)}")
+        args.balances[VARIANT_PREFIX + name] = algorithm
     return args
 
 
@@ -677,7 +692,7 @@ def main(argv: list[str]) -> None:
     rig: Rig | None = None
     try:
         rig = start_plane(work, args.clients, modes)
-        start_servers(rig, work, modes, worker_args, args.variants)
+        start_servers(rig, work, modes, worker_args, args.variants, args.balances)
         # Twice the creates: the sequential phase times the quota work, it does not test the room (the
         # bursts do), and an exact fit turned one transient over-count into a failed run (issue 37's note).
         sequential_namespaces(rig, modes, 2 * (args.repetitions * args.cycles + WARMUP_CYCLES + 1))
@@ -709,7 +724,8 @@ def main(argv: list[str]) -> None:
           f"{args.repetitions} with room for {args.room}, {args.burst_size} creates from {args.clients} threads "
           f"each, every repetition's bursts in a shuffled order; medians [min – max]\n")
     for mode, checkout in args.variants.items():
-        print(f"{title(mode)}: the code of {described_checkout(checkout)}\n")
+        balance = f", HAProxy balance {args.balances[mode]}" if mode in args.balances else ""
+        print(f"{title(mode)}: the code of {described_checkout(checkout)}{balance}\n")
     print(table(samples, args))
     samples_path = work / "samples.json"
     samples_path.write_text(json.dumps({

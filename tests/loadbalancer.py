@@ -16,13 +16,14 @@ FORWARDING_DEADLINE = 60.0
 
 
 class HAProxy:
-    def __init__(self, work_dir: Path, backends: list[int]) -> None:
+    def __init__(self, work_dir: Path, backends: list[int], balance: str = "roundrobin") -> None:
         self.port = free_ports(1)[0]
         self.config = work_dir / "haproxy.cfg"
         servers = "\n".join(f"  server r{i} {LOOPBACK}:{port} check inter 300ms fall 1 rise 2"
                             for i, port in enumerate(backends))
         # TCP mode: TLS goes through untouched, so the apiserver verifies the webhook's own
-        # certificate. Round robin per connection; a refused connect is retried on another server.
+        # certificate. Round robin per connection (``balance``: HAProxy's algorithm; "first" sends
+        # everything to the first server that is up); a refused connect is retried on another server.
         self.config.write_text(f"""global
   maxconn 2000
 defaults
@@ -36,7 +37,7 @@ frontend webhook
   bind {LOOPBACK}:{self.port}
   default_backend replicas
 backend replicas
-  balance roundrobin
+  balance {balance}
 {servers}
 """, encoding="utf-8")
         haproxy = shutil.which("haproxy")
@@ -64,8 +65,8 @@ backend replicas
 
 
 def start_replicas_behind_haproxy(base: Path, serve_args: Sequence[str], count: int = 3, *,
-                                  env: Mapping[str, str] | None = None, cwd: Path | None = None
-                                  ) -> tuple[list[WebhookProcess], HAProxy]:
+                                  env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                                  balance: str = "roundrobin") -> tuple[list[WebhookProcess], HAProxy]:
     """``count`` ``gpuquota serve`` replicas sharing one certificate (the apiserver trusts one caBundle),
     each in ``base/r<index>``, and HAProxy in front of them once it forwards; everything started is
     stopped again if any part fails to come up. ``env`` and ``cwd`` go to every replica, as
@@ -80,7 +81,7 @@ def start_replicas_behind_haproxy(base: Path, serve_args: Sequence[str], count: 
             server.cert_dir, server.ca_bundle = cert_dir, ca_bundle
             servers.append(server)
             server.start()
-        balancer = HAProxy(base, [server.port for server in servers])
+        balancer = HAProxy(base, [server.port for server in servers], balance)
     except BaseException:
         for server in servers:
             server.stop()

@@ -23,7 +23,8 @@ print(json.dumps({"modes": args.modes, "rounds": [args.repetitions, args.bursts]
                   "variants": {mode: str(path) for mode, path in args.variants.items()},
                   "titles": [shape.title(mode) for mode in args.modes],
                   "groups": [shape.process_groups(mode) for mode in ours],
-                  "ledgers": [shape.ledger_namespace(mode) for mode in ours]}))
+                  "ledgers": [shape.ledger_namespace(mode) for mode in ours],
+                  "balances": args.balances}))
 """
 
 
@@ -88,3 +89,10 @@ def test_malformed_variants_are_refused_with_the_spec_named(tmp_path: Path) -> N
     assert refusal("--modes", "none,native,strict-x").endswith(
         "error: unknown modes: strict-x (known: native, local, strict, koord, koord3); "
         "strict-x needs --variant x=CHECKOUT")
+
+
+def test_a_variant_may_name_haproxys_balance_and_only_a_measured_variant_may() -> None:
+    got = parsed("--variant", "owner=.", "--balance", "owner=first")
+    assert got["balances"] == {"strict-owner": "first"}
+    assert "--balance 'other=first'" in refusal("--variant", "owner=.", "--balance", "other=first")
+    assert "--balance 'owner=random'" in refusal("--variant", "owner=.", "--balance", "owner=random")
