@@ -260,6 +260,20 @@ def test_a_registry_that_cannot_be_read_is_rebuilt_from_the_ledgers_that_exist(c
     assert shared_ledger.decode_registry(core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"]) == {TREE}
 
 
+def test_unlisting_a_tree_from_a_registry_that_cannot_be_read_keeps_the_other_ledgers_listed(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed
+    other = json.loads(json.dumps(core.config_maps[LEDGER]))
+    other["metadata"].update(name=shared_ledger.ledger_object_name("other"),
+                             labels={**other["metadata"]["labels"], shared_ledger.TREE_LABEL: "other"})
+    core.config_maps[other["metadata"]["name"]] = other
+    core.overwrite(shared_ledger.REGISTRY_OBJECT_NAME, {shared_ledger.REGISTRY_DATA_KEY: "{not json"})
+    # Rebuilt from the ledgers that exist, as a listing rebuilds it, then the tree let go is unlisted.
+    replica.store.registry.remove(TREE)
+    assert shared_ledger.decode_registry(core.config_maps[shared_ledger.REGISTRY_OBJECT_NAME]["data"]) == {"other"}
+
+
 def test_a_ledger_let_go_through_its_finalizer_is_unlisted_first_and_its_tree_is_new_again(
         core: FakeCore, clock: list[float]) -> None:
     first, second = Replica(core, "r1", clock), Replica(core, "r2", clock)

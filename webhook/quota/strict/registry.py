@@ -36,23 +36,25 @@ class RegistryUnavailable(Exception):
 
 
 class LedgerRegistry:
-    def __init__(self, core: Any, namespace: str) -> None:
+    def __init__(self, core: Any, namespace: str, existing_trees: Callable[[], list[str]]) -> None:
         self.core = core  # a CoreV1Api (its raw responses, as the ledger store reads them)
         self.namespace = namespace
+        # The trees whose ledger exists now: what a registry that is missing or unreadable is
+        # written again from, since each of those was listed, or should have been.
+        self.existing_trees = existing_trees
 
     def lists(self, tree_root: str) -> bool:
         """Whether the tree is listed now (a fresh read). A registry that is missing or cannot be
-        read lists nothing: it is rebuilt from the ledgers that exist by the next :meth:`add`."""
+        read lists nothing: it is rebuilt from the ledgers that exist by the next change."""
         return tree_root in self._read()[1]
 
-    def add(self, tree_root: str, existing_trees: Callable[[], list[str]]) -> None:
-        """List the tree. A registry that is missing or unreadable is written again with every tree
-        whose ledger exists (``existing_trees``), since each of those was listed, or should have been."""
-        self._change(lambda trees: trees | {tree_root}, existing_trees)
+    def add(self, tree_root: str) -> None:
+        """List the tree."""
+        self._change(lambda trees: trees | {tree_root})
 
     def remove(self, tree_root: str) -> None:
         """Unlist the tree (its ledger is about to be let go: nothing it held can still take room)."""
-        self._change(lambda trees: trees - {tree_root}, list)
+        self._change(lambda trees: trees - {tree_root})
 
     def _read(self) -> tuple[str, set[str], bool]:
         """(resourceVersion or "" when missing, the trees listed, whether the stored list was readable)."""
@@ -73,11 +75,13 @@ class LedgerRegistry:
                         "that exist", self._shown(), error)
             return version, set(), False
 
-    def _change(self, change: Callable[[set[str]], set[str]], existing_trees: Callable[[], list[str]]) -> None:
+    def _change(self, change: Callable[[set[str]], set[str]]) -> None:
+        """Write ``change`` of the listed trees; a registry that is missing or unreadable is first
+        rebuilt from ``existing_trees``, whichever the change."""
         for _ in range(MAX_ATTEMPTS):
             version, trees, readable = self._read()
             if not readable:
-                trees = set(existing_trees())
+                trees = set(self.existing_trees())
             wanted = change(trees)
             if readable and wanted == trees:
                 return

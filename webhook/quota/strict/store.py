@@ -9,10 +9,11 @@ expired (:class:`LedgerStore`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -87,7 +88,7 @@ class LedgerStore:
         self._registered: set[str] = set()
         # Trees whose missing object this replica has judged (and held) since it last read or wrote one.
         self._missing_judged: set[str] = set()
-        self.registry = LedgerRegistry(self.core, namespace)
+        self.registry = LedgerRegistry(self.core, namespace, self.list_trees)
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
         self.clock: Callable[[], float] = time.time
         self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
@@ -182,17 +183,13 @@ class LedgerStore:
             return "", dict(self._carried.get(tree_root, {}))
 
     def _registry_lists(self, tree_root: str) -> bool:
-        try:
+        with _registry_errors():
             return self.registry.lists(tree_root)
-        except RegistryUnavailable as error:
-            raise LedgerUnavailable(str(error)) from None
 
     def _register(self, tree_root: str) -> None:
         """List the tree in the registry (once per replica until its object is found missing)."""
-        try:
-            self.registry.add(tree_root, self.list_trees)
-        except RegistryUnavailable as error:
-            raise LedgerUnavailable(str(error)) from None
+        with _registry_errors():
+            self.registry.add(tree_root)
         with self._lock:
             self._registered.add(tree_root)
 
@@ -313,10 +310,8 @@ class LedgerStore:
         if terminating is None or not version or self.clock() < terminating[0]:
             return False
         # Unlisted first: a replica that finds it missing afterwards must take the tree for a new one.
-        try:
+        with _registry_errors():
             self.registry.remove(tree_root)
-        except RegistryUnavailable as error:
-            raise LedgerUnavailable(str(error)) from None
         with self._lock:
             self._registered.discard(tree_root)
         self.write(tree_root, version, {}, release=True)
@@ -445,6 +440,15 @@ class LedgerStore:
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
         return True
+
+
+@contextlib.contextmanager
+def _registry_errors() -> Iterator[None]:
+    """The registry's failures are the ledger's: admissions of the tree are refused as LedgerUnavailable."""
+    try:
+        yield
+    except RegistryUnavailable as error:
+        raise LedgerUnavailable(str(error)) from None
 
 
 def _created(metadata: dict[str, Any]) -> float:
