@@ -3,7 +3,9 @@
 Starts the test control plane (tests/controlplane.py; the binaries of hack/build-control-plane.sh),
 one ``gpuquota serve --accounting local`` and three ``--accounting strict`` replicas behind HAProxy
 (tests/loadbalancer.py, as tests/e2e/test_faults.py runs them), each server with its own defaults
-unless ``--workers`` is given. Every mode has its own namespaces:
+unless ``--workers`` is given. The strict replicas take the writer Lease of their checkout's shipped
+Deployment (manifests/base/deployment.yaml ``--writer-lease``), each listener on a free loopback port:
+the shape users run. Every mode has its own namespaces:
 
 - ``none``: nothing applies (the baseline the sequential creates are paired against);
 - ``native``: a ResourceQuota on ``requests.nvidia.com/gpu`` and no webhook;
@@ -73,6 +75,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
@@ -93,6 +97,7 @@ from clusterhelpers import (  # noqa: E402
     whole_card_pod,
 )
 from controlplane import (  # noqa: E402
+    LOOPBACK,
     Api,
     ControlPlane,
     create_canonical_gpu_node,
@@ -313,6 +318,16 @@ def start_plane(work: Path, clients: int, modes: tuple[str, ...]) -> Rig:
     return Rig(plane, api, burst_client(plane.kubeconfig_path, clients))
 
 
+def shipped_writer_args(checkout: Path) -> list[str]:
+    """The writer Lease of the checkout's shipped Deployment (manifests/base), if it has one, as flags
+    for replicas on one host: each listener on a free loopback port instead of the pod's 8444."""
+    deployment = yaml.safe_load((checkout / "manifests" / "base" / "deployment.yaml").read_text(encoding="utf-8"))
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    if "--writer-lease" not in args:
+        return []
+    return ["--writer-lease", args[args.index("--writer-lease") + 1], "--peer-address", LOOPBACK, "--peer-port", "0"]
+
+
 def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: list[str],
                   variants: dict[str, Path], balances: dict[str, str] | None = None) -> None:
     """The servers of the chosen modes of ours (a variant's from its checkout), each kept in ``rig`` as soon
@@ -331,8 +346,8 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
             cwd, env = variants[mode], baseline_env(variants[mode])
             rig.api.core.create_namespace({"metadata": {"name": ledger}})
         replicas, balancer = start_replicas_behind_haproxy(work / mode, [
-            *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *worker_args], env=env, cwd=cwd,
-            balance=(balances or {}).get(mode, "roundrobin"))
+            *kubeconfig, "--accounting", "strict", "--ledger-namespace", ledger, *shipped_writer_args(cwd or ROOT),
+            *worker_args], env=env, cwd=cwd, balance=(balances or {}).get(mode, "roundrobin"))
         rig.servers[mode], rig.balancers[mode] = replicas, balancer
         urls[mode] = (balancer.url, replicas[0].ca_bundle)
     for mode, (url, ca_bundle) in urls.items():

@@ -63,6 +63,15 @@ QUOTA_DEFAULTS = DEFAULTS.quota
               default=QUOTA_DEFAULTS.max_reservations_per_caller, show_default=True,
               help="Quota reservations one caller (TLS peer) may hold before its pods are confirmed; bounds what "
                    "forged AdmissionReviews can take (docs/security.md).")
+@click.option("--writer-lease", default=QUOTA_DEFAULTS.writer_lease,
+              help="Strict accounting: the Lease (in the ledger namespace) whose holder writes every ledger; the "
+                   "other replicas forward their admissions to it and decide themselves whenever it cannot be "
+                   "asked (README 'Several replicas'). Empty: every replica writes.")
+@click.option("--peer-address", default=QUOTA_DEFAULTS.peer_address,
+              help="With --writer-lease: the address the other replicas reach this one at (default: $POD_IP, "
+                   "else this host's address); the listener binds it when given, else every interface.")
+@click.option("--peer-port", type=click.IntRange(0, 65535), default=QUOTA_DEFAULTS.peer_port, show_default=True,
+              help="With --writer-lease: the port of that listener (0: any free port).")
 def serve(**flags: Any) -> None:
     """Serve /mutate-pods, /validate-pods and /validate-elasticquotas over HTTPS."""
     # Imported here, not at module level: every gpuquota command imports every command module, and

@@ -175,3 +175,36 @@ def test_state_whose_parent_labels_form_a_cycle_is_refused_before_serving(cert_d
 
     line = assert_refused(["--state", str(state)], cert_dir, "Error: ")
     assert str(state) in line and "cycle" in line
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--state", str(REPO_ROOT / "examples" / "cluster"), "--writer-lease", "ledger-writer"],
+     "Error: --writer-lease chooses the replica that writes strict accounting's ledgers; it needs --accounting strict"),
+    (["--accounting", "strict", "--ledger-namespace", "ledgers", "--writer-lease", "Ledger_Writer"],
+     "Error: --writer-lease 'Ledger_Writer' is not a Lease name: "),
+    (["--accounting", "strict", "--ledger-namespace", "ledgers", "--writer-lease", "ledger-writer",
+      "--peer-port", "PORT"],
+     "Error: --peer-port PORT is the port the webhook serves on; give the other replicas' listener a port of its own"),
+])
+def test_a_writer_lease_it_cannot_use_is_refused_before_serving(cert_dir: Path, tmp_path: Path, args: list[str],
+                                                                 expected: str) -> None:
+    # Checked before the kubeconfig is read: any file stands in for it.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("", encoding="utf-8")
+    live = [] if "--state" in args else ["--kubeconfig", str(kubeconfig)]
+    port = free_ports(1)[0]
+    assert_refused([*live, *(str(port) if arg == "PORT" else arg for arg in args)], cert_dir,
+                   expected.replace("PORT", str(port)), port)
+
+
+def test_a_peer_port_another_process_listens_on_is_refused_before_serving(cert_dir: Path, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("", encoding="utf-8")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind((LOOPBACK, 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        assert_refused(["--kubeconfig", str(kubeconfig), "--accounting", "strict", "--ledger-namespace", "ledgers",
+                        "--writer-lease", "ledger-writer",
+                        "--peer-address", LOOPBACK, "--peer-port", str(port)], cert_dir,
+                       f"Error: cannot listen on {LOOPBACK}:{port}: another process listens on that port")

@@ -148,17 +148,39 @@ def deployment_args(objects: list[dict[str, Any]]) -> list[str]:
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
+def without_writer_lease(objects: list[dict[str, Any]]) -> None:
+    """The base's Deployment without what --writer-lease needs: its flags, POD_IP and the peer port."""
+    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    at = args.index("--writer-lease")
+    assert args[at:at + 4] == ["--writer-lease", "gpuquota-ledger-writer", "--peer-port", "8444"]
+    del args[at:at + 4]
+    assert [variable["name"] for variable in container.pop("env")] == ["POD_IP"]
+    container["ports"] = [port for port in container["ports"] if port["name"] != "peer"]
+
+
 def test_replicas_and_local_accounting(base: list[dict[str, Any]]) -> None:
-    """replicas=1 and accounting=local: the base with those two values, no ledger RBAC, no PDB
-    (minAvailable 2 of 1 replica would block every drain)."""
+    """replicas=1 and accounting=local: the base with those two values, no ledger RBAC, no writer
+    Lease, no PDB (minAvailable 2 of 1 replica would block every drain)."""
     expected = [copy.deepcopy(o) for o in base
                 if o["kind"] != "PodDisruptionBudget" and o["metadata"]["name"] != "gpuquota-webhook-ledger"]
     [deployment] = [o for o in expected if o["kind"] == "Deployment"]
     deployment["spec"]["replicas"] = 1
+    without_writer_lease(expected)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     args[args.index("--accounting") + 1] = "local"
 
     assert_same_objects(helm_template("replicas=1", "accounting=local"), expected)
+
+
+def test_an_empty_writer_lease_lets_every_replica_write(base: list[dict[str, Any]]) -> None:
+    expected = copy.deepcopy(base)
+    without_writer_lease(expected)
+    [role] = [o for o in expected if o["kind"] == "Role" and o["metadata"]["name"] == "gpuquota-webhook-ledger"]
+    role["rules"] = [rule for rule in role["rules"] if rule["apiGroups"] != ["coordination.k8s.io"]]
+
+    assert_same_objects(helm_template("writerLease="), expected)
 
 
 def test_more_replicas_keep_the_pdb_and_strict_ledger(base: list[dict[str, Any]]) -> None:
@@ -169,7 +191,8 @@ def test_more_replicas_keep_the_pdb_and_strict_ledger(base: list[dict[str, Any]]
     chart = helm_template("replicas=5")
 
     assert_same_objects(chart, expected)
-    assert deployment_args(chart)[-2:] == ["--accounting", "strict"]
+    assert deployment_args(chart)[-6:] == ["--accounting", "strict", "--writer-lease", "gpuquota-ledger-writer",
+                                           "--peer-port", "8444"]
 
 
 def test_another_release_namespace_leaves_no_trace_of_the_default() -> None:
@@ -201,7 +224,7 @@ def test_helm_lint_passes_strict() -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in out
 
 
-@pytest.mark.parametrize("bad", ["accounting=eventual", "replicas=0"])
+@pytest.mark.parametrize("bad", ["accounting=eventual", "replicas=0", "writerLease=Ledger_Writer"])
 def test_the_values_schema_refuses_bad_values(bad: str) -> None:
     result = subprocess.run([helm(), "template", "gpuquota", str(CHART), "--set", bad], capture_output=True,
                             text=True, timeout=120, check=False)

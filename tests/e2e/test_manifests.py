@@ -292,11 +292,20 @@ def test_webhook_role_reads_and_writes_only_its_ledger_and_events(rendered: list
     # Its one write permission: strict accounting's ledger ConfigMaps, in its own namespace only.
     ledger = find(rendered, "Role", "gpuquota-webhook-ledger")
     assert ledger["metadata"]["namespace"] == NAMESPACE
+    # And the writer Lease, read and renewed by its name only (RBAC cannot restrict a create by name).
     assert ledger["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                                "verbs": ["get", "list", "create", "update"]}]
+                                "verbs": ["get", "list", "create", "update"]},
+                               {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                "resourceNames": ["gpuquota-ledger-writer"], "verbs": ["get", "update"]},
+                               {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
     (container,) = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["spec"]["containers"]
-    assert "--accounting" in container["args"]
-    assert container["args"][container["args"].index("--accounting") + 1] == "strict"
+    args = container["args"]
+    assert args[args.index("--accounting") + 1] == "strict"
+    assert args[args.index("--writer-lease") + 1] == "gpuquota-ledger-writer"
+    # The holder writes its own address into the Lease: the pod's IP, from the downward API.
+    assert container["env"] == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    assert {"containerPort": int(args[args.index("--peer-port") + 1]), "name": "peer",
+            "protocol": "TCP"} in container["ports"]
 
 
 # -- NetworkPolicy --------------------------------------------------------------------------------
@@ -327,7 +336,7 @@ def test_networkpolicy_admits_control_plane_and_monitoring_to_the_deployments_po
     pod_labels = find(rendered, "Deployment", "gpuquota-webhook")["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert policy["policyTypes"] == ["Ingress"]
-    control_plane, monitoring = policy["ingress"]
+    control_plane, monitoring, replicas = policy["ingress"]
     # Index 0 is the control plane: docs/deploy.md and the policy's comment tell overlays to replace
     # /spec/ingress/0/from. Shipped: a placeholder that matches nothing, never a selector of
     # kube-system pods (which matches neither a host-network nor a managed apiserver).
@@ -335,13 +344,14 @@ def test_networkpolicy_admits_control_plane_and_monitoring_to_the_deployments_po
     assert monitoring["from"] == [
         {"namespaceSelector": {"matchLabels": {"gpuquota.koord-gpuquota.io/monitoring": "true"}}},
     ]
-    # Every port a rule opens is one the webhook container listens on (by name or number); the
-    # container has exactly one, which carries admission and /metrics alike.
-    exposed = container_ports(rendered)
-    assert len(exposed) == 1
-    names_and_numbers = {exposed[0]["name"], exposed[0]["containerPort"]}
-    for rule in policy["ingress"]:
-        assert [(p["port"] in names_and_numbers, p["protocol"]) for p in rule["ports"]] == [(True, "TCP")]
+    # The other replicas, and only they, reach the peer port (forwarded admissions).
+    assert replicas["from"] == [{"podSelector": {"matchLabels": policy["podSelector"]["matchLabels"]}}]
+    # Each rule opens one port the webhook container listens on (by name or number): https, which
+    # carries admission and /metrics alike, to the control plane and scrapers; peer to the replicas.
+    by_name = {port["name"]: {port["name"], port["containerPort"]} for port in container_ports(rendered)}
+    assert sorted(by_name) == ["https", "peer"]
+    for rule, opened in ((control_plane, "https"), (monitoring, "https"), (replicas, "peer")):
+        assert [(p["port"] in by_name[opened], p["protocol"]) for p in rule["ports"]] == [(True, "TCP")]
 
 
 def test_documented_overlay_renders_and_is_accepted(
@@ -564,7 +574,7 @@ def test_containerfile_matches_the_deployment(rendered: list[dict[str, Any]]) ->
     assert yaml.safe_load(entrypoint) == container["command"] == ["gpuquota", "serve"]
     assert "serve" not in container["args"]
     (exposed,) = [args for keyword, args in final if keyword == "EXPOSE"]
-    assert int(exposed) == container_ports(rendered)[0]["containerPort"]
+    assert [int(port) for port in exposed.split()] == [port["containerPort"] for port in container_ports(rendered)]
 
 
 # -- hack/install-self-managed-certs.sh -----------------------------------------------------------

@@ -44,6 +44,8 @@ DEFAULT_STALE_AFTER_SECONDS = 120.0
 # confirmed by the watch within a second, so it holds roughly (creates per second x watch lag),
 # far below this; a caller posting forged reviews is stopped here, and what it holds expires.
 DEFAULT_MAX_RESERVATIONS_PER_CALLER = 500
+# The port of the listener a writer-lease holder answers the other replicas' admissions on.
+DEFAULT_PEER_PORT = 8444
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,17 @@ class QuotaServiceOptions:
     reservation_ttl_seconds: float = DEFAULT_TTL_SECONDS
     # Unconfirmed reservations one caller (TLS peer) may hold.
     max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER
+    # Strict accounting: the Lease (in the ledger namespace) whose holder writes every ledger, the
+    # other replicas forwarding their admissions to it (webhook.quota.strict.forwarding); "" = every
+    # replica writes.
+    writer_lease: str = ""
+    # Where the other replicas reach this one's listener: the host (""= $POD_IP, else this host's
+    # address) and the port (0 = any free one; the Lease carries the one bound).
+    peer_address: str = ""
+    peer_port: int = DEFAULT_PEER_PORT
+    # The serving certificate and key's directory, which the listener serves and whose key signs the
+    # forwarded requests: not a flag of its own, the server fills it from --cert-dir.
+    tls_dir: Path | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ pid and stops when it changes.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import math
@@ -22,7 +23,7 @@ import threading
 from dataclasses import astuple
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuquota_core.enforcement import INVALID
 from gpuquota_core.events import ObjectRef, quota_target
@@ -36,6 +37,9 @@ from webhook.quota.node_view import NodeState, nodes_path
 from webhook.quota.node_view import files_of as node_view_files
 from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.quota.state import QuotaState
+
+if TYPE_CHECKING:
+    from webhook.quota.strict.accounting import StrictAccounting
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
@@ -151,6 +155,8 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
             threading.Thread(target=strict.run_escrow_settler, args=(threading.Event(),),
                              daemon=True, name="ledger-escrow-settler").start()
             admitter = strict
+            if options.writer_lease:
+                admitter = start_single_writer(api, options, strict, parent_pid)
         serve(state, path, admitter=admitter,
               events=start_event_service(state, ApiEventSink(api, reporting_instance())))
         start_live_sync(state, api, nodes=nodes)
@@ -163,6 +169,55 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
             stopped.wait(1.0)
     finally:
         remove_private_files(path)
+
+
+def start_single_writer(api: Any, options: QuotaServiceOptions, strict: StrictAccounting,
+                        parent_pid: int) -> PodAdmitter:
+    """The writer Lease's election and the listener the holder answers on (``--writer-lease``);
+    the admitter that forwards to the holder. ValueError when the listener cannot start."""
+    from webhook.quota.strict.forwarding import PeerClient, PeerListener, ServingKey, SingleWriter, join_address
+    from webhook.quota.strict.writer_lease import WriterLease
+
+    if options.tls_dir is None:
+        raise ValueError("--writer-lease needs the serving certificate's directory")
+    key = ServingKey(options.tls_dir / "tls.crt", options.tls_dir / "tls.key")
+    try:
+        bind = options.peer_address or ("::" if ":" in os.environ.get("POD_IP", "") else "0.0.0.0")
+        listener = PeerListener(bind, options.peer_port, key, strict)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot listen for the other replicas on {options.peer_address or 'every interface'} "
+                         f"port {options.peer_port}: {error}") from None
+    address = join_address(advertised_host(options.peer_address), listener.port)
+    # The pod's name and the server's master, not this process: a quota service its master restarts
+    # takes its own Lease back at once, and two servers on one host (the tests) are two candidates.
+    identity = f"{socket.gethostname()}/{parent_pid}"
+    lease = WriterLease(api, options.ledger_namespace, options.writer_lease, identity, address)
+    strict.writer_elsewhere = lambda: lease.writer_elsewhere() is not None
+    listener.start()
+    stop = threading.Event()
+    threading.Thread(target=lease.run, args=(stop,), daemon=True, name="writer-lease").start()
+
+    def release() -> None:
+        stop.set()
+        lease.release()
+
+    atexit.register(release)
+    log.info("strict accounting: writer lease %s/%s, this replica answers the others at %s",
+             options.ledger_namespace, options.writer_lease, address)
+    return SingleWriter(strict, lease, PeerClient(key))
+
+
+def advertised_host(peer_address: str) -> str:
+    """The host the other replicas reach this one at: the flag, else the pod's IP (the downward API's
+    POD_IP), else what this host's name resolves to."""
+    if peer_address:
+        return peer_address
+    if os.environ.get("POD_IP"):
+        return os.environ["POD_IP"]
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> None:

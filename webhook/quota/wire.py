@@ -47,8 +47,9 @@ _INCOMPLETE: Any = object()
 class FrameReader:
     """The frames of one connection, each recv taking what the socket holds, kept beyond a frame."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME) -> None:
         self.sock = sock
+        self.max_frame = max_frame
         self._pending = bytearray()
 
     def read(self) -> Any | None:
@@ -83,8 +84,8 @@ class FrameReader:
         if len(pending) < _HEADER.size:
             return _INCOMPLETE
         (length,) = _HEADER.unpack_from(pending)
-        if length > MAX_FRAME:
-            raise ValueError(f"frame of {length} bytes is larger than {MAX_FRAME}")
+        if length > self.max_frame:
+            raise ValueError(f"frame of {length} bytes is larger than {self.max_frame}")
         end = _HEADER.size + length
         if len(pending) < end:
             return _INCOMPLETE

@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import socket
 import ssl
 import struct
@@ -96,10 +97,14 @@ def ledger_namespace(settings: Settings) -> str:
         return ""
 
 
+# A Lease's name: a DNS subdomain (RFC 1123).
+LEASE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 def quota_service_options(settings: Settings) -> QuotaServiceOptions:
     """What the quota service process is started with: the server's quota options as given, with
     the ledger namespace resolved here, where the pod's own namespace can be read."""
-    return dataclasses.replace(settings.quota, ledger_namespace=ledger_namespace(settings))
+    return dataclasses.replace(settings.quota, ledger_namespace=ledger_namespace(settings), tls_dir=settings.cert_dir)
 
 
 def _check_accounting(settings: Settings) -> None:
@@ -110,6 +115,23 @@ def _check_accounting(settings: Settings) -> None:
         raise ServeError("--accounting strict records reservations in the cluster; it cannot run with --state")
     if accounting == Accounting.STRICT and not ledger_namespace(settings):
         raise ServeError("--accounting strict needs --ledger-namespace (outside a pod there is no own namespace)")
+    if settings.quota.writer_lease:
+        _check_writer_lease(settings)
+
+
+def _check_writer_lease(settings: Settings) -> None:
+    quota = settings.quota
+    if quota.accounting != Accounting.STRICT:
+        raise ServeError("--writer-lease chooses the replica that writes strict accounting's ledgers; "
+                         "it needs --accounting strict")
+    if len(quota.writer_lease) > 253 or not LEASE_NAME.fullmatch(quota.writer_lease):
+        raise ServeError(f"--writer-lease {quota.writer_lease!r} is not a Lease name: lower-case letters, digits, "
+                         "'-' and '.', starting and ending with a letter or digit")
+    if quota.peer_port == settings.port:
+        raise ServeError(f"--peer-port {quota.peer_port} is the port the webhook serves on; give the other "
+                         "replicas' listener a port of its own")
+    if quota.peer_port:
+        _probe_tcp(quota.peer_address or "0.0.0.0", quota.peer_port)
 
 
 def build_quota_decider() -> QuotaDecider:

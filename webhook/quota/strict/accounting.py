@@ -203,6 +203,8 @@ class StrictAccounting:
         # Why this replica cannot decide now ("" when it can), for readiness: set by the namespace
         # check and by ledger writes that fail for a reason other than a conflict or a held tree.
         self._ledger_problem = f"the ledger namespace {store.namespace} has not been checked yet"
+        # With --writer-lease: whether another replica holds it now (webhook.quota.strict.writer_lease).
+        self.writer_elsewhere: Callable[[], bool] = lambda: False
 
     def ledger_problem(self) -> str:
         return self._ledger_problem
@@ -643,6 +645,8 @@ class StrictAccounting:
 
     def run_reconciler(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
+            if self.writer_elsewhere():
+                continue  # the writer Lease's holder reconciles: its writes would meet these as conflicts
             try:
                 dropped = self.reconcile_once()
             except Exception as error:  # the next round tries again; admissions prune as they write

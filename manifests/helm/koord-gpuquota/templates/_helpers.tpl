@@ -8,6 +8,11 @@ app.kubernetes.io/name: koord-gpuquota
 app.kubernetes.io/component: webhook
 {{- end }}
 
+{{/* Non-empty when the replicas elect one ledger writer: strict accounting with a writerLease. */}}
+{{- define "gpuquota.writerLease" -}}
+{{- if and (eq .Values.accounting "strict") .Values.writerLease }}true{{ end }}
+{{- end }}
+
 {{- define "gpuquota.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
