@@ -45,6 +45,7 @@ from controlplane import (
     ELASTICQUOTA_GROUP,
     ELASTICQUOTA_PLURAL,
     ELASTICQUOTA_VERSION,
+    LOOPBACK,
     Api,
     Binaries,
     ControlPlane,
@@ -62,6 +63,7 @@ from webhookproc import WebhookProcess, post_review, quota_service_pid
 from gpuquota_core import shared_ledger
 
 RESERVATION_TTL = 3.0
+WRITER_LEASE = "gpuquota-ledger-writer"
 ROOM, LEAF_ROOM = 12, 8  # pods of one card: the parent holds fewer than both leaves together
 BURST, CLIENTS = 40, 16
 CREATE_TIMEOUT = 30.0  # the client's own bound on one create (an etcd pause holds creates)
@@ -94,7 +96,9 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
         api.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ledger_namespace)))
         serve_args = ["--kubeconfig", str(plane.kubeconfig_path), "--workers", "1", "--threads", "8",
                       "--accounting", "strict", "--ledger-namespace", ledger_namespace,
-                      "--reservation-ttl", str(RESERVATION_TTL)]
+                      "--reservation-ttl", str(RESERVATION_TTL),
+                      # The shipped shape: one writer, the others forwarding to it (README "Several replicas").
+                      "--writer-lease", WRITER_LEASE, "--peer-address", LOOPBACK, "--peer-port", "0"]
         servers, balancer = start_replicas_behind_haproxy(base, serve_args)
         register_webhook_configurations(api, local_webhook_configurations(balancer.url, servers[0].ca_bundle))
         probe = "webhook-probe"
@@ -212,6 +216,24 @@ def counted_by(server: WebhookProcess, quota: str) -> float:
     assert status == 200
     return sum(sample.value for family in text_string_to_metric_families(text.decode()) for sample in family.samples
                if sample.name == "gpuquota_quota_used" and sample.labels.get("quota") == quota)
+
+
+def writer_role(server: WebhookProcess) -> str:
+    """The replica's part with the writer Lease (gpuquota_ledger_writer_role), "" while it has none."""
+    status, text = server.get("/metrics")
+    if status != 200:
+        return ""
+    held = [sample.labels["role"] for family in text_string_to_metric_families(text.decode())
+            for sample in family.samples if sample.name == "gpuquota_ledger_writer_role" and sample.value == 1]
+    return held[0] if held else ""
+
+
+def the_writer(cluster: Cluster) -> WebhookProcess:
+    """The replica holding the writer Lease, once one does and the others forward to it."""
+    poll(lambda: sorted(writer_role(server) for server in cluster.replicas) == ["forwarding", "forwarding", "writer"],
+         "one replica holds the writer Lease and the others forward to it")
+    (writer,) = [server for server in cluster.replicas if writer_role(server) == "writer"]
+    return writer
 
 
 def assert_nothing_lost(cluster: Cluster, tree: Tree) -> None:
@@ -378,7 +400,9 @@ def test_decider_killed_mid_burst(cluster_ok: Cluster, run: int) -> None:
 def test_replica_paused_longer_than_the_reservation_ttl(cluster_ok: Cluster, run: int) -> None:
     cluster, figures = cluster_ok, Figures("replica paused")
     tree = make_tree(cluster)
-    victim = cluster.replicas[1]
+    # The writer: the others' forwarded admissions then wait on it, time out and are decided by them,
+    # and what it reads of them when it resumes is too late to decide.
+    victim = the_writer(cluster)
     pause = timed(lambda: os.killpg(victim.pid, signal.SIGSTOP), lambda: os.killpg(victim.pid, signal.SIGCONT),
                   seconds=2 * RESERVATION_TTL + 1)
     # What the paused replica decided before it stopped is written, if at all, only on a fresh

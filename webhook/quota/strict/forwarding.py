@@ -134,12 +134,15 @@ class PeerClient:
                 connection = self._local.connection = self._connect(address)
             _, sock, reader, token = connection
             sock.settimeout(seconds)
-            send_frame(sock, {"op": "admit_pod", "token": token, "admission": admission,
-                              "seconds": max(seconds - ANSWER_MARGIN_SECONDS, 0.0)})
+            budget = max(seconds - ANSWER_MARGIN_SECONDS, 0.0)
+            send_frame(sock, {"op": "admit_pod", "token": token, "admission": admission, "seconds": budget,
+                              "answer_by_wall": time.time() + budget})
             reply = reader.read()
         except (OSError, ValueError) as error:  # TimeoutError and ssl.SSLError are OSErrors
             self._close()
             raise PeerUnavailable(f"{type(error).__name__}: {error}") from None
+        if isinstance(reply, dict) and reply.get("late"):
+            raise PeerUnavailable(f"the writer at {address} read the admission after its deadline")
         if not isinstance(reply, dict) or "allowed" not in reply:
             self._close()
             raise PeerUnavailable(f"the writer at {address} answered {str(reply)[:200]!r}")
@@ -204,10 +207,10 @@ class PeerListener:
     correctly). A thread per connection: the forwarders keep one per thread, so there are few."""
 
     def __init__(self, host: str, port: int, key: ServingKey, local: PodAdmitter,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
         self.key = key
         self.local = local
-        self.monotonic = monotonic
+        self.monotonic, self.clock = monotonic, clock
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -252,8 +255,17 @@ class PeerListener:
             raise PermissionError("a request without this replica's token")
         if message.get("op") != "admit_pod":
             raise ValueError(f"unknown operation {message.get('op')!r}")
-        seconds = message.get("seconds")
+        seconds, answer_by_wall = message.get("seconds"), message.get("answer_by_wall")
         if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 <= seconds <= 60:
             raise ValueError(f"seconds must be a number from 0 to 60, not {seconds!r}")
+        if not isinstance(answer_by_wall, int | float) or isinstance(answer_by_wall, bool):
+            raise ValueError(f"answer_by_wall must be a number, not {answer_by_wall!r}")
         admission = PodAdmission(**message["admission"])
-        return self.local.admit_pod(admission, self.monotonic() + seconds)
+        # Read late (this process was paused, or starved, while it waited in the socket): the
+        # forwarder has stopped waiting and decides itself, so nothing is decided here. The wall
+        # clocks of two hosts differ a little; where they differ a lot, this only makes the
+        # forwarders decide themselves, never admits late.
+        left = min(float(seconds), answer_by_wall - self.clock())
+        if left <= 0:
+            return {"late": True}
+        return self.local.admit_pod(admission, self.monotonic() + left)
