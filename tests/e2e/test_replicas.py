@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 from admissionchain import delete_webhook_configurations, local_webhook_configurations, register_webhook_configurations
-from clusterhelpers import RATIO, admits_quota, create_quota, eventually, whole_card_pod
+from clusterhelpers import QUOTA_LABEL, RATIO, admits_quota, create_quota, eventually, whole_card_pod
 from controlplane import LOOPBACK, Api
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from loadbalancer import HAProxy, start_replicas_behind_haproxy
 from prometheus_client.parser import text_string_to_metric_families
-from webhookproc import WebhookProcess
+from reviews import pod, review
+from webhookproc import WebhookProcess, post_review
 
 from gpuquota_core import shared_ledger
 
@@ -285,7 +286,6 @@ def test_the_writer_killed_mid_burst_is_replaced_and_nothing_is_over_admitted(ap
     assert lease.spec.holder_identity == _identity(successor) != _identity(victim)
     assert lease.spec.lease_transitions == transitions + 1
     (forwarder,) = [server for server in single_writer.servers if server.alive() and server is not successor]
-    forwarded = _counted(forwarder, "gpuquota_ledger_forwarded_admissions_total", "result", "forwarded")
     # What the dead writer reserved for pods that never landed expires; then the whole room left is
     # usable, exactly: the last pod that fits is stored and the next is refused for the quota.
     name = shared_ledger.ledger_object_name(quota)
@@ -300,8 +300,12 @@ def test_the_writer_killed_mid_burst_is_replaced_and_nothing_is_over_admitted(ap
         api.core.create_namespaced_pod(namespace, whole_card_pod("one-too-many", quota))
     assert f"exceeded quota: {namespace}/{quota}, " in json.loads(refused.value.body)["message"]
     assert stored_pods(api, namespace) == ROOM_PODS
-    if ROOM_PODS - stored >= 2:  # round robin gave the forwarder some of them
-        assert _counted(forwarder, "gpuquota_ledger_forwarded_admissions_total", "result", "forwarded") > forwarded
+    # The last replica asks the new writer: a review sent to it (a dry run) is forwarded and answered.
+    document = review(pod("probe", namespace, labels={QUOTA_LABEL: quota}, resources={RATIO: "100"}), dry_run=True)
+    forwarded = _counted(forwarder, "gpuquota_ledger_forwarded_admissions_total", "result", "forwarded")
+    answer = post_review(forwarder, "/validate-pods", document)
+    assert f"exceeded quota: {namespace}/{quota}, " in answer["status"]["message"]
+    assert _counted(forwarder, "gpuquota_ledger_forwarded_admissions_total", "result", "forwarded") == forwarded + 1
 
 
 def test_a_writer_stopped_cleanly_gives_the_lease_up_before_it_exits(api: Api, single_writer: Replicas) -> None:

@@ -701,6 +701,39 @@ def test_a_late_retry_never_withdraws_the_room_of_an_admission_already_answered(
     assert not replica.admit("p2", "250").allowed
 
 
+def admission_of(pod: str, ratio: str = "100") -> PodAdmission:
+    return PodAdmission(uid="adm-" + pod, operation="CREATE", namespace="team", name=pod, pod_uid="uid-" + pod,
+                        labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: ratio})
+
+
+def test_what_any_replica_reserved_for_an_admission_its_worker_got_no_answer_for_is_withdrawn(
+        core: FakeCore, clock: list[float]) -> None:
+    # The writer reserved "lost" for a forwarder whose quota service then died before it passed the
+    # "allowed" on: that worker answered QuotaServiceDown, and reports the admission to the
+    # forwarder's next quota service, which takes the writer's entry out.
+    writer, forwarder = Replica(core, "writer/1", clock), Replica(core, "forwarder/2", clock)
+    assert writer.admit("answered").allowed and writer.admit("lost", "200").allowed
+    assert not forwarder.admit("waiting", "100").allowed  # 300 of 300 held
+    forwarder.accounting.withdraw_unanswered([admission_of("lost", "200"), admission_of("never-reserved")])
+    forwarder.accounting.settle_due()
+    assert core.stored() == {"team/answered"}
+    # The room is back at once, not after the reservation's TTL.
+    assert forwarder.admit("fits", "200").allowed
+
+
+def test_an_unanswered_admission_never_withdraws_an_entry_another_admission_of_its_pod_wrote(
+        core: FakeCore, clock: list[float]) -> None:
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("p1").allowed  # review adm-p1, answered
+    # Another review of the same pod name (a new uid) went unanswered: adm-p1's entry stays.
+    other = PodAdmission(uid="adm-other", operation="CREATE", namespace="team", name="p1", pod_uid="",
+                         labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: "100"})
+    replica.accounting.withdraw_unanswered([other])
+    replica.accounting.settle_due()
+    assert core.stored() == {"team/p1"}
+    assert not replica.admit("p2", "250").allowed
+
+
 def test_nobody_waits_for_the_escrow_of_a_replica_that_stopped_giving_it_back(core: FakeCore,
                                                                            clock: list[float]) -> None:
     dead = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000)  # room for 10 cards

@@ -30,6 +30,12 @@ ANSWER_MARGIN_SECONDS = 0.1
 ASKED_AGAIN_ONCE = frozenset({ANSWER_TOO_LATE, ESCROW_NOT_BACK})
 
 
+# Reported at most: an outage longer than this many refused admissions leaves the older ones to their TTL.
+UNANSWERED_KEPT = 256
+# How often the report is tried while the service does not take it (a restart and sync take seconds).
+UNANSWERED_RETRY_SECONDS = 0.1
+
+
 class QuotaServiceTimeout(TimeoutError):
     """The quota service took longer than the client's timeout to answer."""
 
@@ -50,6 +56,10 @@ class QuotaClient:
         self.path = path
         self.timeout = timeout
         self._local = threading.local()  # one connection per worker thread
+        # Admissions refused as QuotaServiceDown, reported to the service once it answers again.
+        self._unanswered: list[PodAdmission] = []
+        self._unanswered_lock = threading.Lock()
+        self._reporting = False  # a thread reports them (_report_until_taken)
 
     def _call(self, message: dict[str, Any], deadline_key: str = "") -> Any:
         """Send ``message`` and read the reply; ``deadline_key``: the field to carry this attempt's
@@ -117,9 +127,39 @@ class QuotaClient:
             # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
             reply = self._call({"op": "admit_pod", "admission": admission}, deadline_key="answer_by")
         except (OSError, ValueError) as error:
+            if not admission.dry_run:
+                self._report_unanswered(admission)
             return Verdict(False, f"quota service unavailable, pod not admitted: {error}",
                            reason=QUOTA_SERVICE_DOWN)
         return self._verdict(reply)
+
+    def _report_unanswered(self, admission: PodAdmission) -> None:
+        """Refused here without an answer, though the service (or the writer it forwards to) may have
+        reserved for it already: tell the service as soon as it answers again, so that strict
+        accounting withdraws that reservation instead of holding its room for a TTL."""
+        with self._unanswered_lock:
+            self._unanswered = [*self._unanswered, admission][-UNANSWERED_KEPT:]
+            if self._reporting:
+                return
+            self._reporting = True
+        threading.Thread(target=self._report_until_taken, daemon=True, name="quota-unanswered").start()
+
+    def _report_until_taken(self) -> None:
+        while True:
+            with self._unanswered_lock:
+                pending = list(self._unanswered)
+                if not pending:
+                    self._reporting = False
+                    return
+            try:
+                taken = self._call({"op": "withdraw_unanswered", "admissions": pending}).get("taken") is True
+            except (OSError, ValueError, AttributeError):
+                taken = False
+            if not taken:  # restarting, or not synced yet: ask again shortly
+                time.sleep(UNANSWERED_RETRY_SECONDS)
+                continue
+            with self._unanswered_lock:
+                self._unanswered = [each for each in self._unanswered if each not in pending]
 
     def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
         try:

@@ -72,7 +72,8 @@ LEDGER_WRITER_ROLE = Gauge(
     "With --writer-lease, 1 for this replica's role: writer (holds the Lease and decides what the others forward), "
     "forwarding (to another replica holding it), deciding_itself (no live holder known); 0 for the other roles.",
     ["role"],
-    multiprocess_mode="max",
+    # Only the live service's: a quota service killed while it was the writer must not stay one.
+    multiprocess_mode="livemax",
 )
 FORWARDED_RESULTS = ("forwarded", "decided_here")
 FORWARDED_ADMISSIONS = Counter(

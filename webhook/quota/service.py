@@ -56,6 +56,8 @@ def private_socket_path() -> Path:
 class PodAdmitter(Protocol):
     def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict: ...
 
+    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
+
 
 def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
            events: EventService | None = None) -> dict[str, Any] | Verdict:
@@ -72,9 +74,17 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
         admission = PodAdmission(**message["admission"])
         if admitter is None:  # local accounting decides in memory at once: no deadline to keep
             return state.admit_pod(admission)
+
         # The monotonic time by which the client must have the answer (QuotaClient.admit_pod).
         answer_by = message.get("answer_by")
         return admitter.admit_pod(admission, float(answer_by) if isinstance(answer_by, int | float) else math.inf)
+    if op == "withdraw_unanswered":
+        # Admissions a worker refused because no quota service answered them (QuotaClient): a dead
+        # predecessor of this process, or this one while it hung, may have reserved for them.
+        admissions = message.get("admissions")
+        if admitter is None or not isinstance(admissions, list):
+            return {"taken": True}  # local accounting: what a dead service reserved died with it
+        return {"taken": admitter.withdraw_unanswered([PodAdmission(**each) for each in admissions])}
     if op == "quota_figures":
         # Rows, not objects: a frame holds tens of thousands of them (quota_wire.MAX_FRAME).
         return {"figures": [astuple(figure) for figure in state.quota_figures()]}
@@ -102,7 +112,8 @@ def serve(state: QuotaState, path: Path, admitter: PodAdmitter | None = None,
 
 
 def _is_admission(message: Any) -> bool:
-    return isinstance(message, dict) and message.get("op") == "admit_pod"
+    """What strict accounting answers (in the loop's pool): admissions, and withdrawals of unanswered ones."""
+    return isinstance(message, dict) and message.get("op") in ("admit_pod", "withdraw_unanswered")
 
 
 def load_state_file(state: QuotaState, state_path: Path, nodes: NodeState | None = None) -> None:

@@ -11,7 +11,7 @@ The server goes beyond the public API of three libraries:
   rewrites one of the arbiter's log lines.
 - prometheus_client: the server switches its value storage to multiprocess mode after import
   (``values.ValueClass``) and uses the multiprocess collector, ``mark_process_dead`` and the
-  ``livemostrecent`` gauge mode.
+  ``livemostrecent`` and ``livemax`` gauge modes.
 - kubernetes: the kubeconfig given with ``--kubeconfig`` is loaded through the client's
   non-exported ``ConfigNode`` and ``KubeConfigLoader`` (:mod:`kubeaccess.kube`; the pin and its
   probe are in :mod:`kubeaccess.library_pins`, since the CLI checks it too).
@@ -129,8 +129,9 @@ def _prometheus_internals() -> Iterator[str]:
     yield from parameters_differ(multiprocess, {"mark_process_dead": ("pid", "path"),
                                                 "MultiProcessCollector": ("registry", "path")},
                                  "prometheus_client.multiprocess")
-    if "livemostrecent" not in getattr(metrics.Gauge, "_MULTIPROC_MODES", ()):
-        yield "prometheus_client Gauge has no multiprocess_mode 'livemostrecent'"
+    for mode in ("livemostrecent", "livemax"):
+        if mode not in getattr(metrics.Gauge, "_MULTIPROC_MODES", ()):
+            yield f"prometheus_client Gauge has no multiprocess_mode '{mode}'"
 
 
 # The ranges pinned in pyproject.toml (tests/webhook/serving/test_library_check.py keeps the two equal).

@@ -137,11 +137,23 @@ class QuotaServiceSupervisor:
                               f"of starting {self._quick_deaths} times in a row, giving up", 1)
         assert self.socket_path is not None
         remove_private_files(self.socket_path, keep_directory=True)  # the new one creates them afresh
+        _forget_live_gauges(pid)
         self._spawn()
         assert self.process is not None
         log.error("quota service (pid %s) %s after %.1fs; started a new one (pid %s), which rebuilds the "
                   "quota state from a fresh list or load; decisions wait for it (503) meanwhile",
                   pid, how, lived, self.process.pid)
+
+
+def _forget_live_gauges(pid: int) -> None:
+    """Drop the dead service's live-gauge files (its writer role), as for a dead worker: the new
+    service reports its own. Max gauges keep the dead one's last value, as before."""
+    from webhook.serving.metrics import MULTIPROC_ENV  # here: the metrics directory is set by now
+
+    if os.environ.get(MULTIPROC_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
 def _reaped(pid: int, *, block: bool = False) -> bool:

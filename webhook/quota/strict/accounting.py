@@ -103,15 +103,20 @@ class _Job:
 @dataclass(frozen=True)
 class _Withdrawal:
     """A reservation this replica wrote for an admission it then refused for answering too late: it is
-    taken out of the object by the next write, if the entry is still exactly the one written."""
+    taken out of the object by the next write, if the entry is still exactly the one written.
+
+    ``unanswered``: an admission its worker answered as refused because it got no answer from its
+    quota service at all (``withdraw_unanswered``); every entry any replica wrote for it goes."""
 
     pod_key: str
     admission_uid: str
     admitted_at: float
+    unanswered: bool = False
 
     def matches(self, item: shared_ledger.StoredReservation, replica: str) -> bool:
-        return (item.replica == replica and item.reservation.admission_uid == self.admission_uid
-                and round(item.admitted_at, 3) == round(self.admitted_at, 3))
+        if item.reservation.admission_uid != self.admission_uid:
+            return False
+        return self.unanswered or (item.replica == replica and round(item.admitted_at, 3) == round(self.admitted_at, 3))
 
 
 @dataclass
@@ -263,6 +268,29 @@ class StrictAccounting:
         self._commit_as_committer(tree_root, queue, batch)
         assert job.verdict is not None
         return job.verdict
+
+    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool:
+        """Take out, in the next write of their trees, what any replica reserved for ``admissions``:
+        their workers answered them as refused because their quota service died or hung before it
+        answered (``webhook.quota.client``), after it, or the writer it forwarded to, may already have
+        written the reservation. Safe for the same reason as a late answer's withdrawal: that refusal
+        was the only answer given, so no pod is stored on the strength of these reservations. Without
+        it, their room stayed taken for a whole TTL after the quota service was killed.
+
+        False, taking none, until the quota state is synced (a restarted service is asked first of
+        all): only then does it know the trees."""
+        with self.state.snapshot() as view:
+            if not view.synced:
+                return False
+            trees = [None if admission.dry_run else tree_of(view, admission) for admission in admissions]
+        for admission, tree_root in zip(admissions, trees, strict=True):
+            if tree_root is None:
+                continue
+            queue = self._queue(tree_root)
+            with queue.condition:
+                queue.withdrawals.append(_Withdrawal(f"{admission.namespace}/{admission.name}", admission.uid, 0.0,
+                                                     unanswered=True))
+        return True
 
     def _commit_as_committer(self, tree_root: str, queue: _TreeQueue, batch: list[_Job]) -> None:
         """Commit ``batch`` (the caller has set ``queue.committing``), then hand the role back."""

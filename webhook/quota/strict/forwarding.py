@@ -65,6 +65,8 @@ MAX_PEER_FRAME = 256 * 1024
 class PodAdmitter(Protocol):
     def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict: ...
 
+    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
+
 
 class PeerUnavailable(Exception):
     """The holder could not be asked, or gave no answer in time."""
@@ -146,8 +148,12 @@ class PeerClient:
         if not isinstance(reply, dict) or "allowed" not in reply:
             self._close()
             raise PeerUnavailable(f"the writer at {address} answered {str(reply)[:200]!r}")
-        reply["warnings"] = tuple(reply.get("warnings", ()))
-        return Verdict(**reply)
+        try:
+            return Verdict(**{**reply, "warnings": tuple(reply.get("warnings") or ())})
+        except TypeError as error:  # a writer of another release, mid-upgrade: decide here
+            self._close()
+            raise PeerUnavailable(f"the writer at {address} answered a verdict this release cannot read: "
+                                  f"{error}") from None
 
     def _connect(self, address: str) -> tuple[str, ssl.SSLSocket, FrameReader, str]:
         own, token = self.key.certificate_der(), self.key.token()
@@ -199,6 +205,11 @@ class SingleWriter:
             return self.local.admit_pod(admission, answer_by)
         metrics.FORWARDED_ADMISSIONS.labels("forwarded").inc()
         return verdict
+
+    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool:
+        # Written here, not by the writer: it is rare, and this replica's write removes the writer's
+        # entries as well as its own (a withdrawal of an unanswered admission matches any replica's).
+        return self.local.withdraw_unanswered(admissions)
 
 
 class PeerListener:
