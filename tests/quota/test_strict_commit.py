@@ -721,6 +721,27 @@ def test_what_any_replica_reserved_for_an_admission_its_worker_got_no_answer_for
     assert forwarder.admit("fits", "200").allowed
 
 
+def test_a_refusal_on_a_cached_copy_older_than_a_second_is_judged_again_on_a_fresh_read(
+        core: FakeCore, clock: list[float]) -> None:
+    # The writer's copy holds "lost"; another replica withdraws it. A refusal writes nothing, so
+    # without a fresh read the writer would refuse on that copy until its next write.
+    seconds = [100.0]
+    writer, other = Replica(core, "writer/1", clock), Replica(core, "other/2", clock)
+    writer.store.monotonic = lambda: seconds[0]
+    assert writer.admit("answered").allowed and writer.admit("lost", "200").allowed
+    other.accounting.withdraw_unanswered([admission_of("lost", "200")])
+    other.accounting.settle_due()
+    assert core.stored() == {"team/answered"}
+    # A copy this fresh is trusted: refused, nothing read.
+    reads = core.calls.count("read")
+    assert not writer.admit("fits", "200").allowed
+    assert core.calls.count("read") == reads
+    # A second later the same refusal is judged again on the object as stored: the room is there.
+    seconds[0] += 1.0
+    assert writer.admit("fits", "200").allowed
+    assert core.calls.count("read") == reads + 1
+
+
 def test_an_unanswered_admission_never_withdraws_an_entry_another_admission_of_its_pod_wrote(
         core: FakeCore, clock: list[float]) -> None:
     replica = Replica(core, "r1", clock)

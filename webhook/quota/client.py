@@ -56,7 +56,7 @@ class QuotaClient:
         self.path = path
         self.timeout = timeout
         self._local = threading.local()  # one connection per worker thread
-        # Admissions refused as QuotaServiceDown, reported to the service once it answers again.
+        # Admissions refused after an attempt got no answer, reported to the service once it takes them.
         self._unanswered: list[PodAdmission] = []
         self._unanswered_lock = threading.Lock()
         self._reporting = False  # a thread reports them (_report_until_taken)
@@ -82,10 +82,12 @@ class QuotaClient:
                 return reply
             except BlockingIOError as error:  # what a kernel timeout raises on a blocking socket
                 self._drop(reader)
+                self._local.lost_an_answer = True
                 if attempt == 2:
                     raise QuotaServiceTimeout(f"no answer within {self.timeout:g}s") from error
             except (OSError, ValueError):
                 self._drop(reader)
+                self._local.lost_an_answer = True
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -123,20 +125,23 @@ class QuotaClient:
             return None
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
+        self._local.lost_an_answer = False
         try:
             # orjson writes the dataclass itself; asdict would deep-copy its label and request maps first.
-            reply = self._call({"op": "admit_pod", "admission": admission}, deadline_key="answer_by")
+            verdict = self._verdict(self._call({"op": "admit_pod", "admission": admission}, deadline_key="answer_by"))
         except (OSError, ValueError) as error:
-            if not admission.dry_run:
-                self._report_unanswered(admission)
-            return Verdict(False, f"quota service unavailable, pod not admitted: {error}",
-                           reason=QUOTA_SERVICE_DOWN)
-        return self._verdict(reply)
+            verdict = Verdict(False, f"quota service unavailable, pod not admitted: {error}", reason=QUOTA_SERVICE_DOWN)
+        # A refusal after an attempt whose answer never came (the service died or hung with it, and a
+        # new one answered the retry, "not synced yet" say): that attempt may have reserved.
+        if not verdict.allowed and self._local.lost_an_answer and not admission.dry_run:
+            self._report_unanswered(admission)
+        return verdict
 
     def _report_unanswered(self, admission: PodAdmission) -> None:
-        """Refused here without an answer, though the service (or the writer it forwards to) may have
-        reserved for it already: tell the service as soon as it answers again, so that strict
-        accounting withdraws that reservation instead of holding its room for a TTL."""
+        """Refused, though an attempt that got no answer may have reserved for it (in the service or
+        the writer it forwards to): tell the service until it takes the report, so that strict
+        accounting withdraws that reservation instead of holding its room for a TTL. Safe because
+        this refusal is the one answer the apiserver gets for the review."""
         with self._unanswered_lock:
             self._unanswered = [*self._unanswered, admission][-UNANSWERED_KEPT:]
             if self._reporting:

@@ -28,11 +28,14 @@ DEADLINE_SECONDS = 30.0
 class DyingThenRestartingService:
     """Hangs up on every admission; answers reports "not yet" ``refusals`` times, then takes them."""
 
-    def __init__(self, path: Path, refusals: int) -> None:
+    def __init__(self, path: Path, refusals: int, retry_answer: dict[str, Any] | None = None) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         self.listener.listen(8)
         self.refusals = refusals
+        # Answered to the second attempt of an admission (the restarted service), if given.
+        self.retry_answer = retry_answer
+        self.admissions_seen = 0
         self.reports: list[dict[str, Any]] = []
         self.taken = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
@@ -43,18 +46,26 @@ class DyingThenRestartingService:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
-                reader = FrameReader(conn)
-                while (message := reader.read()) is not None:
-                    if message["op"] == "admit_pod":
-                        break  # dies before it answers: the client sees the connection close
-                    assert message["op"] == "withdraw_unanswered", message
-                    self.reports.append(message)
-                    taken = len(self.reports) > self.refusals
-                    send_frame(conn, {"taken": taken})
-                    if taken:
-                        self.taken.set()
-                        return
+            # A thread per connection: the worker's thread keeps its connection while the reporter opens its own.
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            reader = FrameReader(conn)
+            while (message := reader.read()) is not None:
+                if message["op"] == "admit_pod":
+                    self.admissions_seen += 1
+                    if self.retry_answer is not None and self.admissions_seen % 2 == 0:
+                        send_frame(conn, self.retry_answer)
+                        continue
+                    break  # dies before it answers: the client sees the connection close
+                assert message["op"] == "withdraw_unanswered", message
+                self.reports.append(message)
+                taken = len(self.reports) > self.refusals
+                send_frame(conn, {"taken": taken})
+                if taken:
+                    self.taken.set()
+                    return
 
     def close(self) -> None:
         self.listener.close()
@@ -70,6 +81,21 @@ def test_a_refused_unanswered_admission_is_reported_until_the_service_takes_it(t
         # Asked again while the service answered "not yet", the same admission each time.
         assert len(service.reports) == 3
         assert all(report["admissions"] == [_as_wire(ADMISSION)] for report in service.reports)
+    finally:
+        service.close()
+
+
+def test_a_refusal_from_the_next_service_after_a_lost_answer_is_reported_too(tmp_path: Path) -> None:
+    # The first attempt dies with the service; the retry reaches its successor, not synced yet,
+    # which refuses: the first attempt may still have reserved, so the admission is reported.
+    not_synced = {"allowed": False, "message": "quota state is not synced yet; retry shortly", "reason": "NotReady"}
+    service = DyingThenRestartingService(tmp_path / "quota.sock", refusals=0, retry_answer=not_synced)
+    try:
+        verdict = QuotaClient(tmp_path / "quota.sock", timeout=2.0).admit_pod(ADMISSION)
+
+        assert (verdict.allowed, verdict.reason) == (False, "NotReady")
+        assert service.taken.wait(DEADLINE_SECONDS)
+        assert service.reports[0]["admissions"] == [_as_wire(ADMISSION)]
     finally:
         service.close()
 

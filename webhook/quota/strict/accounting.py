@@ -85,6 +85,8 @@ DEFAULT_CREATE_DEADLINE_SECONDS = 60.0
 # cannot be written, and while it can.
 LEDGER_CHECK_FAILING_SECONDS = 1.0
 LEDGER_CHECK_SECONDS = 10.0
+# A refusal for room judged on a cached copy older than this is judged again on a fresh read (_judge).
+REFUSAL_COPY_SECONDS = 1.0
 
 
 @dataclass
@@ -161,6 +163,7 @@ class _LedgerRead:
     stored: dict[str, shared_ledger.StoredReservation]
     now: float
     pods_counted_through: int  # how far this replica's pod watch must have got to decide on it
+    copy_age: float = 0.0  # seconds since this copy came from the API server (0: read fresh now)
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,8 @@ class StrictAccounting:
             with queue.condition:
                 queue.withdrawals.append(_Withdrawal(f"{admission.namespace}/{admission.name}", admission.uid, 0.0,
                                                      unanswered=True))
+        log.info("strict accounting: withdrawing what was reserved for %d admissions refused after an attempt got no "
+                 "answer: %s", len(admissions), ", ".join(f"{a.namespace}/{a.name}" for a in admissions))
         return True
 
     def _commit_as_committer(self, tree_root: str, queue: _TreeQueue, batch: list[_Job]) -> None:
@@ -371,7 +376,7 @@ class StrictAccounting:
                         f"the ledger counts pods through {read.pods_counted_through})")
                 plan = self._judge(view, queue, commit, read)
             if plan is None:
-                continue  # this replica gave back its own escrows: judged again without them
+                continue  # judged again: without its own escrows, or on a fresh copy (_judge)
             if not self._write(tree_root, queue, commit, read, plan):
                 continue  # a conflict: judged again from a fresh read
             self._finish(queue, commit, plan, read.now)
@@ -391,12 +396,14 @@ class StrictAccounting:
             raise _BatchRefused(f"the shared quota ledger of tree {tree_root} {self.store.hold_cause(tree_root)}; "
                                 f"reservations only it held may still take room for {held_until - now:.1f}s, "
                                 f"until they expire")
-        return _LedgerRead(version, stored, now, self.store.pods_counted_through(tree_root))
+        return _LedgerRead(version, stored, now, self.store.pods_counted_through(tree_root),
+                           0.0 if commit.fresh else self.store.copy_age(tree_root))
 
     def _judge(self, view: QuotaView, queue: _TreeQueue, commit: _Commit, read: _LedgerRead) -> _Plan | None:
         """Judge the batch on the ledger as read, on one view of this replica's state, and plan the
-        write: what is kept, settled, withdrawn, reserved and taken in escrow. None when the batch was
-        refused for room this replica itself holds in escrow, which it gives back instead (judge again)."""
+        write: what is kept, settled, withdrawn, reserved and taken in escrow. None when the batch is
+        to be judged again: refused for room this replica itself holds in escrow, which it gives back
+        instead, or refused on a cached copy older than REFUSAL_COPY_SECONDS (read it afresh)."""
         kept, pods_counted_through = pruned(view, read.stored, read.now)
         keep = settled(kept, commit.settling, self.replica, read.now, view.ttl_seconds)
         withdrawn = self._withdraw(keep, commit.withdrawals)
@@ -404,6 +411,12 @@ class StrictAccounting:
         results, holding = judge_batch_holding(view, [job.admission for job in commit.batch], keep, read.now,
                                                [job.requests for job in commit.batch])
         refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
+        if refused_for_room and read.copy_age >= REFUSAL_COPY_SECONDS:
+            # A refusal writes nothing, so nothing would refresh this copy: room another replica
+            # gave back since (a withdrawal, a reconcile) would be refused until this replica's
+            # next write. Judged again on a fresh read; under load its own writes keep it fresher.
+            commit.fresh = True
+            return None
         if refused_for_room and self._close_escrows(queue, only_spent=False, tree_version=view.tree_version):
             # Refused for room this replica itself holds in escrow for other shapes: give all of it
             # back in this write and judge the batch again without it.

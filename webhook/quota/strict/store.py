@@ -69,6 +69,7 @@ class LedgerStore:
         self.core: Any = client.CoreV1Api(api)
         self.namespace = namespace
         self._cache: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
+        self._cached_at: dict[str, float] = {}  # per tree: monotonic time the cached copy was read or written
         # Per tree: the uid of the object last read or written, and what it held then.
         self._known: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
         # Per tree: reservations of a deleted object not yet written back (see the class docstring).
@@ -91,6 +92,7 @@ class LedgerStore:
         self.registry = LedgerRegistry(self.core, namespace, self.list_trees)
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
         self.clock: Callable[[], float] = time.time
+        self.monotonic: Callable[[], float] = time.monotonic  # the age of cached copies
         self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
 
     def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[
@@ -146,6 +148,7 @@ class LedgerStore:
             self._missing_judged.discard(tree_root)
             result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
             self._cache[tree_root] = result
+            self._cached_at[tree_root] = self.monotonic()
             listed = tree_root in self._registered
         if not listed and not deleted_at:
             # A ledger made before the registry existed, or whose maker stopped before listing it.
@@ -439,7 +442,15 @@ class LedgerStore:
             self._pods_counted_through[tree_root] = counted_through
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
+            self._cached_at[tree_root] = self.monotonic()
         return True
+
+    def copy_age(self, tree_root: str) -> float:
+        """Seconds since the cached copy of the tree's object was read or written (inf: none cached)."""
+        with self._lock:
+            if tree_root not in self._cache:
+                return float("inf")
+            return self.monotonic() - self._cached_at.get(tree_root, -float("inf"))
 
 
 @contextlib.contextmanager
