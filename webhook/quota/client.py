@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuquota_core.enforcement import ANSWER_TOO_LATE, ESCROW_NOT_BACK, QUOTA_SERVICE_DOWN
 from gpuquota_core.pod_admission import PodAdmission, QuotaFigure, Verdict
-from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame
+from webhook.quota.wire import FrameReader, kernel_timeouts, send_frame, verdict_from_wire
 
 log = logging.getLogger("gpuquota.server")
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -181,5 +181,4 @@ class QuotaClient:
 
     @staticmethod
     def _verdict(reply: dict[str, Any]) -> Verdict:
-        reply["warnings"] = tuple(reply.get("warnings", ()))
-        return Verdict(**reply)
+        return verdict_from_wire(reply)

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from gpuquota_core.pod_admission import Verdict
+
 MAX_FRAME = 4 * 1024 * 1024
 # Large enough for any reply and any pod admission in one recv; a larger frame just takes more.
 RECV_SIZE = 64 * 1024
@@ -92,3 +94,9 @@ class FrameReader:
         message = orjson.loads(pending[_HEADER.size:end])
         del pending[:end]
         return message
+
+
+def verdict_from_wire(reply: dict[str, Any]) -> Verdict:
+    """A Verdict as the service writes it (its fields; warnings as a list). TypeError for fields
+    this release does not know (a peer of another release)."""
+    return Verdict(**{**reply, "warnings": tuple(reply.get("warnings") or ())})

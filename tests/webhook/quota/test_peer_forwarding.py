@@ -21,6 +21,7 @@ from controlplane import LOOPBACK
 from webhookproc import generate_certs
 
 from gpuquota_core.pod_admission import PodAdmission, Verdict
+from webhook.quota.strict import forwarding
 from webhook.quota.strict.forwarding import PeerClient, PeerListener, ServingKey, SingleWriter
 from webhook.quota.wire import FrameReader, send_frame
 
@@ -150,5 +151,25 @@ def test_an_admission_the_writer_reads_after_its_deadline_is_decided_by_the_forw
 
         assert forwarding.admit_pod(ADMISSION).allowed is False
         assert decided.asked == [] and len(here.asked) == 1
+    finally:
+        listener.close()
+
+
+def test_a_connection_that_asks_nothing_is_closed_and_does_not_keep_its_thread(
+        key: ServingKey, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forwarding, "FIRST_REQUEST_SECONDS", 0.2)
+    monkeypatch.setattr(forwarding, "MAX_PEER_CONNECTIONS", 1)
+    decided = Recorder(Verdict(True))
+    listener = PeerListener(LOOPBACK, 0, key, decided)
+    listener.start()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with context.wrap_socket(socket.create_connection((LOOPBACK, listener.port), timeout=5)) as idle:
+            assert FrameReader(idle).read() is None  # closed by the listener, unasked
+        # Its one slot is free again: a forwarder is answered.
+        forwarding_writer = SingleWriter(Recorder(Verdict(False, "here")), FixedLease(f"{LOOPBACK}:{listener.port}"),
+                                         PeerClient(key))  # type: ignore[arg-type]
+        assert forwarding_writer.admit_pod(ADMISSION) == Verdict(True)
     finally:
         listener.close()

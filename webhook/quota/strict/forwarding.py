@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from webhook.quota import metrics
 from webhook.quota.strict.writer_lease import WriterLease
-from webhook.quota.wire import FrameReader, send_frame
+from webhook.quota.wire import FrameReader, send_frame, verdict_from_wire
 
 log = logging.getLogger("gpuquota.quota")
 # A holder on the pod network answers a connect within milliseconds; one that does not is down or
@@ -60,6 +60,12 @@ AVOID_SECONDS = 1.0
 TOKEN_CONTEXT = b"koord-gpuquota ledger writer v1"
 # Frames a peer may send: an admission is a few hundred bytes.
 MAX_PEER_FRAME = 256 * 1024
+# Connections the listener serves at once: each forwarder keeps one per thread of its quota service
+# (webhook.quota.loop.STRICT_THREADS), so this is room for several forwarders, and a bound on the
+# threads anyone who can reach the port can make it hold.
+MAX_PEER_CONNECTIONS = 512
+# A new connection must complete its handshake and send its first request within this.
+FIRST_REQUEST_SECONDS = 2.0
 
 
 class PodAdmitter(Protocol):
@@ -149,7 +155,7 @@ class PeerClient:
             self._close()
             raise PeerUnavailable(f"the writer at {address} answered {str(reply)[:200]!r}")
         try:
-            return Verdict(**{**reply, "warnings": tuple(reply.get("warnings") or ())})
+            return verdict_from_wire(reply)
         except TypeError as error:  # a writer of another release, mid-upgrade: decide here
             self._close()
             raise PeerUnavailable(f"the writer at {address} answered a verdict this release cannot read: "
@@ -228,6 +234,7 @@ class PeerListener:
         self.listener.bind((host, port))
         self.listener.listen(128)
         self.port: int = self.listener.getsockname()[1]
+        self._slots = threading.BoundedSemaphore(MAX_PEER_CONNECTIONS)
         key.server_context()  # a key or certificate that does not load stops the service before it serves
 
     def start(self) -> None:
@@ -243,21 +250,27 @@ class PeerListener:
                 conn, peer = self.listener.accept()
             except OSError:
                 return  # closed
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # at the cap: the forwarder decides itself
+                continue
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True, name="peer-connection").start()
 
     def _serve(self, conn: socket.socket, peer: Any) -> None:
         try:
-            conn.settimeout(CONNECT_TIMEOUT_SECONDS * 8)  # the handshake; then a kept connection waits freely
+            # The handshake and the first request within a bound: a connection that proved nothing
+            # must not hold a thread. Then a forwarder's kept connection may wait for its next one.
+            conn.settimeout(FIRST_REQUEST_SECONDS)
             sock = self.key.server_context().wrap_socket(conn, server_side=True)
-            sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             token = self.key.token()
             reader = FrameReader(sock, max_frame=MAX_PEER_FRAME)
             while (message := reader.read()) is not None:
                 send_frame(sock, self._answer(message, token))
+                sock.settimeout(None)
         except Exception as error:  # a bad peer, a reset, garbage: only this connection ends
             log.info("strict accounting: peer connection from %s closed: %s: %s", peer, type(error).__name__, error)
         finally:
+            self._slots.release()
             with contextlib.suppress(OSError):
                 conn.close()
 
