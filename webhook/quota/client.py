@@ -34,6 +34,8 @@ ASKED_AGAIN_ONCE = frozenset({ANSWER_TOO_LATE, ESCROW_NOT_BACK})
 UNANSWERED_KEPT = 256
 # How often the report is tried while the service does not take it (a restart and sync take seconds).
 UNANSWERED_RETRY_SECONDS = 0.1
+# After this long the reservations reported expired anyway (the TTL, or a create's deadline): stop.
+UNANSWERED_GIVE_UP_SECONDS = 60.0
 
 
 class QuotaServiceTimeout(TimeoutError):
@@ -150,11 +152,15 @@ class QuotaClient:
         threading.Thread(target=self._report_until_taken, daemon=True, name="quota-unanswered").start()
 
     def _report_until_taken(self) -> None:
+        started = time.monotonic()
         while True:
             with self._unanswered_lock:
                 pending = list(self._unanswered)
-                if not pending:
-                    self._reporting = False
+                if not pending or time.monotonic() - started > UNANSWERED_GIVE_UP_SECONDS:
+                    if pending:
+                        log.warning("quota service: %d refused admissions not reported within %gs; what was "
+                                    "reserved for them expires with its TTL", len(pending), UNANSWERED_GIVE_UP_SECONDS)
+                    self._unanswered, self._reporting = [], False
                     return
             try:
                 taken = self._call({"op": "withdraw_unanswered", "admissions": pending}).get("taken") is True

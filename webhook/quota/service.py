@@ -74,7 +74,6 @@ def handle(state: QuotaState, message: Any, admitter: PodAdmitter | None = None,
         admission = PodAdmission(**message["admission"])
         if admitter is None:  # local accounting decides in memory at once: no deadline to keep
             return state.admit_pod(admission)
-
         # The monotonic time by which the client must have the answer (QuotaClient.admit_pod).
         answer_by = message.get("answer_by")
         return admitter.admit_pod(admission, float(answer_by) if isinstance(answer_by, int | float) else math.inf)
