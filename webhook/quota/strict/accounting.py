@@ -273,12 +273,13 @@ class StrictAccounting:
         return job.verdict
 
     def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool:
-        """Take out, in the next write of their trees, what any replica reserved for ``admissions``:
-        their workers answered them as refused because their quota service died or hung before it
-        answered (``webhook.quota.client``), after it, or the writer it forwarded to, may already have
-        written the reservation. Safe for the same reason as a late answer's withdrawal: that refusal
-        was the only answer given, so no pod is stored on the strength of these reservations. Without
-        it, their room stayed taken for a whole TTL after the quota service was killed.
+        """Take out, in the next write of their trees, what any replica reserved for ``admissions``.
+
+        Their workers refused them after an attempt that got no answer (``webhook.quota.client``):
+        the quota service died or hung with it, though it, or the writer it forwarded to, may have
+        written the reservation already. Safe for the same reason as a late answer's withdrawal: that
+        refusal was the only answer the apiserver got, so no pod is stored on the strength of these
+        reservations. Without it, their room stayed taken for a whole TTL after the service was killed.
 
         False, taking none, until the quota state is synced (a restarted service is asked first of
         all): only then does it know the trees."""
@@ -294,7 +295,7 @@ class StrictAccounting:
                 queue.withdrawals.append(_Withdrawal(f"{admission.namespace}/{admission.name}", admission.uid, 0.0,
                                                      unanswered=True))
         log.info("strict accounting: withdrawing what was reserved for %d admissions refused after an attempt got no "
-                 "answer: %s", len(admissions), ", ".join(f"{a.namespace}/{a.name}" for a in admissions))
+                 "answer: %s", len(admissions), ", ".join(f"{a.namespace}/{a.name}" for a in admissions[:10]))
         return True
 
     def _commit_as_committer(self, tree_root: str, queue: _TreeQueue, batch: list[_Job]) -> None:
