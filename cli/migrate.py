@@ -18,6 +18,7 @@ from gpuquota_core.migration import (
     Plan,
     Refusal,
     Step,
+    changed_only_by_koordinator_bookkeeping,
     originals_from_annotations,
     plan_migration,
     plan_rollback,
@@ -137,6 +138,9 @@ def _live_objects(kubeconfig: str | None, context: str | None) -> list[dict[str,
 
 
 CONFLICT_EXIT = 1
+# Writes of one step refused only because Koordinator's quota controller updated its summaries on
+# the quota meanwhile, tried again from a fresh read; a busy quota is rewritten about once a second.
+BOOKKEEPING_RETRIES = 5
 DRY_RUN_HELP = ("client: print the steps and write nothing; server: send every step as a server-side dry run "
                 "(the apiserver and its webhooks judge it), nothing is stored.")
 
@@ -182,30 +186,46 @@ def _write_steps(kubeconfig: str | None, context: str | None, steps: list[Step],
     except KubeAccessError as error:
         raise cluster_error(error) from None
     custom = client.CustomObjectsApi(api)
+
+    def write(step: Step, body: dict[str, Any]) -> Any:
+        # Every real write is tried with dryRun=All first: admission (Koordinator's webhook, ours)
+        # judges the step before anything is stored, so a refusal leaves no half-step.
+        stored = custom.replace_namespaced_custom_object(
+            ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota, body,
+            dry_run="All")
+        if dry_run != "server":
+            stored = custom.replace_namespaced_custom_object(
+                ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota, body)
+        return stored
+
     try:
         for number, step in enumerate(steps, 1):
             key = (step.namespace, step.quota)
-            body = body_of(current[key], step)
-            try:
-                # Every real write is tried with dryRun=All first: admission (Koordinator's webhook,
-                # ours) judges the step before anything is stored, so a refusal leaves no half-step.
-                stored = custom.replace_namespaced_custom_object(
-                    ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota, body,
-                    dry_run="All")
-                if dry_run != "server":
-                    stored = custom.replace_namespaced_custom_object(
-                        ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota, body)
-            except ApiException as error:
-                if error.status == 409:
-                    version = (current[key].get("metadata") or {}).get("resourceVersion")
-                    what = (f"conflict: ElasticQuota {step.namespace}/{step.quota} changed since it was read "
-                            f"(resourceVersion {version}); it was not overwritten")
-                else:
-                    what = api_error_message(error)
-                click.echo(f"step {number} ({step.phase} {step.namespace}/{step.quota}) refused: {what}", err=True)
-                click.echo(f"{number - 1} of {len(steps)} step(s) applied, nothing further written; {recovery}",
-                           err=True)
-                sys.exit(CONFLICT_EXIT)
+            for attempt in range(1, BOOKKEEPING_RETRIES + 2):
+                body = body_of(current[key], step)
+                try:
+                    stored = write(step, body)
+                    break
+                except ApiException as error:
+                    if error.status == 409 and attempt <= BOOKKEEPING_RETRIES:
+                        # Koordinator's quota controller rewrites its usage summaries on the quota as
+                        # pods come and go: a step planned before that is still right after it.
+                        fresh = custom.get_namespaced_custom_object(
+                            ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, step.namespace, ELASTICQUOTA_PLURAL, step.quota)
+                        if isinstance(fresh, dict) and changed_only_by_koordinator_bookkeeping(current[key], fresh):
+                            current[key] = fresh
+                            continue
+                    if error.status == 409:
+                        version = (current[key].get("metadata") or {}).get("resourceVersion")
+                        what = (f"conflict: ElasticQuota {step.namespace}/{step.quota} changed since it was read "
+                                f"(resourceVersion {version}); it was not overwritten")
+                    else:
+                        what = api_error_message(error)
+                    click.echo(f"step {number} ({step.phase} {step.namespace}/{step.quota}) refused: {what}",
+                               err=True)
+                    click.echo(f"{number - 1} of {len(steps)} step(s) applied, nothing further written; {recovery}",
+                               err=True)
+                    sys.exit(CONFLICT_EXIT)
             current[key] = stored if isinstance(stored, dict) else body
             verb = "would apply" if dry_run == "server" else "applied"
             click.echo(f"{verb} step {number}: {step.phase} ElasticQuota {step.namespace}/{step.quota}")

@@ -25,6 +25,7 @@ from .quota_admission import IN_PROGRESS, MIGRATION_IN_PROGRESS_ANNOTATION, revi
 from .quota_integrity import PARENT_MISSING, tree_problems
 from .quota_objects import (
     PARENT_LABEL,
+    PREFIX,
     ROOT_QUOTA,
     QuotaInfo,
     QuotaShapeError,
@@ -42,6 +43,13 @@ from .usage_index import UsageIndex
 # marker that a tree is between "add-canonical" and "drop-legacy", the one state in which a quota
 # may name both GPU families.
 PRE_MIGRATION_SPEC_ANNOTATION = "gpuquota.koord-gpuquota.io/pre-migration-spec"
+# What koord-scheduler's quota controller writes on an ElasticQuota whenever its pods come and go: its
+# usage summaries (Koordinator's apis/extension/elastic_quota.go), beside the status. A step planned
+# from an object is still the right step after such a write, so a write refused for it is retried.
+KOORDINATOR_SUMMARY_ANNOTATIONS = frozenset(
+    PREFIX + name
+    for name in ("runtime", "request", "child-request", "guaranteed", "allocated", "non-preemptible-request",
+                 "non-preemptible-used"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1044,3 +1052,18 @@ def _rollback_all_at_once(objects: list[Mapping[str, Any]], live: Mapping[tuple[
             steps.append(Step(key[1], key[0], "restore", states[key][0], states[key][0]))
     refused.sort(key=lambda r: (r.namespace, r.quota))
     return RollbackPlan(steps, refused, sorted(unchanged))
+
+
+def changed_only_by_koordinator_bookkeeping(read: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether ``now`` differs from ``read`` (one ElasticQuota, as read and as stored) only in what
+    Koordinator's quota controller keeps up to date on it: its status, its summary annotations, and
+    the bookkeeping metadata every write changes. Spec, labels, every other annotation and the
+    object's identity must be as read."""
+    def planned_from(quota: Mapping[str, Any]) -> tuple[object, ...]:
+        metadata = quota.get("metadata") or {}
+        annotations = {key: value for key, value in (metadata.get("annotations") or {}).items()
+                       if key not in KOORDINATOR_SUMMARY_ANNOTATIONS}
+        return (quota.get("spec"), metadata.get("uid"), metadata.get("labels") or {}, annotations,
+                metadata.get("finalizers") or [], metadata.get("deletionTimestamp"))
+
+    return planned_from(read) == planned_from(now)

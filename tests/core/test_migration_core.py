@@ -19,6 +19,7 @@ from gpuquota_core.migration import (
     Plan,
     RollbackSourceError,
     Step,
+    changed_only_by_koordinator_bookkeeping,
     original_from_annotation,
     originals_from_backup,
     plan_migration,
@@ -502,3 +503,26 @@ def test_a_vendor_leaf_under_a_canonical_parent_converts_and_warns_that_koord_sc
     (note,) = [item for item in plan.revisit if item["check"] == "vendor-pods-running"]
     assert note["message"].startswith("koord-scheduler will not count these pods in this quota after the step: ")
     assert "below its parent org" in note["message"]
+
+
+def _quota_object(**metadata: object) -> dict[str, object]:
+    return {"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+            "metadata": {"name": "team", "namespace": "ml", "uid": "u1", "resourceVersion": "10",
+                         "labels": {"quota.scheduling.koordinator.sh/parent": "org"},
+                         "annotations": {"note": "kept"}, **metadata},
+            "spec": {"max": {"nvidia.com/gpu": "4"}}}
+
+
+def test_only_koordinators_usage_summaries_and_status_count_as_its_bookkeeping() -> None:
+    read = _quota_object()
+    summaries = _quota_object(resourceVersion="11", annotations={
+        "note": "kept", "quota.scheduling.koordinator.sh/runtime": '{"nvidia.com/gpu":"2"}',
+        "quota.scheduling.koordinator.sh/request": '{"nvidia.com/gpu":"3"}'})
+    summaries["status"] = {"used": {"nvidia.com/gpu": "2"}}
+    assert changed_only_by_koordinator_bookkeeping(read, summaries)
+    # Anything the step was planned from, or anyone else's edit, is not.
+    assert not changed_only_by_koordinator_bookkeeping(read, {**read, "spec": {"max": {"nvidia.com/gpu": "6"}}})
+    assert not changed_only_by_koordinator_bookkeeping(read, _quota_object(labels={}))
+    assert not changed_only_by_koordinator_bookkeeping(read, _quota_object(annotations={"note": "edited"}))
+    assert not changed_only_by_koordinator_bookkeeping(read, _quota_object(uid="u2"))  # deleted and recreated
+    assert not changed_only_by_koordinator_bookkeeping(read, _quota_object(deletionTimestamp="2026-12-07T12:00:00Z"))

@@ -277,6 +277,40 @@ def test_a_conflict_mid_apply_stops_names_the_quota_and_the_backup_rolls_back(
     assert_restored(api, namespace, before)
 
 
+def test_koordinators_usage_summaries_written_mid_apply_do_not_stop_it(
+        kubeconfig_path: Path, api: Api, legacy_tree: tuple[str, str, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """koord-scheduler's quota controller rewrites its summary annotations (and status) on a quota as
+    its pods come and go: a step planned before is still right, so its write is tried again on the
+    fresh object, and what Koordinator wrote is kept."""
+    namespace, parent, child = legacy_tree
+    real_replace = k8s.CustomObjectsApi.replace_namespaced_custom_object
+    sent: list[str] = []
+    runtime = '{"nvidia.com/gpu":"2"}'
+
+    def replace_after_koordinators_bookkeeping(self: k8s.CustomObjectsApi, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("dry_run"):
+            sent.append(args[4])
+            if len(sent) == 2:
+                api.custom.patch_namespaced_custom_object(
+                    ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION, namespace, ELASTICQUOTA_PLURAL, child,
+                    {"metadata": {"annotations": {"quota.scheduling.koordinator.sh/runtime": runtime}}})
+        return real_replace(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object", replace_after_koordinators_bookkeeping)
+
+    code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "backup.yaml"),
+                             "--update-resource-key-gate")
+
+    assert code == 0, err
+    assert out.splitlines()[:2] == [f"applied step 1: add-canonical ElasticQuota {namespace}/{parent}",
+                                    f"applied step 2: add-canonical ElasticQuota {namespace}/{child}"]
+    assert sent[:3] == [parent, child, child]  # the refused write of step 2, then the same step again
+    stored = eq(api, namespace, child)
+    assert stored["spec"]["max"] == dict.fromkeys(CANONICAL, "400")  # every step applied, the legacy key dropped
+    assert stored["metadata"]["annotations"]["quota.scheduling.koordinator.sh/runtime"] == runtime
+
+
 # -- all at once: a three-level tree, ElasticQuotaEnableUpdateResourceKey off ----------------------
 
 ROOT_QUOTA = "koordinator-root-quota"
