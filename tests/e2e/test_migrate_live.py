@@ -297,7 +297,8 @@ def test_koordinators_usage_summaries_written_mid_apply_do_not_stop_it(
                     {"metadata": {"annotations": {"quota.scheduling.koordinator.sh/runtime": runtime}}})
         return real_replace(self, *args, **kwargs)
 
-    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object", replace_after_koordinators_bookkeeping)
+    monkeypatch.setattr(k8s.CustomObjectsApi, "replace_namespaced_custom_object",
+                        replace_after_koordinators_bookkeeping)
 
     code, out, err = migrate(kubeconfig_path, "-n", namespace, "--backup", str(tmp_path / "backup.yaml"),
                              "--update-resource-key-gate")
