@@ -204,6 +204,8 @@ def start_single_writer(api: Any, options: QuotaServiceOptions, strict: StrictAc
     lease = WriterLease(api, options.ledger_namespace, options.writer_lease, identity, address)
     strict.writer_elsewhere = lambda: lease.writer_elsewhere() is not None
     listener.start()
+    for result in quota_metrics.FORWARDED_RESULTS:  # at zero from the start, as the ledger writes are
+        quota_metrics.FORWARDED_ADMISSIONS.labels(result)
     stop = threading.Event()
     threading.Thread(target=lease.run, args=(stop,), daemon=True, name="writer-lease").start()
 

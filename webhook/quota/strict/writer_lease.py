@@ -120,9 +120,11 @@ class WriterLease:
             record = self._record
             if record is None or not record.holder or record.holder == self.identity or not record.address:
                 return None
-            if self.monotonic() >= self._observed_at + record.duration_seconds:
-                return None
-            return record.address
+            return None if self._unrenewed(record, self.monotonic()) else record.address
+
+    def _unrenewed(self, record: LeaseRecord, now: float) -> bool:
+        """Whether ``record`` has stood unchanged for its whole duration by this replica's clock (lock held)."""
+        return now >= self._observed_at + record.duration_seconds
 
     def role(self) -> str:
         """One of metrics.WRITER_ROLES."""
@@ -150,7 +152,7 @@ class WriterLease:
             if record is not None and (self._record is None or record.version != self._record.version):
                 self._observed_at = now
             self._record = record
-            expired = record is not None and now >= self._observed_at + record.duration_seconds
+            expired = record is not None and self._unrenewed(record, now)
         step = next_step(record, self.identity, expired)
         if step is Step.FOLLOW:
             return
