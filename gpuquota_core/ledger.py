@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .quantity import ZERO, Quantity
@@ -43,6 +43,9 @@ class Reservation:
     # Per quota, what the ledger holds for it; defaults to ``requests`` everywhere (a CREATE).
     charges: Mapping[str, ResourceList] = field(default_factory=dict)
     caller: str = ""  # who sent the admission (peer address or client certificate), for the per-caller bound
+    # The gang (namespace/name) this pod is a member of, when its admission drew from the gang's
+    # reservation: its charge then comes out of that reservation rather than on top of it.
+    gang: str = ""
 
     def charge_of(self, quota: str) -> ResourceList:
         return self.charges.get(quota, self.requests) if self.charges else self.requests
@@ -55,9 +58,43 @@ class Reservation:
         return all(requests.get(name, ZERO) >= asked for name, asked in self.requests.items())
 
 
+@dataclass(frozen=True, slots=True)
+class GangReservation:
+    """The room a gang's minimum takes, held from its first member's admission until the minimum
+    is stored or the gang's waiting time is over (``gpuquota_core.gang``).
+
+    It never changes once made: what it holds at a moment is its need less what the gang's members
+    already take (their own reservations, and the members the watch shows), so a member's admission
+    writes only its own reservation, and the reservation is used up as members come.
+    """
+
+    gang: str  # namespace/name
+    admission_uid: str  # the admission of the member that opened it
+    quotas: tuple[str, ...]  # leaf first, as a member's charge
+    need: ResourceList
+    min_members: int
+    expires_at: float
+    # Given up at once when its PodGroup is deleted (a gang of labels or annotations has no object).
+    pod_group: bool = False
+
+
+# What the watch shows of a gang's members: how many are stored and what they ask, in total.
+GangMembersStored = Callable[[str], tuple[int, ResourceList]]
+
+
+def _nothing_stored(gang: str) -> tuple[int, ResourceList]:
+    return 0, {}
+
+
 class ReservationLedger:
-    def __init__(self, ttl_seconds: float = DEFAULT_TTL_SECONDS) -> None:
+    def __init__(self, ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                 members_stored: GangMembersStored = _nothing_stored) -> None:
         self.ttl_seconds = ttl_seconds
+        self._members_stored = members_stored
+        self._gangs: dict[str, GangReservation] = {}
+        self._gangs_at: dict[str, set[str]] = {}  # quota -> the gangs holding room there
+        # Per gang, the members holding reservations here: how many, and what they ask.
+        self._drawn: dict[str, tuple[int, ResourceList]] = {}
         self._by_pod: dict[str, Reservation] = {}
         self._used: dict[str, ResourceList] = {}
         self._by_caller: dict[str, int] = {}
@@ -72,10 +109,11 @@ class ReservationLedger:
 
     def reserve(self, pod_key: str, admission_uid: str, quotas: tuple[str, ...],
                 requests: Mapping[str, Quantity], now: float, *, pod_uid: str = "",
-                charges: Mapping[str, ResourceList] | None = None, caller: str = "") -> Reservation:
+                charges: Mapping[str, ResourceList] | None = None, caller: str = "",
+                gang: str = "") -> Reservation:
         """Charge a pod; a retried admission of the same pod replaces its earlier reservation."""
         return self.hold(Reservation(pod_key, admission_uid, quotas, dict(requests), now + self.ttl_seconds,
-                                     pod_uid, dict(charges or {}), caller))
+                                     pod_uid, dict(charges or {}), caller, gang))
 
     def hold(self, reservation: Reservation) -> Reservation:
         """Charge a reservation made elsewhere (a shared ledger's), as it is: its own expiry.
@@ -88,6 +126,9 @@ class ReservationLedger:
         self._by_caller[caller] = self._by_caller.get(caller, 0) + 1
         for quota in reservation.quotas:
             self._used[quota] = add_lists(self._used.get(quota, {}), reservation.charge_of(quota))
+        if reservation.gang:
+            count, asked = self._drawn.get(reservation.gang, (0, {}))
+            self._drawn[reservation.gang] = (count + 1, add_lists(asked, reservation.requests))
         return reservation
 
     def release(self, pod_key: str) -> Reservation | None:
@@ -98,6 +139,10 @@ class ReservationLedger:
                 self._by_caller[reservation.caller] = remaining
             for quota in reservation.quotas:
                 self._used[quota] = subtract_lists(self._used.get(quota, {}), reservation.charge_of(quota))
+            if reservation.gang:
+                count, asked = self._drawn.pop(reservation.gang, (1, {}))
+                if count > 1:
+                    self._drawn[reservation.gang] = (count - 1, subtract_lists(asked, reservation.requests))
         return reservation
 
     def confirm(self, pod_key: str, pod_uid: str, charged_to: tuple[str, ...],
@@ -118,6 +163,8 @@ class ReservationLedger:
             if reservation is not None and reservation.expires_at <= now:
                 self.release(pod_key)
                 expired.append(reservation)
+        for gang in [gang for gang, held in self._gangs.items() if held.expires_at <= now]:
+            self.close_gang(gang)
         return expired
 
     def held_by(self, caller: str) -> int:
@@ -135,4 +182,62 @@ class ReservationLedger:
         return self._by_pod.get(pod_key)
 
     def used(self, quota: str) -> ResourceList:
-        return dict(self._used.get(quota, {}))
+        gangs = self._gangs_at.get(quota)
+        if not gangs:
+            return dict(self._used.get(quota, {}))
+        return add_lists(self._used.get(quota, {}), *(self.gang_hold(gang) for gang in sorted(gangs)))
+
+    # Gang reservations (gpuquota_core.gang): a gang's first member opens one, every member draws
+    # from it, and it holds room until the minimum is stored or it expires.
+
+    def open_gang(self, reservation: GangReservation) -> GangReservation:
+        self.close_gang(reservation.gang)
+        self._gangs[reservation.gang] = reservation
+        for quota in reservation.quotas:
+            self._gangs_at.setdefault(quota, set()).add(reservation.gang)
+        return reservation
+
+    def close_gang(self, gang: str) -> GangReservation | None:
+        reservation = self._gangs.pop(gang, None)
+        if reservation is not None:
+            for quota in reservation.quotas:
+                held = self._gangs_at.get(quota)
+                if held is not None:
+                    held.discard(gang)
+                    if not held:
+                        del self._gangs_at[quota]
+        return reservation
+
+    def gang(self, gang: str) -> GangReservation | None:
+        return self._gangs.get(gang)
+
+    def gangs(self) -> list[GangReservation]:
+        return list(self._gangs.values())
+
+    def gang_members(self, gang: str) -> tuple[int, ResourceList]:
+        """How many members of ``gang`` take room (reserved here or stored), and what they ask."""
+        reserved, reserved_asks = self._drawn.get(gang, (0, {}))
+        stored, stored_asks = self._members_stored(gang)
+        return reserved + stored, add_lists(reserved_asks, stored_asks)
+
+    def gang_hold(self, gang: str) -> ResourceList:
+        """What ``gang``'s reservation holds now: its need less what its members take (nothing
+        once its minimum of members takes room)."""
+        reservation = self._gangs.get(gang)
+        if reservation is None:
+            return {}
+        count, asked = self.gang_members(gang)
+        return remaining_need(reservation.need, reservation.min_members, count, asked)
+
+
+def remaining_need(need: Mapping[str, Quantity], min_members: int, members: int,
+                   members_ask: Mapping[str, Quantity]) -> ResourceList:
+    """What of a gang's ``need`` its ``members`` (asking ``members_ask`` in total) do not take yet."""
+    if members >= min_members:
+        return {}
+    left: ResourceList = {}
+    for name, quantity in need.items():
+        rest = quantity - members_ask.get(name, ZERO)
+        if rest > ZERO:
+            left[name] = rest
+    return left

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .conversion import ConversionConfig
+from .gang import gang_metadata
 from .pod_records import gpu_memory_unknown, remembered_gpu_problems, remembered_request_texts, spec_shape_key
 from .podspec import PodShapeError, as_mapping
 from .quota_decision import PodQuotaRequest, quota_use_unchanged, requests_of
@@ -39,6 +40,8 @@ class PodAdmission:
     # Who sent the AdmissionReview: the TLS peer's address (or client certificate subject).
     # Never the review's own userInfo, which a forged review would simply make up.
     caller: str = ""
+    # The pod's gang annotations (gpuquota_core.gang): with its labels, which gang it is a member of.
+    gang_annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,7 @@ def _pod_admission(pod: Mapping[str, Any], spec: Mapping[str, Any], shape: objec
         dry_run=dry_run,
         unknown_gpu_memory=gpu_memory_unknown(requests),
         caller=caller,
+        gang_annotations=gang_metadata(metadata.get("annotations")),
     )
 
 

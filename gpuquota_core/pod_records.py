@@ -11,6 +11,7 @@ from typing import Any
 
 from .canonical import canonicalize_pod_spec, config_identity, pinned_model_key, values_key
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .gang import gang_metadata, names_gang
 from .memo import BoundedMemo
 from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, as_mapping, pod_requests, read_containers
 from .quota_objects import POD_QUOTA_LABEL
@@ -30,6 +31,7 @@ class PodRecord:
     quota_label: str
     requests: ResourceList  # canonical, pod-level, zeros removed
     unknown_gpu_memory: bool = False
+    gang: str = ""  # namespace/name of the gang its labels or annotations name (gpuquota_core.gang)
 
     @property
     def key(self) -> str:
@@ -48,6 +50,13 @@ def canonical_pod_requests(spec: Mapping[str, Any], config: ConversionConfig = D
     """Pod-level requests after the webhook's rewrite: legacy pods are charged as the webhook would."""
     canonical_spec, _, _, _ = canonicalize_pod_spec(spec, config, whole_pod=False)
     return pod_requests(canonical_spec, read_containers(canonical_spec))
+
+
+def canonical_resource_list(resources: Mapping[str, Any]) -> ResourceList:
+    """A resource list written like one container's requests (a PodGroup's minResources), in
+    canonical units: the GPUs in it read as a container asking for them would be."""
+    container = {"name": "total", "resources": {"requests": dict(resources), "limits": dict(resources)}}
+    return canonical_pod_requests({"containers": [container]})
 
 
 # The quota cache and the audit compute every pod's canonical requests, and a cluster's pods repeat
@@ -171,11 +180,14 @@ def pod_record(pod: Mapping[str, Any], config: ConversionConfig = DEFAULT_CONFIG
     metadata = as_mapping(pod.get("metadata"), "metadata")
     labels = as_mapping(metadata.get("labels"), "metadata.labels")
     requests = remembered_pod_requests(as_mapping(pod.get("spec"), "spec"), config, shape=shape)
+    namespace = str(metadata.get("namespace") or "")
+    gang = names_gang(labels, gang_metadata(metadata.get("annotations")))
     return PodRecord(
-        namespace=str(metadata.get("namespace") or ""),
+        namespace=namespace,
         name=str(metadata.get("name") or ""),
         uid=str(metadata.get("uid") or ""),
         quota_label=str(labels.get(POD_QUOTA_LABEL) or ""),
         requests=requests,
         unknown_gpu_memory=gpu_memory_unknown(requests),
+        gang=f"{namespace}/{gang}" if gang else "",
     )

@@ -8,20 +8,43 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from fractions import Fraction
+from typing import Protocol, runtime_checkable
 
 from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
-from .ledger import Reservation
+from .gang import Gang, gang_need
+from .ledger import GangReservation, Reservation, remaining_need
 from .quantity import ZERO, Quantity
-from .quota_check import charges_for_chain, check_chain
+from .quota_check import Exceeded, charges_for_chain, check_chain
 from .quota_tree import QuotaTree
-from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, subtract_lists
+from .resources import GPU_MEMORY_RATIO, ResourceList, add_lists, format_list, subtract_lists
 
 
 class Totals(Protocol):
     """What ``decide`` reads of the usage and the ledger: one quota's totals."""
 
     def used(self, quota: str) -> ResourceList: ...
+
+
+@runtime_checkable
+class GangTotals(Totals, Protocol):
+    """What ``decide`` reads of the ledger for a gang member (``ReservationLedger`` has it all)."""
+
+    def gang(self, gang: str) -> GangReservation | None: ...
+
+    def gang_members(self, gang: str) -> tuple[int, ResourceList]: ...
+
+    def gang_hold(self, gang: str) -> ResourceList: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GangOpening:
+    """The reservation an admitted gang member opens for the rest of its gang's minimum."""
+
+    gang: str
+    need: ResourceList
+    min_members: int
+    waiting_seconds: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +66,10 @@ class Decision:
     message: str = ""
     reason: str = ""
     details: dict[str, str] = field(default_factory=dict)
+    # The gang whose reservation this pod draws from ("" when it is charged like any pod), and the
+    # reservation its admission opens for the rest of the gang's minimum.
+    gang: str = ""
+    opens_gang: GangOpening | None = None
 
 
 def needs_check(new: PodQuotaRequest, old: PodQuotaRequest | None, tree: QuotaTree) -> bool:
@@ -73,7 +100,10 @@ def _grows(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
 
 
 def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
-           old: PodQuotaRequest | None = None, replay_of: Reservation | None = None) -> Decision:
+           old: PodQuotaRequest | None = None, replay_of: Reservation | None = None,
+           gang: Gang | None = None) -> Decision:
+    """Admit ``pod`` or not. ``gang``: the gang it is a member of (a CREATE's only; ``ledger`` must
+    then be a :class:`GangTotals`), so that it is admitted only with room for the gang's minimum."""
     resolution = tree.resolve(pod.namespace, pod.quota_label)
     if resolution.rule == "label-not-found":
         # Koordinator's quota admission refuses the same pod with the same words; ours follow them.
@@ -104,7 +134,14 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
             reserved[name] = subtract_lists(reserved[name], replay_of.charge_of(name))
     used = {name: add_lists(usage.used(name), reserved[name]) for name in chain}
     charges = charges_for_chain(chain, pod.requests, counted)
-    exceeded = check_chain(tree, leaf.name, charges, used, reserved)
+    if gang is not None and old is None and isinstance(ledger, GangTotals):
+        return _decide_gang_member(tree, leaf.name, chain, used, reserved, charges, pod, gang, ledger, replay_of)
+    return _decided(tree, leaf.name, chain, used, reserved, charges)
+
+
+def _decided(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used: dict[str, ResourceList],
+             reserved: dict[str, ResourceList], charges: dict[str, ResourceList]) -> Decision:
+    exceeded = check_chain(tree, leaf, charges, used, reserved)
     if exceeded:
         first = exceeded[0]
         # A quota naming both GPU families is judged by the stricter spelling; say so, or the
@@ -115,6 +152,71 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
         return Decision(False, message=message, reason=QUOTA_EXCEEDED,
                         details={"quota": first.quota.ref})
     return Decision(True, quotas=chain, charges=charges)
+
+
+def _decide_gang_member(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used: dict[str, ResourceList],
+                        reserved: dict[str, ResourceList], charges: dict[str, ResourceList],
+                        pod: PodQuotaRequest, gang: Gang, ledger: GangTotals,
+                        replay_of: Reservation | None) -> Decision:
+    """A gang member: admitted only if, with it, the room the rest of its gang's minimum takes is
+    held too (what the gang's reservation holds, or opens with this member).
+
+    What admitting adds is the member's own charge plus the change in what the gang's reservation
+    holds: a member drawing from a reservation adds nothing beyond it, and the member that opens
+    one adds the whole minimum's need at once, so two gangs racing for one quota cannot both be
+    admitted in part.
+    """
+    held = ledger.gang(gang.key)
+    if held is not None and held.quotas != chain:
+        # A member under another quota than the one its gang reserved at draws nothing there:
+        # charged like any pod (the audit names gangs whose members disagree).
+        return _decided(tree, leaf, chain, used, reserved, charges)
+    count, asked = ledger.gang_members(gang.key)
+    if replay_of is not None and replay_of.gang == gang.key:
+        # A second delivery of the same admission: its first delivery's draw is this one.
+        count, asked = count - 1, subtract_lists(asked, replay_of.requests)
+    if count >= gang.min_members:
+        return _decided(tree, leaf, chain, used, reserved, charges)  # the minimum takes room already
+    need = held.need if held is not None else gang_need(gang, pod.requests)
+    before = ledger.gang_hold(gang.key)
+    after = remaining_need(need, gang.min_members, count + 1, add_lists(asked, pod.requests))
+    change = subtract_lists(after, before)
+    with_gang = {quota: _positive(add_lists(charge, change)) for quota, charge in charges.items()}
+    exceeded = check_chain(tree, leaf, with_gang, used, reserved)
+    if exceeded:
+        if held is not None:
+            return _decided(tree, leaf, chain, used, reserved, with_gang)
+        return _gang_refusal(tree, leaf, exceeded[0], pod, gang, remaining_need(need, gang.min_members, count, asked),
+                             count)
+    opening = None
+    if held is None and after:
+        opening = GangOpening(gang.key, need, gang.min_members, gang.waiting_seconds)
+    return Decision(True, quotas=chain, charges=charges, gang=gang.key if (held is not None or opening) else "",
+                    opens_gang=opening)
+
+
+def _gang_refusal(tree: QuotaTree, leaf: str, first: Exceeded, pod: PodQuotaRequest, gang: Gang,
+                  wanted: ResourceList, counted: int) -> Decision:
+    """The refusal of a gang member whose gang's minimum does not fit: the gang, its need, the room."""
+    limit = tree.limit(first.quota.name)[0]
+    names = sorted(first.limited)
+    free = {name: Quantity(max(limit[name].amount - first.used.get(name, ZERO).amount, Fraction(0)),
+                           limit[name].format) for name in names}
+    per_member = {name: pod.requests.get(name, ZERO) for name in names}
+    how = "its PodGroup's minResources" if gang.min_resources is not None else \
+        f"{gang.min_members - counted} × {format_list(per_member) if len(names) > 1 else per_member[names[0]]}"
+    if counted:
+        how += f", {counted} of {gang.min_members} members already taking room"
+    where = first.quota.ref + ("" if first.quota.name == leaf else f" (ancestor of quota {leaf})")
+    free_text = format_list(free) if len(names) > 1 else str(free[names[0]])
+    message = (f"gang {gang.key} needs {format_list({name: wanted.get(name, ZERO) for name in names})} ({how}) "
+               f"at {where}; {free_text} free: pod {pod.namespace}/{pod.name} is a member of gang {gang.key} "
+               f"(minimum {gang.min_members} members) and no member is admitted until the whole minimum fits")
+    return Decision(False, message=message, reason=QUOTA_EXCEEDED, details={"quota": first.quota.ref, "gang": gang.key})
+
+
+def _positive(resources: ResourceList) -> ResourceList:
+    return {name: quantity for name, quantity in resources.items() if quantity > ZERO}
 
 
 def _counted_by_old_version(tree: QuotaTree, old: PodQuotaRequest | None) -> dict[str, ResourceList]:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .ledger import Reservation, ReservationLedger
+from .ledger import GangReservation, Reservation, ReservationLedger
 from .quantity import Quantity, QuantityError
 from .quota_tree import QuotaTree
 from .resources import ResourceList
@@ -56,6 +56,10 @@ DEFAULT_SETTLE_SECONDS = 5.0
 # (no namespace/name starts with "~"). Stored like a reservation that no pod ever confirms, so every
 # replica, one of an earlier release included, counts the whole of it until it expires.
 ESCROW_KEY_PREFIX = "~escrow/"
+# A gang's reservation (gpuquota_core.gang): ``~gang/<namespace>/<name>``. Read as a plain entry (by
+# a release that knows no gangs) it holds the gang's whole need until it expires: never less than
+# what the gang reservation holds, which is all the invariant needs.
+GANG_KEY_PREFIX = "~gang/"
 GROUP_KEY_PREFIX = "~pods/"
 # Every ledger object carries these labels: readers (gpuquota snapshot, the reconciler) list the
 # objects by MANAGED_SELECTOR, and learn each one's tree from TREE_LABEL.
@@ -82,6 +86,27 @@ class StoredReservation:
     reservation: Reservation
     replica: str  # which webhook replica wrote it, for operators reading the object
     admitted_at: float  # wall-clock seconds
+    # Set on a gang's entry: the reservation as a gang's (``reservation`` then holds its whole need
+    # under the key ``~gang/<namespace>/<name>``, as a release that knows no gangs reads it).
+    gang: GangReservation | None = None
+
+
+def gang_key(gang: str) -> str:
+    return f"{GANG_KEY_PREFIX}{gang}"
+
+
+def stored_gang(gang: GangReservation, replica: str, admitted_at: float) -> StoredReservation:
+    """A gang reservation as the shared ledger stores it."""
+    plain = Reservation(gang_key(gang.gang), gang.admission_uid, gang.quotas, dict(gang.need), gang.expires_at)
+    return StoredReservation(plain, replica, admitted_at, gang)
+
+
+def opened_gangs(holding: ReservationLedger, stored: Mapping[str, StoredReservation],
+                 replica: str, now: float) -> list[StoredReservation]:
+    """The gang reservations a batch judged on ``holding`` opened, which ``stored`` lacks: written
+    in the same write as the member that opened each, and withdrawn with it."""
+    return [stored_gang(gang, replica, now) for gang in holding.gangs()
+            if (existing := stored.get(gang_key(gang.gang))) is None or existing.gang != gang]
 
 
 def tree_of(tree: QuotaTree, leaf: str) -> str:
@@ -107,7 +132,7 @@ def encode(reservations: Iterable[StoredReservation], recovering_until: float = 
     request_texts: dict[int, tuple[tuple[str, str], ...]] = {}
     for stored in reservations:
         r = stored.reservation
-        if r.pod_key.startswith("~") or _charges_text(r):
+        if r.pod_key.startswith("~") or _charges_text(r) or r.gang:
             entries[r.pod_key] = _entry(stored)
         else:
             text = request_texts.get(id(r.requests))
@@ -133,6 +158,17 @@ def encode(reservations: Iterable[StoredReservation], recovering_until: float = 
 
 
 def _entry(stored: StoredReservation) -> dict[str, object]:
+    r = stored.reservation
+    entry = _plain_entry(stored)
+    if r.gang:
+        entry["gang"] = r.gang
+    if stored.gang is not None:
+        entry["gangReservation"] = {"gang": stored.gang.gang, "minMembers": stored.gang.min_members,
+                                    "podGroup": stored.gang.pod_group}
+    return entry
+
+
+def _plain_entry(stored: StoredReservation) -> dict[str, object]:
     r = stored.reservation
     return {
         "admission": r.admission_uid,
@@ -244,12 +280,26 @@ def decode(data: Mapping[str, str] | None) -> dict[str, StoredReservation]:
                 pod_uid=str(entry.get("podUID", "")),
                 charges={str(q): _quantities(c) for q, c in entry["charges"].items()},
                 caller=str(entry.get("caller", "")),
+                gang=str(entry.get("gang", "")),
             )
+            gang = _gang_of_entry(reservation, entry.get("gangReservation"))
             result[reservation.pod_key] = StoredReservation(reservation, str(entry.get("replica", "")),
-                                                            float(entry["admittedAt"]))
+                                                            float(entry["admittedAt"]), gang)
         return result
     except (ValueError, KeyError, TypeError, AttributeError, QuantityError) as error:
         raise LedgerFormatError(f"{LEDGER_DATA_KEY} is not a reservation ledger: {error}") from None
+
+
+def _gang_of_entry(reservation: Reservation, raw: object) -> GangReservation | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not reservation.pod_key.startswith(GANG_KEY_PREFIX):
+        raise ValueError(f"entry {reservation.pod_key!r} has a gang reservation that cannot be read")
+    minimum = raw["minMembers"]
+    if not isinstance(minimum, int) or minimum < 1:
+        raise ValueError(f"gang reservation {reservation.pod_key!r} has no minimum of members")
+    return GangReservation(str(raw["gang"]), reservation.admission_uid, reservation.quotas,
+                           reservation.requests, minimum, reservation.expires_at, bool(raw.get("podGroup")))
 
 
 def _group_members(entry: Mapping[str, Any]) -> list[StoredReservation]:
@@ -279,20 +329,28 @@ def confirmed(stored: StoredReservation, usage: UsageIndex) -> bool:
 
 def holding_room(stored: Mapping[str, StoredReservation], usage: UsageIndex, now: float,
                  ttl_seconds: float) -> ReservationLedger:
-    """A ledger of the stored reservations that still take room as this replica sees the cluster."""
-    ledger = ReservationLedger(ttl_seconds)
+    """A ledger of the stored reservations that still take room as this replica sees the cluster.
+
+    A gang's entry holds its need less what its members take, as this replica counts them."""
+    ledger = ReservationLedger(ttl_seconds, members_stored=usage.gang_members)
     for item in stored.values():
-        if item.reservation.expires_at > now and not confirmed(item, usage):
+        if item.reservation.expires_at <= now:
+            continue
+        if item.gang is not None:
+            ledger.open_gang(item.gang)
+        elif not confirmed(item, usage):
             ledger.hold(item.reservation)
     return ledger
 
 
 def pruned(stored: Mapping[str, StoredReservation], usage: UsageIndex, now: float,
            settle_seconds: float = DEFAULT_SETTLE_SECONDS) -> dict[str, StoredReservation]:
-    """The reservations worth keeping in the object: not expired, not long confirmed."""
+    """The reservations worth keeping in the object: not expired, not long confirmed; a gang's, until
+    the watch shows its minimum of members stored."""
     return {key: item for key, item in stored.items()
             if item.reservation.expires_at > now
-            and not (confirmed(item, usage) and now - item.admitted_at >= settle_seconds)}
+            and not (confirmed(item, usage) and now - item.admitted_at >= settle_seconds)
+            and not (item.gang is not None and usage.gang_members(item.gang.gang)[0] >= item.gang.min_members)}
 
 
 def _text(resources: Mapping[str, Quantity]) -> dict[str, str]:

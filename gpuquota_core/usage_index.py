@@ -9,14 +9,14 @@ from typing import Any
 from .pod_records import PodRecord
 from .quantity import ZERO, Quantity
 from .quota_tree import QuotaTree
-from .resources import ResourceList, subtract_lists
+from .resources import ResourceList, add_lists, subtract_lists
 
 
 def _counts_alike(counted: PodRecord, record: PodRecord) -> bool:
     """Whether charging ``record`` instead of ``counted`` leaves every total as it is: the same
     quota, and the same requests to the format and the order of names (totals keep both)."""
-    if (counted.namespace, counted.quota_label, counted.uid, counted.unknown_gpu_memory) != (
-            record.namespace, record.quota_label, record.uid, record.unknown_gpu_memory):
+    if (counted.namespace, counted.quota_label, counted.uid, counted.unknown_gpu_memory, counted.gang) != (
+            record.namespace, record.quota_label, record.uid, record.unknown_gpu_memory, record.gang):
         return False
     if counted.requests is record.requests:
         return True
@@ -39,6 +39,8 @@ class UsageIndex:
         self._pods: dict[str, PodRecord] = {}
         self._charged: dict[str, tuple[str, ...]] = {}  # pod key -> quotas it is charged to
         self._used: dict[str, ResourceList] = {}
+        # Per gang (namespace/name), its stored members: how many, and what they ask in total.
+        self._gang_members: dict[str, tuple[int, ResourceList]] = {}
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -51,6 +53,15 @@ class UsageIndex:
 
     def get(self, key: str) -> PodRecord | None:
         return self._pods.get(key)
+
+    def gang_members(self, gang: str) -> tuple[int, ResourceList]:
+        """How many pods of ``gang`` are stored and counted, and what they ask in total."""
+        count, asked = self._gang_members.get(gang, (0, {}))
+        return count, dict(asked)
+
+    def _add_gang_member(self, record: PodRecord) -> None:
+        count, asked = self._gang_members.get(record.gang, (0, {}))
+        self._gang_members[record.gang] = (count + 1, add_lists(asked, record.requests))
 
     def charged_to(self, key: str) -> tuple[str, ...]:
         return self._charged.get(key, ())
@@ -68,11 +79,17 @@ class UsageIndex:
         self.discard(record.key)
         self._pods[record.key] = record
         self._charge(record)
+        if record.gang:
+            self._add_gang_member(record)
 
     def discard(self, key: str) -> PodRecord | None:
         record = self._pods.pop(key, None)
         for quota in self._charged.pop(key, ()):
             self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests if record else {})
+        if record is not None and record.gang:
+            count, asked = self._gang_members.pop(record.gang, (1, {}))
+            if count > 1:
+                self._gang_members[record.gang] = (count - 1, subtract_lists(asked, record.requests))
         return record
 
     # Charging adds the pod's few resources into each quota's totals in place: rebuilding the
@@ -116,6 +133,8 @@ class UsageIndex:
         groups: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]], list[Any]] = {}
         for key, record in latest.items():
             self._pods[key] = record
+            if record.gang:
+                self._add_gang_member(record)
             place = (record.namespace, record.quota_label)
             quotas = chains.get(place)
             if quotas is None:
@@ -166,4 +185,5 @@ class UsageIndex:
         self._pods.clear()
         self._used.clear()
         self._charged.clear()
+        self._gang_members.clear()
         self.load(records)

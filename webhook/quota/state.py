@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota_core.enforcement import INVALID, NOT_READY, TOO_MANY_RESERVATIONS
-from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
+from gpuquota_core.gang import FROM_POD_GROUP, POD_GROUP_KIND, PodGroupInfo, gang_of, pod_group_info
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, GangReservation, Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
-from gpuquota_core.pod_records import PodRecord, pod_is_counted, pod_record
+from gpuquota_core.pod_records import PodRecord, canonical_resource_list, pod_is_counted, pod_record
 from gpuquota_core.quota_admission import review_quota_object
 from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check
 from gpuquota_core.quota_integrity import check_tree
 from gpuquota_core.quota_objects import QuotaInfo, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree, keeps
 from gpuquota_core.quota_view import quota_figures
-from gpuquota_core.resources import add_lists
+from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.usage_index import UsageIndex
 from webhook.quota import metrics
 from webhook.quota.options import (
@@ -35,6 +36,9 @@ from webhook.quota.options import (
 from webhook.quota.pod_versions import PodVersions
 
 KINDS = ("Pod", "ElasticQuota")
+# Watched as well, but never waited for: a cluster without the PodGroup CRD has gangs of labels and
+# annotations only, and is as ready as one with it.
+OPTIONAL_KINDS = (POD_GROUP_KIND,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,7 @@ class QuotaView:
     pod_versions: PodVersions
     ttl_seconds: float
     max_reservations_per_caller: int
+    pod_groups: Mapping[str, PodGroupInfo]
 
     def judge(self, admission: PodAdmission, ledger: ReservationLedger, now: float,
               requests: tuple[PodQuotaRequest, PodQuotaRequest | None] | None = None,
@@ -68,8 +73,11 @@ class QuotaView:
             return ALLOW, None
         pod_key = f"{admission.namespace}/{admission.name}"
         replay_of = ledger.made_by(pod_key, admission.uid)
+        gang = None
+        if old is None and (admission.gang_annotations or admission.labels):
+            gang = gang_of(admission.namespace, admission.labels, admission.gang_annotations, self.pod_groups)
         decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
-                          replay_of=replay_of)
+                          replay_of=replay_of, gang=gang)
         if not decision.allowed:
             return Verdict(False, decision.message, reason=decision.reason, details=decision.details), None
         if admission.dry_run or not decision.quotas:
@@ -84,9 +92,14 @@ class QuotaView:
                            reason=TOO_MANY_RESERVATIONS), None
         # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
         # relabel's new leaf, a resize's growth) is held in the ledger.
+        opening = decision.opens_gang
+        if opening is not None:
+            ledger.open_gang(GangReservation(opening.gang, admission.uid, decision.quotas, opening.need,
+                                             opening.min_members, now + opening.waiting_seconds,
+                                             pod_group=gang is not None and gang.source == FROM_POD_GROUP))
         reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
                                      new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
-                                     caller=admission.caller)
+                                     caller=admission.caller, gang=decision.gang)
         return ALLOW, reservation
 
     def _watched(self, admission: PodAdmission) -> bool:
@@ -110,7 +123,8 @@ class QuotaState:
         # of the tree is not admitted from under another (a lowered limit applies at once).
         self.tree_version = 0
         self.usage = UsageIndex(self.tree)
-        self.ledger = ReservationLedger(ttl_seconds)
+        self.ledger = ReservationLedger(ttl_seconds, members_stored=self._gang_members_stored)
+        self.pod_groups: dict[str, PodGroupInfo] = {}
         self.synced = False
         self.stale_after_seconds = stale_after_seconds
         self.max_reservations_per_caller = max_reservations_per_caller
@@ -149,7 +163,10 @@ class QuotaState:
 
     def _view(self) -> QuotaView:
         return QuotaView(self.tree, self.usage, self.tree_version, self.synced, self.pod_versions,
-                         self.ledger.ttl_seconds, self.max_reservations_per_caller)
+                         self.ledger.ttl_seconds, self.max_reservations_per_caller, self.pod_groups)
+
+    def _gang_members_stored(self, gang: str) -> tuple[int, ResourceList]:
+        return self.usage.gang_members(gang)
 
     @classmethod
     def for_options(cls, options: QuotaServiceOptions) -> QuotaState:
@@ -159,7 +176,7 @@ class QuotaState:
         state.reservations_known = options.accounting is Accounting.LOCAL
         return state
 
-    def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
+    def compact(self, kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | PodGroupInfo | None:
         """What the list loop keeps of each listed object (webhook.quota.cluster_state.SyncTarget)."""
         return compact(kind, obj)
 
@@ -172,16 +189,24 @@ class QuotaState:
         quotas = [compact("ElasticQuota", o) for o in objects if o.get("kind") == "ElasticQuota"]
         check_tree(q for q in quotas if isinstance(q, QuotaInfo))
         self.replace_compact("ElasticQuota", quotas)
+        self.replace_kind(POD_GROUP_KIND, (o for o in objects if o.get("kind") == POD_GROUP_KIND))
         self.replace_kind("Pod", (o for o in objects if o.get("kind") == "Pod"))
 
     def replace_kind(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full re-list of one kind (live mode); ready once both kinds have been listed."""
         self.replace_compact(kind, [compact(kind, obj) for obj in objects])
 
-    def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | None], version: str = "") -> None:
+    def replace_compact(self, kind: str, items: Iterable[PodRecord | QuotaInfo | PodGroupInfo | None],
+                        version: str = "") -> None:
         """Like replace_kind, from what :func:`compact` kept of each object (None: not counted);
         ``version``: the list's resourceVersion, when it came from the API server."""
         with self._lock:
+            if kind == POD_GROUP_KIND:
+                self.pod_groups = {group.key: group for group in items if isinstance(group, PodGroupInfo)}
+                for gone in [g.gang for g in self.ledger.gangs() if g.pod_group and g.gang not in self.pod_groups]:
+                    self.ledger.close_gang(gone)
+                self._contact(kind)
+                return
             if kind == "Pod":
                 self.pod_versions.listed(version)
                 self._pods_advanced.notify_all()
@@ -213,6 +238,9 @@ class QuotaState:
                 self._pods_advanced.notify_all()
             if event_type == "BOOKMARK":
                 return
+            if kind == POD_GROUP_KIND:
+                self._pod_group_event(event_type, obj)
+                return
             if kind == "Pod":
                 metadata = obj.get("metadata") or {}
                 key = f"{metadata.get('namespace')}/{metadata.get('name')}"
@@ -236,6 +264,21 @@ class QuotaState:
                 if moved:
                     self.usage.rebuild()
             self._publish()
+
+    def _pod_group_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        group = compact(POD_GROUP_KIND, obj)
+        if not isinstance(group, PodGroupInfo):
+            return
+        # The pod_groups map is replaced, never changed in place: a view taken earlier keeps its own.
+        groups = dict(self.pod_groups)
+        if event_type == "DELETED":
+            groups.pop(group.key, None)
+            held = self.ledger.gang(group.key)
+            if held is not None and held.pod_group:
+                self.ledger.close_gang(group.key)  # its members are no gang any more
+        else:
+            groups[group.key] = group
+        self.pod_groups = groups
 
     def _quota_event(self, quota: QuotaInfo, deleted: bool) -> tuple[QuotaInfo | None, QuotaInfo | None]:
         """The tree's quota of this name before and after a watch event of ``quota`` (lock held).
@@ -266,6 +309,8 @@ class QuotaState:
 
     def sync_failed(self, kind: str) -> None:
         """The list or watch of ``kind`` broke; decisions go on from the last state until it is stale."""
+        if kind in OPTIONAL_KINDS:
+            return  # no PodGroup CRD, or no right to read it: gangs of labels and annotations still work
         with self._lock:
             self._failing_since.setdefault(kind, self._clock())
             self._publish()
@@ -378,11 +423,14 @@ def _decides_alike(before: QuotaInfo | None, after: QuotaInfo | None) -> bool:
             == dataclasses.replace(after, resource_version="", uid=""))
 
 
-def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | None:
+def compact(kind: str, obj: Mapping[str, Any]) -> PodRecord | QuotaInfo | PodGroupInfo | None:
     """The few fields a decision needs of one listed object, so a page can be dropped at once.
 
     Pods: their record, or None when they do not count (finished, unreadable). Quotas: QuotaInfo.
+    PodGroups: what a gang's need and waiting time are read from.
     """
+    if kind == POD_GROUP_KIND:
+        return pod_group_info(obj, canonical_resource_list)
     if kind != "Pod":
         return quota_from_object(obj)
     if not pod_is_counted(obj):

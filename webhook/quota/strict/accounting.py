@@ -429,6 +429,10 @@ class StrictAccounting:
         new = [reservation for _, reservation in results if reservation is not None]
         for reservation in new:
             keep[reservation.pod_key] = shared_ledger.StoredReservation(reservation, self.replica, read.now)
+        for gang in shared_ledger.opened_gangs(holding, keep, self.replica, read.now):
+            # Written with the member that opened it, and withdrawn with it (the same admission uid).
+            keep[gang.reservation.pod_key] = gang
+            new.append(gang.reservation)
         taken = None if waiting else self._take_escrow(view, queue, commit.batch, results, holding, read.now)
         if taken is not None:
             keep[taken[0].entry_key] = taken[1]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.gang import names_gang
 from gpuquota_core.ledger import Reservation, ReservationLedger
 from gpuquota_core.pod_admission import PodAdmission
 from gpuquota_core.quantity import Quantity
@@ -85,10 +86,13 @@ def escrow_shape(view: QuotaView, admission: PodAdmission,
     """The shape of a plain CREATE that room held in escrow could admit, or None.
 
     None for everything a decision treats specially: UPDATEs, dry runs, pods without a quota
-    or naming one that does not exist or is a parent, gpu-memory without a model mapping.
+    or naming one that does not exist or is a parent, gpu-memory without a model mapping, and
+    gang members, whose admission opens or draws from their gang's reservation in the same write.
     ``requests``: the admission's ``quota_requests``.
     """
     if admission.operation != "CREATE" or admission.dry_run or admission.unknown_gpu_memory:
+        return None
+    if admission.gang_annotations or names_gang(admission.labels, {}):
         return None
     new, old = requests
     if old is not None or not new.requests or not view.synced:
