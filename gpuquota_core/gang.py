@@ -46,11 +46,19 @@ GANG_GROUPS_ANNOTATION = GANG_ANNOTATION_PREFIX + "groups"
 
 POD_GROUP_API_VERSION = "scheduling.sigs.k8s.io/v1alpha1"
 POD_GROUP_KIND = "PodGroup"
+POD_GROUP_PLURAL = "podgroups"
 
 # koord-scheduler's default gang waiting time (pkg/scheduler/apis/config/v1/defaults.go,
 # DefaultWaitTime): a gang whose members do not all come within it is given up by the scheduler,
 # and so is its reservation here.
 DEFAULT_WAITING_SECONDS = 600
+
+# A verdict on a gang member says so in its details: which gang, and what its admission did there
+# (the workers count them: gpuquota_gang_admissions_total).
+GANG_DETAIL = "gang"
+GANG_RESULT_DETAIL = "gangResult"
+OPENED, DREW, REFUSED = "opened", "drew", "refused"
+GANG_RESULTS = (OPENED, DREW, REFUSED)
 
 # Where a gang comes from, for messages and the audit.
 FROM_POD_GROUP = "PodGroup"

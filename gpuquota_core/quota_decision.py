@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
 from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
-from .gang import Gang, gang_need
+from .gang import GANG_DETAIL, GANG_RESULT_DETAIL, REFUSED, Gang, gang_need
 from .ledger import GangReservation, Reservation, remaining_need
 from .quantity import ZERO, Quantity
 from .quota_check import Exceeded, charges_for_chain, check_chain
@@ -212,7 +212,8 @@ def _gang_refusal(tree: QuotaTree, leaf: str, first: Exceeded, pod: PodQuotaRequ
     message = (f"gang {gang.key} needs {format_list({name: wanted.get(name, ZERO) for name in names})} ({how}) "
                f"at {where}; {free_text} free: pod {pod.namespace}/{pod.name} is a member of gang {gang.key} "
                f"(minimum {gang.min_members} members) and no member is admitted until the whole minimum fits")
-    return Decision(False, message=message, reason=QUOTA_EXCEEDED, details={"quota": first.quota.ref, "gang": gang.key})
+    return Decision(False, message=message, reason=QUOTA_EXCEEDED,
+                    details={"quota": first.quota.ref, GANG_DETAIL: gang.key, GANG_RESULT_DETAIL: REFUSED})
 
 
 def _positive(resources: ResourceList) -> ResourceList:

@@ -87,7 +87,7 @@ def test_the_refused_member_is_told_the_gang_its_need_and_the_room() -> None:
         f"gang team-train/gang-b needs {CORE}=800,{RATIO}=800 (8 × {CORE}=100,{RATIO}=100) at team-train/train; "
         f"{CORE}=200,{RATIO}=200 free: pod team-train/gang-b-0 is a member of gang team-train/gang-b (minimum 8 "
         f"members) and no member is admitted until the whole minimum fits")
-    assert refused.details == {"quota": "team-train/train", "gang": "team-train/gang-b"}
+    assert refused.details == {"quota": "team-train/train", "gang": "team-train/gang-b", "gangResult": "refused"}
 
 
 def test_members_draw_from_their_gangs_reservation_and_a_plain_pod_sees_only_what_is_left() -> None:

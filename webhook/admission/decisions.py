@@ -12,12 +12,13 @@ routes (webhook.serving.routes) and ``gpuquota explain`` call the same methods.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import BAD_REQUEST, FORBIDDEN, INVALID, Mode, Relaxed
 from gpuquota_core.events import pod_event
+from gpuquota_core.gang import GANG_RESULT_DETAIL
 from gpuquota_core.mutation import admission_mutation
 from gpuquota_core.placement import NodeView
 from gpuquota_core.pod_admission import ALLOW, Verdict, needs_quota_service, pod_labels, read_pod_admission
@@ -41,6 +42,9 @@ class Outcome:
     # left as written: counted where the outcome is served, so an in-process caller (explain) counts none.
     rewritten: tuple[str, ...] = ()
     left_as_written: tuple[str, ...] = ()
+    # What the quota decision did for a gang member (gpuquota_core.gang: opened, drew, refused), "" for
+    # any other pod: counted where the outcome is served.
+    gang_result: str = ""
 
 
 def _problem_text(problem: GpuRequestProblem) -> str:
@@ -122,6 +126,7 @@ class AdmissionHandlers:
         # An UPDATE that cannot change what a quota counts needs no decision (and so no quota
         # service: a finalizer removal passes during an outage too).
         verdict = self.quota.admit_pod(admission) if needs_quota_service(admission) else ALLOW
+        gang_result = str(verdict.details.get(GANG_RESULT_DETAIL, "")) if verdict.details else ""
         # mode_for answers enforce for every reason that is not a check (NotReady,
         # QuotaServiceDown, LedgerUnavailable, ...): an unavailable quota view keeps denying.
         if not verdict.allowed and verdict.reason != INVALID:
@@ -138,10 +143,10 @@ class AdmissionHandlers:
             self._report_event(req, pod, r.check, r.mode, r.message)
         outcome = self._from_verdict(req, verdict, warnings)
         if not relaxed:
-            return outcome
+            return replace(outcome, gang_result=gang_result) if gang_result else outcome
         would = ", ".join(f"{r.check} ({r.mode.value})" for r in relaxed)
         note = f"would-deny {would}" if outcome.response.allowed else f"{outcome.note}; would-deny {would}"
-        return Outcome(outcome.response, note, tuple(relaxed))
+        return Outcome(outcome.response, note, tuple(relaxed), gang_result=gang_result)
 
     def _report_event(self, req: AdmissionRequest, pod: Mapping[str, Any], check: str, mode: Mode,
                       message: str) -> None:

@@ -60,6 +60,12 @@ WOULD_DENY = Counter(
     "Pod denials that a check in warn or dry-run mode let pass, by endpoint, reason (the check) and mode.",
     ["endpoint", "reason", "mode"],
 )
+GANG_ADMISSIONS = Counter(
+    "gpuquota_gang_admissions",
+    "Quota decisions on gang members, by result: opened (the member reserved room for its gang's whole "
+    "minimum), drew (it drew from its gang's reservation), refused (its gang's minimum did not fit).",
+    ["result"],
+)
 CONFIG_RELOADS = Counter(
     "gpuquota_config_reloads",
     "Changes of the config file seen by a worker: loaded, or error (the previous config stays in force).",
@@ -92,6 +98,8 @@ def record_decision(log: logging.Logger, endpoint: str, req: AdmissionRequest, o
     observe(endpoint, req.operation, response.decision, elapsed)
     if not response.allowed:
         DENIALS.labels(endpoint, response.reason).inc()
+    if outcome.gang_result:
+        GANG_ADMISSIONS.labels(outcome.gang_result).inc()
     for relaxed in outcome.relaxed:
         WOULD_DENY.labels(endpoint, relaxed.check, relaxed.mode.value).inc()
     for resource in outcome.rewritten:

@@ -1,4 +1,4 @@
-"""Live mode: list+watch pods and ElasticQuotas into a QuotaState, and Nodes into the node view,
+"""Live mode: list+watch pods, ElasticQuotas and PodGroups into a QuotaState, and Nodes into the node view,
 with raw JSON decoding.
 
 Each kind runs its own loop: list (full replace), then watch from the list's resourceVersion,
@@ -18,11 +18,12 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpuquota_core.gang import POD_GROUP_KIND, POD_GROUP_PLURAL
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION
 from kubeaccess.kube import list_pages
 from webhook.quota import metrics
 from webhook.quota.node_view import NODE_KIND, NodeState
-from webhook.quota.state import KINDS, QuotaState
+from webhook.quota.state import KINDS, OPTIONAL_KINDS, QuotaState
 
 log = logging.getLogger("gpuquota.quota")
 # The server ends each watch after this long and the loop starts the next one from the last
@@ -59,6 +60,9 @@ def lister_for(api: client.ApiClient, kind: str) -> Lister:
     if kind == NODE_KIND:
         return client.CoreV1Api(api).list_node
     custom = client.CustomObjectsApi(api)
+    if kind == POD_GROUP_KIND:
+        return lambda **kw: custom.list_cluster_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION,
+                                                                 POD_GROUP_PLURAL, **kw)
     return lambda **kw: custom.list_cluster_custom_object(ELASTICQUOTA_GROUP, ELASTICQUOTA_VERSION,
                                                              ELASTICQUOTA_PLURAL, **kw)
 
@@ -151,7 +155,7 @@ def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int
                     nodes: NodeState | None = None) -> threading.Event:
     """One loop per kind; with ``nodes``, Nodes too, and the thread that publishes their view."""
     stop = threading.Event()
-    targets: list[tuple[SyncTarget, str]] = [(state, kind) for kind in KINDS]
+    targets: list[tuple[SyncTarget, str]] = [(state, kind) for kind in (*KINDS, *OPTIONAL_KINDS)]
     if nodes is not None:
         targets.append((nodes, NODE_KIND))
         threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()

@@ -14,7 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota_core.enforcement import INVALID, NOT_READY, TOO_MANY_RESERVATIONS
-from gpuquota_core.gang import FROM_POD_GROUP, POD_GROUP_KIND, PodGroupInfo, gang_of, pod_group_info
+from gpuquota_core.gang import (
+    DREW,
+    FROM_POD_GROUP,
+    GANG_DETAIL,
+    GANG_RESULT_DETAIL,
+    OPENED,
+    POD_GROUP_KIND,
+    PodGroupInfo,
+    gang_of,
+    pod_group_info,
+)
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, GangReservation, Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from gpuquota_core.pod_records import PodRecord, canonical_resource_list, pod_is_counted, pod_record
@@ -100,6 +110,9 @@ class QuotaView:
         reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
                                      new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
                                      caller=admission.caller, gang=decision.gang)
+        if decision.gang:
+            return Verdict(True, details={GANG_DETAIL: decision.gang,
+                                          GANG_RESULT_DETAIL: OPENED if opening is not None else DREW}), reservation
         return ALLOW, reservation
 
     def _watched(self, admission: PodAdmission) -> bool:

@@ -1,0 +1,78 @@
+"""Gangs under strict accounting: the gang's reservation lives in the shared ledger, so across
+replicas exactly one of two racing gangs is admitted, and none in part (fake ConfigMap API)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.pod_admission import PodAdmission
+from tests.quota.test_strict_commit import LEDGER, QUOTA_LABEL, RATIO, FakeCore, Replica
+
+GANG = "gang.scheduling.koordinator.sh/"
+
+
+def member(replica: Replica, gang: str, index: int, minimum: int = 8) -> bool:
+    return replica.accounting.admit_pod(PodAdmission(
+        uid=f"adm-{gang}-{index}", operation="CREATE", namespace="team", name=f"{gang}-{index}",
+        pod_uid=f"uid-{gang}-{index}", labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: "100"},
+        gang_annotations={GANG + "name": gang, GANG + "min-available": str(minimum)})).allowed
+
+
+@pytest.fixture
+def clock() -> list[float]:
+    return [1_000_000.0]
+
+
+@pytest.fixture
+def core(clock: list[float]) -> FakeCore:
+    return FakeCore(clock)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_two_gangs_racing_across_three_replicas_admit_exactly_one_whole(core: FakeCore, clock: list[float],
+                                                                        seed: int) -> None:
+    # Escrow on: gang members never go through it, so it must not change the outcome.
+    replicas = [Replica(core, f"r{n}", clock, room=1000, escrow=32) for n in range(3)]
+    order = [(gang, index) for index in range(8) for gang in ("gang-a", "gang-b")]
+    rng = random.Random(seed)
+    results: dict[str, list[bool]] = {"gang-a": [], "gang-b": []}
+    lock = threading.Lock()
+
+    def create(gang: str, index: int) -> None:
+        allowed = member(rng.choice(replicas), gang, index)
+        with lock:
+            results[gang].append(allowed)
+
+    threads = [threading.Thread(target=create, args=pair) for pair in order]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    admitted = sorted((sum(verdicts) for verdicts in results.values()), reverse=True)
+    assert admitted == [8, 0]
+    winner = "gang-a" if sum(results["gang-a"]) == 8 else "gang-b"
+    stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
+    gangs = [item.gang for item in stored.values() if item.gang is not None]
+    assert [gang.gang for gang in gangs if gang is not None] == [f"team/{winner}"]
+    # What is left is two cards' room for anything, on any replica.
+    assert replicas[0].admit("plain-0", "200").allowed
+    assert not replicas[1].admit("plain-1").allowed
+
+
+def test_a_gang_reservation_is_stored_with_its_opening_member_and_read_back_by_another_replica(
+        core: FakeCore, clock: list[float]) -> None:
+    first, second = Replica(core, "r1", clock, room=1000), Replica(core, "r2", clock, room=1000)
+    assert member(first, "gang-a", 0)
+    stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
+    entry = stored["~gang/team/gang-a"]
+    assert entry.gang is not None and entry.gang.min_members == 8 and entry.reservation.requests == {
+        RATIO: entry.reservation.requests[RATIO].parse("800")}
+    assert stored["team/gang-a-0"].reservation.gang == "team/gang-a"
+    # The other replica counts the seven cards still held for gang-a: two plain cards fit, not three.
+    assert second.admit("plain-0", "200").allowed
+    assert not second.admit("plain-1").allowed
+    assert all(member(second, "gang-a", index) for index in range(1, 8))
