@@ -51,6 +51,9 @@ ANSWER_TOO_LATE = "AnswerTooLate"
 # The room was lent to another replica's escrow, due back but not back by the deadline: not a
 # refusal for the quota, so asked again once too.
 ESCROW_NOT_BACK = "EscrowNotBackInTime"
+# A gang member names a PodGroup that the quota state has not seen: its gang's minimum is unknown (a
+# PodGroup created just before its pods may not have reached the watch yet), so retry shortly.
+POD_GROUP_NOT_SEEN = "PodGroupNotSeen"
 # One caller already holds as many unconfirmed reservations as it may.
 TOO_MANY_RESERVATIONS = "TooManyReservations"
 

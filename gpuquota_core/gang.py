@@ -8,9 +8,9 @@ first member reserves the room the whole minimum takes, or is refused; the other
 reservation (``gpuquota_core.ledger``, ``quota_decision``).
 
 Which pods form a gang, in koord-scheduler's order (Koordinator v1.8.0,
-``pkg/scheduler/plugins/coscheduling/util/gang_helper.go``, ``GetGangNameByPod`` and
-``GetGangMinNumFromPod``; the names in ``apis/extension/coscheduling.go`` and, for the PodGroup
-label, ``apis/thirdparty/scheduler-plugins/pkg/apis/scheduling/v1alpha1/types.go``):
+``pkg/scheduler/plugins/coscheduling/util/gang_helper.go:44-68``, ``GetGangNameByPod`` and
+``GetGangMinNumFromPod``; the names in ``apis/extension/coscheduling.go:28-73`` and, for the PodGroup
+label, ``apis/thirdparty/scheduler-plugins/pkg/apis/scheduling/v1alpha1/types.go:115``):
 
 1. the label ``pod-group.scheduling.sigs.k8s.io`` naming a PodGroup in the pod's namespace, whose
    ``spec.minMember``, ``spec.minResources`` and ``spec.scheduleTimeoutSeconds`` say the rest;
@@ -19,8 +19,11 @@ label, ``apis/thirdparty/scheduler-plugins/pkg/apis/scheduling/v1alpha1/types.go
 3. the annotation ``gang.scheduling.koordinator.sh/name`` (its minimum in the annotation
    ``gang.scheduling.koordinator.sh/min-available``, its Permit wait in ``waiting-time``).
 
-Where a pod names a gang but no minimum of at least one, or a PodGroup that does not exist,
-koord-scheduler does not schedule it as a gang either; it is charged like any other pod.
+A gang takes its minimum from the first of its pods koord-scheduler sees
+(``pkg/scheduler/plugins/coscheduling/core/gang.go:102-140``, ``tryInitByPodConfig``), so a gang's
+reservation keeps the minimum of the member that opened it. Where a pod names a gang but no
+minimum of at least one, koord-scheduler keeps no minimum for it either, and it is charged like any
+other pod.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ POD_GROUP_API_VERSION = "scheduling.sigs.k8s.io/v1alpha1"
 POD_GROUP_KIND = "PodGroup"
 POD_GROUP_PLURAL = "podgroups"
 
-# koord-scheduler's default gang waiting time (pkg/scheduler/apis/config/v1/defaults.go,
-# DefaultWaitTime): a gang whose members do not all come within it is given up by the scheduler,
+# koord-scheduler's default gang waiting time (pkg/scheduler/apis/config/v1/defaults.go:84,
+# defaultTimeout of CoschedulingArgs): a gang whose members do not all come within it is given up by the scheduler,
 # and so is its reservation here.
 DEFAULT_WAITING_SECONDS = 600
 
@@ -138,6 +141,17 @@ def gang_of(namespace: str, labels: Mapping[str, str], annotations: Mapping[str,
     waiting = go_duration_seconds(annotations.get(GANG_WAITING_TIME_ANNOTATION, ""))
     return Gang(namespace, name, minimum,
                 waiting if waiting is not None and waiting > 0 else DEFAULT_WAITING_SECONDS, source)
+
+
+def unseen_pod_group(namespace: str, labels: Mapping[str, str], pod_groups: Mapping[str, PodGroupInfo]) -> str:
+    """The PodGroup (namespace/name) a pod's label names that ``pod_groups`` lacks, "" for none.
+
+    koord-scheduler does not schedule such a pod either until its PodGroup exists (its gang is not
+    initialised: ``pkg/scheduler/plugins/coscheduling/core/gang_cache.go``, ``onPodAddInternal``
+    leaves a PodGroup gang to ``onPodGroupAdd``), so refusing it for now loses nothing.
+    """
+    name = labels.get(POD_GROUP_LABEL)
+    return f"{namespace}/{name}" if name and f"{namespace}/{name}" not in pod_groups else ""
 
 
 def pod_group_info(obj: Mapping[str, Any], canonical: Any) -> PodGroupInfo | None:

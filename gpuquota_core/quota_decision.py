@@ -7,7 +7,7 @@ what an earlier delivery of the same admission reserved (``ReservationLedger.mad
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Protocol, runtime_checkable
 
@@ -175,6 +175,10 @@ def _decide_gang_member(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used
     if replay_of is not None and replay_of.gang == gang.key:
         # A second delivery of the same admission: its first delivery's draw is this one.
         count, asked = count - 1, subtract_lists(asked, replay_of.requests)
+    # The gang keeps the minimum of the member that opened its reservation, as koord-scheduler
+    # keeps the one of the first member it sees.
+    if held is not None:
+        gang = replace(gang, min_members=held.min_members)
     if count >= gang.min_members:
         return _decided(tree, leaf, chain, used, reserved, charges)  # the minimum takes room already
     need = held.need if held is not None else gang_need(gang, pod.requests)

@@ -178,10 +178,9 @@ def test_lightweight_pod_group_labels_name_a_gang() -> None:
     assert admit(state, member("other-0", "other", minimum=4)).allowed
 
 
-def test_a_pod_naming_a_gang_without_a_minimum_or_a_missing_pod_group_is_charged_like_any_pod() -> None:
+def test_a_pod_naming_a_gang_without_a_minimum_is_charged_like_any_pod() -> None:
     state = state_with()
     assert admit(state, member("odd-0", "odd", minimum=None)).allowed
-    assert admit(state, member("pg-0", "", labels={"pod-group.scheduling.sigs.k8s.io": "missing"})).allowed
     assert state.ledger.gangs() == []
 
 
@@ -197,3 +196,32 @@ def test_a_dry_run_reserves_nothing_for_its_gang() -> None:
 def test_waiting_time_reads_as_go_durations_do() -> None:
     assert [go_duration_seconds(text) for text in ("30s", "1m30s", "1h", "500ms", "", "soon", "-1s", "0")] == \
         [30, 90, 3600, 1, None, None, None, 0]
+
+
+def test_a_member_of_a_pod_group_the_state_has_not_seen_is_refused_for_now_not_charged_alone() -> None:
+    state = state_with()  # files list every PodGroup there is: none here
+    refused = admit(state, member("pg-0", "", labels={"pod-group.scheduling.sigs.k8s.io": "late"}))
+    assert (refused.allowed, refused.reason) == (False, "PodGroupNotSeen")
+    assert refused.message.startswith("pod team-train/pg-0 is a member of PodGroup team-train/late (label "
+                                      "pod-group.scheduling.sigs.k8s.io), which this webhook has not seen")
+    group = {"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "PodGroup",
+             "metadata": {"name": "late", "namespace": "team-train"}, "spec": {"minMember": 4}}
+    state.apply_event("PodGroup", "ADDED", group)
+    assert admit(state, member("pg-0", "", labels={"pod-group.scheduling.sigs.k8s.io": "late"})).allowed
+
+
+def test_without_a_pod_group_list_a_member_naming_one_is_charged_like_any_pod() -> None:
+    # A live cluster without the PodGroup CRD (or the right to read it): nothing is ever listed.
+    state = QuotaState(clock=Clock())
+    state.replace_kind("ElasticQuota", [quota("train", 10)])
+    state.replace_kind("Pod", [])
+    assert admit(state, member("pg-0", "", labels={"pod-group.scheduling.sigs.k8s.io": "late"})).allowed
+    assert state.ledger.gangs() == []
+
+
+def test_a_gang_keeps_the_minimum_of_the_member_that_opened_its_reservation() -> None:
+    state = state_with()
+    assert admit(state, member("gang-a-0", "gang-a", minimum=4)).allowed
+    # A later member saying 8 does not grow the reservation: koord-scheduler keeps the first minimum.
+    assert admit(state, member("gang-a-1", "gang-a", minimum=8)).allowed
+    assert admit(state, member("plain-0", "", cards=6)).allowed

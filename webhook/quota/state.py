@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gpuquota_core.enforcement import INVALID, NOT_READY, TOO_MANY_RESERVATIONS
+from gpuquota_core.enforcement import INVALID, NOT_READY, POD_GROUP_NOT_SEEN, TOO_MANY_RESERVATIONS
 from gpuquota_core.gang import (
     DREW,
     FROM_POD_GROUP,
@@ -21,9 +21,11 @@ from gpuquota_core.gang import (
     GANG_RESULT_DETAIL,
     OPENED,
     POD_GROUP_KIND,
+    POD_GROUP_LABEL,
     PodGroupInfo,
     gang_of,
     pod_group_info,
+    unseen_pod_group,
 )
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, GangReservation, Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
@@ -68,6 +70,9 @@ class QuotaView:
     ttl_seconds: float
     max_reservations_per_caller: int
     pod_groups: Mapping[str, PodGroupInfo]
+    # Whether pod_groups holds every PodGroup (listed from the API or loaded from files); not where
+    # the cluster has no PodGroup CRD, or the webhook may not read it.
+    pod_groups_listed: bool
 
     def judge(self, admission: PodAdmission, ledger: ReservationLedger, now: float,
               requests: tuple[PodQuotaRequest, PodQuotaRequest | None] | None = None,
@@ -86,6 +91,12 @@ class QuotaView:
         gang = None
         if old is None and (admission.gang_annotations or admission.labels):
             gang = gang_of(admission.namespace, admission.labels, admission.gang_annotations, self.pod_groups)
+            unseen = unseen_pod_group(admission.namespace, admission.labels, self.pod_groups)
+            if unseen and self.pod_groups_listed:
+                return Verdict(False, f"pod {admission.namespace}/{admission.name} is a member of PodGroup {unseen} "
+                               f"(label {POD_GROUP_LABEL}), which this webhook has not seen: koord-scheduler does "
+                               f"not schedule a gang whose PodGroup does not exist either; create the PodGroup "
+                               f"first, or retry shortly if it was just created", reason=POD_GROUP_NOT_SEEN), None
         decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
                           replay_of=replay_of, gang=gang)
         if not decision.allowed:
@@ -138,6 +149,7 @@ class QuotaState:
         self.usage = UsageIndex(self.tree)
         self.ledger = ReservationLedger(ttl_seconds, members_stored=self._gang_members_stored)
         self.pod_groups: dict[str, PodGroupInfo] = {}
+        self.pod_groups_listed = False
         self.synced = False
         self.stale_after_seconds = stale_after_seconds
         self.max_reservations_per_caller = max_reservations_per_caller
@@ -176,7 +188,8 @@ class QuotaState:
 
     def _view(self) -> QuotaView:
         return QuotaView(self.tree, self.usage, self.tree_version, self.synced, self.pod_versions,
-                         self.ledger.ttl_seconds, self.max_reservations_per_caller, self.pod_groups)
+                         self.ledger.ttl_seconds, self.max_reservations_per_caller, self.pod_groups,
+                         self.pod_groups_listed)
 
     def _gang_members_stored(self, gang: str) -> tuple[int, ResourceList]:
         return self.usage.gang_members(gang)
@@ -216,6 +229,7 @@ class QuotaState:
         with self._lock:
             if kind == POD_GROUP_KIND:
                 self.pod_groups = {group.key: group for group in items if isinstance(group, PodGroupInfo)}
+                self.pod_groups_listed = True
                 for gone in [g.gang for g in self.ledger.gangs() if g.pod_group and g.gang not in self.pod_groups]:
                     self.ledger.close_gang(gone)
                 self._contact(kind)

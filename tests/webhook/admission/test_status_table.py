@@ -22,7 +22,8 @@ EXPECTED = {
     "QuotaExceeded": 403, "QuotaNotFound": 403, "ParentQuota": 403, "UnknownGpuMemory": 403,
     "Forbidden": 403, "Invalid": 422, "BadRequest": 400, "TooManyReservations": 429,
     "NotReady": 503, "QuotaServiceDown": 503, "LedgerUnavailable": 503, "AnswerTooLate": 503,
-    "EscrowNotBackInTime": 503, "RequestEntityTooLarge": 413, "InternalError": 500, "NotFound": 404,
+    "EscrowNotBackInTime": 503, "PodGroupNotSeen": 503, "RequestEntityTooLarge": 413, "InternalError": 500,
+    "NotFound": 404,
     "MethodNotAllowed": 405,
 }
 
