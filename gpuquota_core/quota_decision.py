@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
 from .gang import GANG_DETAIL, GANG_RESULT_DETAIL, REFUSED, Gang, gang_need
@@ -26,7 +26,6 @@ class Totals(Protocol):
     def used(self, quota: str) -> ResourceList: ...
 
 
-@runtime_checkable
 class GangTotals(Totals, Protocol):
     """What ``decide`` reads of the ledger for a gang member (``ReservationLedger`` has it all)."""
 
@@ -101,9 +100,10 @@ def _grows(new: PodQuotaRequest, old: PodQuotaRequest) -> bool:
 
 def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
            old: PodQuotaRequest | None = None, replay_of: Reservation | None = None,
-           gang: Gang | None = None) -> Decision:
-    """Admit ``pod`` or not. ``gang``: the gang it is a member of (a CREATE's only; ``ledger`` must
-    then be a :class:`GangTotals`), so that it is admitted only with room for the gang's minimum."""
+           gang: tuple[Gang, GangTotals] | None = None) -> Decision:
+    """Admit ``pod`` or not. ``gang``: the gang it is a member of (a CREATE's only) and the ledger's
+    account of gangs (``ledger`` itself, where it keeps them), so that it is admitted only with room
+    for the rest of the gang's minimum."""
     resolution = tree.resolve(pod.namespace, pod.quota_label)
     if resolution.rule == "label-not-found":
         # Koordinator's quota admission refuses the same pod with the same words; ours follow them.
@@ -134,8 +134,8 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
             reserved[name] = subtract_lists(reserved[name], replay_of.charge_of(name))
     used = {name: add_lists(usage.used(name), reserved[name]) for name in chain}
     charges = charges_for_chain(chain, pod.requests, counted)
-    if gang is not None and old is None and isinstance(ledger, GangTotals):
-        return _decide_gang_member(tree, leaf.name, chain, used, reserved, charges, pod, gang, ledger, replay_of)
+    if gang is not None and old is None:
+        return _decide_gang_member(tree, leaf.name, chain, used, reserved, charges, pod, gang[0], gang[1], replay_of)
     return _decided(tree, leaf.name, chain, used, reserved, charges)
 
 
@@ -171,7 +171,10 @@ def _decide_gang_member(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used
         # A member under another quota than the one its gang reserved at draws nothing there:
         # charged like any pod (the audit names gangs whose members disagree).
         return _decided(tree, leaf, chain, used, reserved, charges)
-    count, asked = ledger.gang_members(gang.key)
+    taking, taken = ledger.gang_members(gang.key)
+    # What the reservation holds now, as the ledger's totals count it.
+    before = remaining_need(held.need, held.min_members, taking, taken) if held is not None else {}
+    count, asked = taking, taken
     if replay_of is not None and replay_of.gang == gang.key:
         # A second delivery of the same admission: its first delivery's draw is this one.
         count, asked = count - 1, subtract_lists(asked, replay_of.requests)
@@ -182,7 +185,6 @@ def _decide_gang_member(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used
     if count >= gang.min_members:
         return _decided(tree, leaf, chain, used, reserved, charges)  # the minimum takes room already
     need = held.need if held is not None else gang_need(gang, pod.requests)
-    before = ledger.gang_hold(gang.key)
     after = remaining_need(need, gang.min_members, count + 1, add_lists(asked, pod.requests))
     change = subtract_lists(after, before)
     with_gang = {quota: _positive(add_lists(charge, change)) for quota, charge in charges.items()}

@@ -98,7 +98,7 @@ class QuotaView:
                                f"not schedule a gang whose PodGroup does not exist either; create the PodGroup "
                                f"first, or retry shortly if it was just created", reason=POD_GROUP_NOT_SEEN), None
         decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
-                          replay_of=replay_of, gang=gang)
+                          replay_of=replay_of, gang=(gang, ledger) if gang is not None else None)
         if not decision.allowed:
             return Verdict(False, decision.message, reason=decision.reason, details=decision.details), None
         if admission.dry_run or not decision.quotas:
