@@ -214,6 +214,9 @@ class ReservationLedger:
     def gangs(self) -> list[GangReservation]:
         return list(self._gangs.values())
 
+    def gang_count(self) -> int:
+        return len(self._gangs)
+
     def gang_members(self, gang: str) -> tuple[int, ResourceList]:
         """How many members of ``gang`` take room (reserved here or stored), and what they ask."""
         reserved, reserved_asks = self._drawn.get(gang, (0, {}))

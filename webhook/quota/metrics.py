@@ -37,6 +37,12 @@ RESERVATIONS = Gauge(
     "Admitted pods not yet seen by the watch, holding room in the reservation ledger.",
     multiprocess_mode="max",
 )
+GANG_RESERVATIONS = Gauge(
+    "gpuquota_gang_reservations",
+    "Gang reservations held in this instance's ledger (local accounting): gangs whose first member was "
+    "admitted with room for the whole minimum, until the minimum is stored or the gang's waiting time ends.",
+    multiprocess_mode="max",
+)
 RESERVATIONS_EXPIRED = Counter(
     "gpuquota_reservations_expired",
     "Reservations released because no watched pod confirmed them before their TTL.",

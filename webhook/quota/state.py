@@ -267,6 +267,7 @@ class QuotaState:
                 return
             if kind == POD_GROUP_KIND:
                 self._pod_group_event(event_type, obj)
+                self._publish()
                 return
             if kind == "Pod":
                 metadata = obj.get("metadata") or {}
@@ -362,18 +363,19 @@ class QuotaState:
 
     def _publish(self) -> None:
         snapshot = (1 if self.synced else 0, 1 if self._stale_kinds() else 0, len(self.usage),
-                    len(self.tree.quotas), len(self.ledger))
+                    len(self.tree.quotas), len(self.ledger), self.ledger.gang_count())
         # Most watch events (a pod MODIFIED) change none of these, and writing five multiprocess gauges
         # anyway was a large share of such an event's cost (docs/benchmarks.md, "Mechanisms kept").
         if snapshot == self._published:
             return
         self._published = snapshot
-        synced, stale, pods, quotas, reservations = snapshot
+        synced, stale, pods, quotas, reservations, gangs = snapshot
         metrics.SYNCED.set(synced)
         metrics.STALE.set(stale)
         metrics.OBJECTS.labels("Pod").set(pods)
         metrics.OBJECTS.labels("ElasticQuota").set(quotas)
         metrics.RESERVATIONS.set(reservations)
+        metrics.GANG_RESERVATIONS.set(gangs)
 
     def ready(self) -> tuple[bool, str]:
         problem = self.decider_problem() if self.decider_problem is not None else ""
@@ -423,15 +425,17 @@ class QuotaState:
             now = self._clock()
             expired = self._expire(now)
             verdict, _ = self._view().judge(admission, self.ledger, now, requests)
-            if expired or verdict.allowed:  # what changes the count here
+            if expired or verdict.allowed:  # what changes the counts here
                 self._publish()
             return verdict
 
     def _expire(self, now: float) -> int:
+        """Release what expired by ``now``: how many reservations and gang reservations that was."""
+        gangs = self.ledger.gang_count()
         expired = self.ledger.expire(now)
         if expired:
             metrics.RESERVATIONS_EXPIRED.inc(len(expired))
-        return len(expired)
+        return len(expired) + gangs - self.ledger.gang_count()
 
     def quota_of(self, namespace: str, quota_label: str) -> QuotaInfo | None:
         """The ElasticQuota a pod of ``namespace`` with ``quota_label`` resolves to (events' target)."""
