@@ -25,7 +25,8 @@ def member(name: str, gang: str, minimum: int) -> dict[str, Any]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
     # A long TTL: offline, no watch ever confirms a reservation, and these must still be held when scraped.
     state = str(REPO_ROOT / "examples" / "cluster")
-    process = WebhookProcess(tmp_path_factory.mktemp("gangs"), serve_args=["--state", state, "--reservation-ttl", "3600"])
+    process = WebhookProcess(tmp_path_factory.mktemp("gangs"),
+                             serve_args=["--state", state, "--reservation-ttl", "3600"])
     process.start()
     try:
         yield process
