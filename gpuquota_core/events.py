@@ -36,6 +36,9 @@ REFUSED_REASONS: Mapping[str, str] = {
 WOULD_DENY_REASONS: Mapping[str, str] = {check: f"WouldDeny{reason}" for check, reason in REFUSED_REASONS.items()}
 
 EVENT_TYPE = "Warning"
+# A gang whose reservation ended (its waiting time over) with fewer members stored than its minimum:
+# koord-scheduler will not place them, and they hold quota room until they are deleted.
+GANG_PARTLY_ADMITTED = "GangPartlyAdmitted"
 REPORTING_COMPONENT = "koord-gpuquota"
 # core/v1 Event messages are not limited by validation, but a note of the events.k8s.io API is
 # (1 KiB); keep to it so the same text fits either view of the object.
@@ -115,6 +118,15 @@ def pod_event(check: str, mode: Mode, message: str, metadata: Mapping[str, Any],
     else:
         reason, text = WOULD_DENY_REASONS[check], f"pod admitted, enforcement {mode.value} (would deny): {text}"
     return PodEvent(reason, text, namespace, quota_label, controller_of(metadata, namespace))
+
+
+def gang_partly_admitted(gang: str, stored: int, min_members: int, namespace: str, quota_label: str) -> PodEvent:
+    """The event of a gang that stayed below its minimum once its reservation ended (its waiting time)."""
+    message = (f"gang {gang} has {stored} of its minimum {min_members} members stored and its waiting time is over: "
+               f"its reservation for the rest was given up, and koord-scheduler places the stored members only "
+               f"together with the rest; they keep holding quota room until they are deleted or the rest is "
+               f"created and admitted")
+    return PodEvent(GANG_PARTLY_ADMITTED, message, namespace, quota_label, None)
 
 
 def quota_target(name: str, namespace: str, uid: str = "") -> ObjectRef:

@@ -225,3 +225,26 @@ def test_a_gang_keeps_the_minimum_of_the_member_that_opened_its_reservation() ->
     # A later member saying 8 does not grow the reservation: koord-scheduler keeps the first minimum.
     assert admit(state, member("gang-a-1", "gang-a", minimum=8)).allowed
     assert admit(state, member("plain-0", "", cards=6)).allowed
+
+
+def test_a_gang_left_below_its_minimum_when_its_waiting_time_ends_is_told_of_with_an_event() -> None:
+    clock = Clock()
+    state = state_with(clock=clock)
+    stored = [member(f"gang-a-{index}", "gang-a", waiting="30s") for index in range(3)]
+    for pod in stored:
+        assert admit(state, pod).allowed
+        store(state, pod)
+    whole = [member(f"gang-b-{index}", "gang-b", minimum=2, waiting="30s") for index in range(2)]
+    for pod in whole:
+        assert admit(state, pod).allowed
+        store(state, pod)
+    assert state.partly_admitted_gangs() == []  # within their waiting time
+    clock.now += 30
+    (event,) = state.partly_admitted_gangs()
+    assert (event.reason, event.namespace, event.quota_label, event.owner) == (
+        "GangPartlyAdmitted", "team-train", "train", None)
+    assert event.message == (
+        "gang team-train/gang-a has 3 of its minimum 8 members stored and its waiting time is over: its reservation "
+        "for the rest was given up, and koord-scheduler places the stored members only together with the rest; they "
+        "keep holding quota room until they are deleted or the rest is created and admitted")
+    assert state.partly_admitted_gangs() == []  # told once

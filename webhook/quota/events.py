@@ -284,9 +284,12 @@ class EventService:
     """The quota service's event writer: one bounded queue, one thread, the recorder, a sink."""
 
     def __init__(self, sink: EventSink, quota_of: QuotaOf, *, clock: Callable[[], float] = time.time,
-                 capacity: int = SERVICE_QUEUE, recorder: EventRecorder | None = None) -> None:
+                 capacity: int = SERVICE_QUEUE, recorder: EventRecorder | None = None,
+                 polled: Callable[[], list[PodEvent]] = list) -> None:
         self.sink = sink
         self.quota_of = quota_of
+        # Events of the quota service's own (a gang left partly admitted), asked for at every step.
+        self.polled = polled
         self.clock = clock
         self.recorder = recorder or EventRecorder(clock())
         self._queue: queue.Queue[PodEvent] = queue.Queue(capacity)
@@ -324,6 +327,7 @@ class EventService:
         with contextlib.suppress(queue.Empty):
             while len(arrived) < SERVICE_QUEUE:
                 arrived.append(self._queue.get_nowait())
+        arrived.extend(self.polled())
         now = self.clock()
         for event in arrived:
             if not self.recorder.observe(self.target_of(event), event.reason, event.message, now):

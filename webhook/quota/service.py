@@ -130,7 +130,7 @@ def start_event_service(state: QuotaState, sink: EventSink) -> EventService:
         quota = state.quota_of(namespace, quota_label)
         return None if quota is None else quota_target(quota.name, quota.namespace, quota.uid)
 
-    service = EventService(sink, quota_of)
+    service = EventService(sink, quota_of, polled=state.partly_admitted_gangs)
     service.start()
     return service
 

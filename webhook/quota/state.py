@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuquota_core.enforcement import INVALID, NOT_READY, POD_GROUP_NOT_SEEN, TOO_MANY_RESERVATIONS
+from gpuquota_core.events import PodEvent, gang_partly_admitted
 from gpuquota_core.gang import (
     DREW,
     FROM_POD_GROUP,
@@ -73,6 +74,8 @@ class QuotaView:
     # Whether pod_groups holds every PodGroup (listed from the API or loaded from files); not where
     # the cluster has no PodGroup CRD, or the webhook may not read it.
     pod_groups_listed: bool
+    # Where the gang reservations this instance opens are noted, to tell of gangs left partly admitted.
+    gang_openings: GangOpenings
 
     def judge(self, admission: PodAdmission, ledger: ReservationLedger, now: float,
               requests: tuple[PodQuotaRequest, PodQuotaRequest | None] | None = None,
@@ -115,6 +118,8 @@ class QuotaView:
         # relabel's new leaf, a resize's growth) is held in the ledger.
         opening = decision.opens_gang
         if opening is not None:
+            self.gang_openings.note(opening.gang, admission.namespace, new.quota_label, opening.min_members,
+                                    opening.waiting_seconds)
             ledger.open_gang(GangReservation(opening.gang, admission.uid, decision.quotas, opening.need,
                                              opening.min_members, now + opening.waiting_seconds,
                                              pod_group=gang is not None and gang.source == FROM_POD_GROUP))
@@ -136,6 +141,46 @@ class QuotaView:
         return record is not None and (not admission.pod_uid or record.uid in ("", admission.pod_uid))
 
 
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    namespace: str
+    quota_label: str
+    min_members: int
+    until: float  # monotonic
+
+
+class GangOpenings:
+    """The gang reservations this instance opened, until their waiting time is over: then a gang with
+    some but fewer members stored than its minimum is told of with an Event (events.gang_partly_admitted).
+
+    Read from the watch, not from a ledger, so local and strict accounting alike (under strict
+    accounting the replica that judged the opening notes it; a judgement whose write then failed
+    notes a gang that never stores a member, and is dropped without an event).
+    """
+
+    # At most this many gangs are followed; more at once is a flood of gangs, and an event is a courtesy.
+    MOST = 10_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._opened: dict[str, _Opened] = {}
+
+    def note(self, gang: str, namespace: str, quota_label: str, min_members: int, waiting_seconds: int) -> None:
+        with self._lock:
+            if gang in self._opened or len(self._opened) < self.MOST:
+                self._opened[gang] = _Opened(namespace, quota_label, min_members, self._clock() + waiting_seconds)
+
+    def ended(self) -> list[tuple[str, _Opened]]:
+        """The gangs whose waiting time is over, each returned once."""
+        now = self._clock()
+        with self._lock:
+            over = [(gang, opened) for gang, opened in self._opened.items() if opened.until <= now]
+            for gang, _ in over:
+                del self._opened[gang]
+        return over
+
+
 class QuotaState:
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl_seconds: float = DEFAULT_TTL_SECONDS,
                  stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
@@ -150,6 +195,7 @@ class QuotaState:
         self.ledger = ReservationLedger(ttl_seconds, members_stored=self._gang_members_stored)
         self.pod_groups: dict[str, PodGroupInfo] = {}
         self.pod_groups_listed = False
+        self.gang_openings = GangOpenings(clock)
         self.synced = False
         self.stale_after_seconds = stale_after_seconds
         self.max_reservations_per_caller = max_reservations_per_caller
@@ -189,7 +235,18 @@ class QuotaState:
     def _view(self) -> QuotaView:
         return QuotaView(self.tree, self.usage, self.tree_version, self.synced, self.pod_versions,
                          self.ledger.ttl_seconds, self.max_reservations_per_caller, self.pod_groups,
-                         self.pod_groups_listed)
+                         self.pod_groups_listed, self.gang_openings)
+
+    def partly_admitted_gangs(self) -> list[PodEvent]:
+        """Events for the gangs this instance opened a reservation for whose waiting time is over with
+        some but fewer members stored than their minimum (polled by the event writer)."""
+        ended = self.gang_openings.ended()
+        if not ended:
+            return []
+        with self._lock:
+            stored = {gang: self.usage.gang_members(gang)[0] for gang, _ in ended}
+        return [gang_partly_admitted(gang, stored[gang], opened.min_members, opened.namespace, opened.quota_label)
+                for gang, opened in ended if 0 < stored[gang] < opened.min_members]
 
     def _gang_members_stored(self, gang: str) -> tuple[int, ResourceList]:
         return self.usage.gang_members(gang)

@@ -193,3 +193,13 @@ def test_the_forwarder_never_blocks_admission_and_counts_what_it_drops() -> None
         assert time.monotonic() < deadline, sender.batches
         time.sleep(0.01)  # polling a condition with a deadline
     assert sender.batches[0] == [event_to_wire(event)]
+
+
+def test_the_service_writes_what_it_polls_beside_what_workers_sent() -> None:
+    sink, clock = FakeSink(), Clock()
+    polled = [PodEvent("GangPartlyAdmitted", "gang team-a/g has 1 of its minimum 2", "team-a", "", None)]
+    events = EventService(sink, lambda namespace, label: quota_target("team-a", "team-a", "q-uid"), clock=clock,
+                          polled=lambda: polled)
+    events.step()
+    assert [(w.key.reason, w.key.target.kind, w.key.target.name) for w in sink.writes] == [
+        ("GangPartlyAdmitted", "ElasticQuota", "team-a")]
