@@ -248,3 +248,11 @@ def test_a_gang_left_below_its_minimum_when_its_waiting_time_ends_is_told_of_wit
         "for the rest was given up, and koord-scheduler places the stored members only together with the rest; they "
         "keep holding quota room until they are deleted or the rest is created and admitted")
     assert state.partly_admitted_gangs() == []  # told once
+
+
+def test_without_a_waiting_time_a_gang_waits_as_long_as_koord_scheduler_does_by_default() -> None:
+    clock = Clock()
+    state = state_with(clock=clock)
+    assert admit(state, member("gang-a-0", "gang-a")).allowed
+    held = state.ledger.gang("team-train/gang-a")
+    assert held is not None and held.expires_at == clock.now + 600
