@@ -21,6 +21,7 @@ from .placement import (
     RewritePolicy,
     constraints_of,
     gpu_names,
+    scheduled_names,
     spec_resources,
     unadvertised,
 )
@@ -50,10 +51,8 @@ from .quota_objects import (
 )
 from .quota_tree import QuotaTree, keeps
 from .resources import (
-    DEPRECATED_RENAMES,
     GPU_CORE,
     GPU_MEMORY_RATIO,
-    GPU_SHARED,
     PERCENT_PER_CARD,
     RESOURCEQUOTA_PREFIXES,
     VENDOR_WHOLE_GPU_NAMES,
@@ -617,14 +616,13 @@ def check_gpu_placement(pods: Iterable[Mapping[str, Any]], workloads: Iterable[M
         except (PodShapeError, QuantityError):
             continue  # pod-invalid-gpu-request reports it
         stored = apply({"spec": spec}, mutation.operations())["spec"] if mutation.changed else spec
-        _check_placement(spec, gpu_names(spec_resources(stored)), str(obj.get("kind")), obj, nodes, report)
+        # As stored: the rewrite may add the node affinity that keeps the pod's GPU vendor.
+        _check_placement(stored, gpu_names(spec_resources(stored)), str(obj.get("kind")), obj, nodes, report)
 
 
 def _check_placement(spec: Mapping[str, Any], asked: frozenset[str], kind: str, obj: Mapping[str, Any],
                      nodes: NodeView, report: AuditReport) -> None:
-    # As Koordinator's scheduler reads them: deprecated names renamed; gpu.shared is the device
-    # count its own webhook adds, a scheduling hint nodes publish only behind a feature gate.
-    asked = frozenset(DEPRECATED_RENAMES.get(name, name) for name in asked) - {GPU_SHARED}
+    asked = scheduled_names(asked)
     if not asked:
         return
     reason = unadvertised(constraints_of(spec), asked, nodes)
