@@ -78,6 +78,8 @@ class PodMutation:
     # The gpu-vendor of the cards the rewritten names counted (None: they name no vendor, or the
     # pod asks for two vendors' cards and is left as written).
     vendor: str | None = None
+    # The vendor whose nodes the required node affinity added by admission_mutation keeps the pod on.
+    kept_on_vendor: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -124,7 +126,8 @@ def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | 
         warnings.extend(decision.warnings)
         if decision.rewrite and decision.keep_vendor is not None and isinstance(spec, Mapping):
             kept = {**spec, "affinity": affinity_keeping_vendor(spec.get("affinity"), decision.keep_vendor)}
-            mutation = replace(mutation, patch=mutation.patch + tuple(diff(spec, kept, "/spec")))
+            mutation = replace(mutation, patch=mutation.patch + tuple(diff(spec, kept, "/spec")),
+                               kept_on_vendor=decision.keep_vendor)
             # Where the pod as stored can land: the mixed-node warning below is about those nodes.
             constraints = constraints_of(kept)
             warnings.append(

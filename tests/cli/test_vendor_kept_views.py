@@ -102,6 +102,13 @@ def test_beside_an_amd_node_each_deployment_is_rewritten_and_kept_on_its_vendors
     assert {"op": "add", "path": "/spec/affinity", "value": converted["nvidia-train"]["affinity"]} in nvidia["patch"]
 
     _, out, _ = run("audit", "-f", workloads, *nodes, "-o", "json", "--fail-on", "none")
-    checks = {(f["name"], f["check"]) for f in json.loads(out)["findings"] if f["kind"] == "Deployment"}
+    found = {(f["name"], f["check"]): f for f in json.loads(out)["findings"] if f["kind"] == "Deployment"}
     # Rewritten, and placeable as stored: no gpu-request-unadvertised.
-    assert checks == {("amd-train", "workload-legacy-gpu-request"), ("nvidia-train", "workload-legacy-gpu-request")}
+    assert set(found) == {("amd-train", "workload-legacy-gpu-request"), ("nvidia-train", "workload-legacy-gpu-request")}
+    for name, vendor, resource in (("amd-train", "amd", "amd.com/gpu"), ("nvidia-train", "nvidia", "nvidia.com/gpu")):
+        finding = found[(name, "workload-legacy-gpu-request")]
+        assert finding["message"] == (
+            f'the webhook would rewrite: container "main" limits: {resource}: 1 -> koordinator.sh/gpu-core: 100, '
+            f"koordinator.sh/gpu-memory-ratio: 100, and keep the pod on {vendor} nodes (required node affinity on "
+            f"{VENDOR_LABEL})")
+        assert finding["details"]["keptOnVendor"] == vendor
