@@ -17,10 +17,12 @@ from .jsonpatch import apply
 from .memo import BoundedMemo
 from .mutation import admission_mutation
 from .placement import (
+    GPU_VENDOR_LABEL,
     NodeView,
     RewritePolicy,
     constraints_of,
     gpu_names,
+    scheduled_names,
     spec_resources,
     unadvertised,
 )
@@ -50,10 +52,8 @@ from .quota_objects import (
 )
 from .quota_tree import QuotaTree, keeps
 from .resources import (
-    DEPRECATED_RENAMES,
     GPU_CORE,
     GPU_MEMORY_RATIO,
-    GPU_SHARED,
     PERCENT_PER_CARD,
     RESOURCEQUOTA_PREFIXES,
     VENDOR_WHOLE_GPU_NAMES,
@@ -361,6 +361,8 @@ class _SpecVerdict:
     error: str | None  # the PodShapeError when the spec cannot be read
     rewrites: tuple[str, ...]
     problems: tuple[tuple[str, str], ...]  # (message, rule)
+    # The GPU vendor whose nodes the webhook's node affinity keeps the rewritten pod on (None: none added).
+    kept_on_vendor: str | None = None
 
 
 # Replicas of a workload share one spec shape, so a 100k-pod audit judges a few hundred distinct
@@ -386,33 +388,37 @@ def _shapes(pods: list[Mapping[str, Any]], config: ConversionConfig, shapes: lis
     return pod_shapes(pods, config) if shapes is None else shapes
 
 
-def _rewritten_by_webhook(spec: Mapping[str, Any], config: ConversionConfig, view: NodeView | None) -> bool:
-    """Whether /mutate-pods would rewrite a pod of this spec: the webhook's own decision, with the
-    nodes it would look at (``view`` None: none known, and the webhook then leaves it as written)."""
+def _rewritten_by_webhook(spec: Mapping[str, Any], config: ConversionConfig,
+                          view: NodeView | None) -> tuple[bool, str | None]:
+    """Whether /mutate-pods would rewrite a pod of this spec, and on which GPU vendor's nodes its
+    node affinity would keep it (None: it adds none): the webhook's own decision, with the nodes it
+    would look at (``view`` None: none known, and the webhook then leaves it as written)."""
     try:
-        return admission_mutation({"spec": spec}, config, view).changed
+        mutation = admission_mutation({"spec": spec}, config, view)
     except (PodShapeError, QuantityError):
-        return False  # unreadable: _judge_spec reports why
+        return False, None  # unreadable: _judge_spec reports why
+    return mutation.changed, mutation.kept_on_vendor
 
 
 def _spec_verdict(spec: Mapping[str, Any], config: ConversionConfig, shape: object = None,
                   view: NodeView | None = None) -> _SpecVerdict:
     if shape is None:
         shape = spec_shape_key(spec, config)
-    rewritten = _rewritten_by_webhook(spec, config, view)
+    rewritten, kept_on_vendor = _rewritten_by_webhook(spec, config, view)
     key = None
     if shape is not None:
-        key = (spec_names_key(spec, shape), rewritten)
+        key = (spec_names_key(spec, shape), rewritten, kept_on_vendor)
         cached = _spec_verdicts.get(key)
         if cached is not None:
             return cached
-    verdict = _judge_spec(spec, config, rewritten)
+    verdict = _judge_spec(spec, config, rewritten, kept_on_vendor)
     if key is not None:
         _spec_verdicts.remember(key, verdict)
     return verdict
 
 
-def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig, rewritten: bool) -> _SpecVerdict:
+def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig, rewritten: bool,
+                kept_on_vendor: str | None = None) -> _SpecVerdict:
     try:
         read_containers(spec)
         canonical, rewrites, _, _ = canonicalize_pod_spec(spec, config)
@@ -427,7 +433,7 @@ def _judge_spec(spec: Mapping[str, Any], config: ConversionConfig, rewritten: bo
     # Only what /mutate-pods would write: a request it leaves as written for the nodes the pod can
     # reach (or by `rewrite: never`) is no rewrite, and no reason to warn.
     described = tuple(r.describe() for r in rewrites) if rewritten else ()
-    return _SpecVerdict(None, described, tuple((p.message, p.rule) for p in problems))
+    return _SpecVerdict(None, described, tuple((p.message, p.rule) for p in problems), kept_on_vendor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,9 +456,13 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
                                        verdict.error))
         return
     if verdict.rewrites:
-        report.findings.append(Finding(
-            legacy_check, Severity.WARNING, kind, namespace, name,
-            "the webhook would rewrite: " + "; ".join(verdict.rewrites), {"rewrites": list(verdict.rewrites)}))
+        message = "the webhook would rewrite: " + "; ".join(verdict.rewrites)
+        details: dict[str, Any] = {"rewrites": list(verdict.rewrites)}
+        if verdict.kept_on_vendor is not None:
+            message += (f", and keep the pod on {verdict.kept_on_vendor} nodes (required node affinity on "
+                        f"{GPU_VENDOR_LABEL})")
+            details["keptOnVendor"] = verdict.kept_on_vendor
+        report.findings.append(Finding(legacy_check, Severity.WARNING, kind, namespace, name, message, details))
     if verdict.problems:
         report.findings.append(Finding(
             "pod-invalid-gpu-request", Severity.ERROR, kind, namespace, name,
@@ -617,14 +627,13 @@ def check_gpu_placement(pods: Iterable[Mapping[str, Any]], workloads: Iterable[M
         except (PodShapeError, QuantityError):
             continue  # pod-invalid-gpu-request reports it
         stored = apply({"spec": spec}, mutation.operations())["spec"] if mutation.changed else spec
-        _check_placement(spec, gpu_names(spec_resources(stored)), str(obj.get("kind")), obj, nodes, report)
+        # As stored: the rewrite may add the node affinity that keeps the pod's GPU vendor.
+        _check_placement(stored, gpu_names(spec_resources(stored)), str(obj.get("kind")), obj, nodes, report)
 
 
 def _check_placement(spec: Mapping[str, Any], asked: frozenset[str], kind: str, obj: Mapping[str, Any],
                      nodes: NodeView, report: AuditReport) -> None:
-    # As Koordinator's scheduler reads them: deprecated names renamed; gpu.shared is the device
-    # count its own webhook adds, a scheduling hint nodes publish only behind a feature gate.
-    asked = frozenset(DEPRECATED_RENAMES.get(name, name) for name in asked) - {GPU_SHARED}
+    asked = scheduled_names(asked)
     if not asked:
         return
     reason = unadvertised(constraints_of(spec), asked, nodes)

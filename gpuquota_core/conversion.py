@@ -8,6 +8,7 @@ written into the pod itself, so the scheduler and every ElasticQuota see one set
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -32,7 +33,13 @@ from .resources import (
 GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
 CONFIG_KEYS: tuple[str, ...] = ("transformations", "gpuMemoryByModel", "gpuModelLabel", "renameDeprecated",
                                  "enforcement", "rewrite")
-RULE_KEYS: tuple[str, ...] = ("input", "outputs", "strategy", "wholeUnitsOnly")
+RULE_KEYS: tuple[str, ...] = ("input", "outputs", "strategy", "wholeUnitsOnly", "vendor")
+# The value of node.koordinator.sh/gpu-vendor on the nodes whose cards a vendor name counts.
+# Koordinator defines "nvidia" (apis/extension/device_share.go) and reads a node without the label
+# as NVIDIA; for AMD and Hygon it defines none (koordlet copies whatever the vendor's device
+# report says), so these two are this project's defaults, set per rule with ``vendor``.
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+DEFAULT_VENDORS: Mapping[str, str] = {NVIDIA_GPU: "nvidia", AMD_GPU: "amd", HYGON_DCU: "hygon"}
 
 
 class ConfigError(ValueError):
@@ -52,11 +59,16 @@ class ConversionRule:
     # Vendor counts are whole cards: a fractional count is left for the API server to refuse rather
     # than silently turned into a share.
     whole_units_only: bool = False
+    # The node.koordinator.sh/gpu-vendor value of the nodes whose cards the input counts (None: the
+    # input names no vendor). The outputs name none, so the rewrite keeps the pod on that vendor's
+    # nodes (gpuquota_core.placement).
+    vendor: str | None = None
 
 
 def _cards(name: str) -> ConversionRule:
     per_card = Fraction(PERCENT_PER_CARD)
-    return ConversionRule(name, {GPU_CORE: per_card, GPU_MEMORY_RATIO: per_card}, whole_units_only=True)
+    return ConversionRule(name, {GPU_CORE: per_card, GPU_MEMORY_RATIO: per_card}, whole_units_only=True,
+                          vendor=DEFAULT_VENDORS[name])
 
 
 DEFAULT_RULES: tuple[ConversionRule, ...] = (
@@ -102,7 +114,9 @@ def load_config(document: Mapping[str, Any] | None) -> ConversionConfig:
     ``transformations: [{input, outputs: {name: qty}, strategy: Replace|Retain}]`` replaces the
     default table; ``gpuMemoryByModel: {model: 80Gi}`` enables bytes → ratio for pinned models;
     ``enforcement: {default: enforce, checks: {QuotaExceeded: warn}}`` sets the enforcement modes;
-    ``rewrite: auto|always|never`` whether pods are rewritten (gpuquota_core.placement).
+    ``rewrite: auto|always|never`` whether pods are rewritten (gpuquota_core.placement). A rule's
+    ``vendor`` (default: by its input, DEFAULT_VENDORS) is the gpu-vendor label of the nodes its
+    input's cards are on.
     """
     if document is None:
         return DEFAULT_CONFIG
@@ -182,7 +196,11 @@ def _load_rule(index: int, raw: object) -> ConversionRule:
     whole = entry.get("wholeUnitsOnly", name in (NVIDIA_GPU, AMD_GPU, HYGON_DCU))
     if not isinstance(whole, bool):
         raise ConfigError(f"{where}.wholeUnitsOnly must be true or false")
-    return ConversionRule(name, outputs, strategy, whole)
+    vendor = entry.get("vendor", DEFAULT_VENDORS.get(name))
+    # It is written into pods' node affinity, which the API server checks as a label value.
+    if vendor is not None and (not isinstance(vendor, str) or not _LABEL_VALUE.fullmatch(vendor)):
+        raise ConfigError(f"{where}.vendor must be a node.koordinator.sh/gpu-vendor value, or null for none")
+    return ConversionRule(name, outputs, strategy, whole, vendor)
 
 
 def _check_rules(rules: tuple[ConversionRule, ...], rename_deprecated: bool = True) -> None:

@@ -13,7 +13,9 @@ remembered answer is the computed one.
 
 Whether the rewrite is applied depends on the nodes (:func:`admission_mutation`): that decision is
 remembered separately, per node view and scheduling constraints (gpuquota_core.placement), so
-the memo above never holds an answer that depends on the nodes.
+the memo above never holds an answer that depends on the nodes. So is the node affinity that keeps
+a rewritten pod on its GPU vendor's nodes: it is added there, only where a node of another vendor
+the pod can reach advertises the canonical names too.
 """
 
 from __future__ import annotations
@@ -35,12 +37,16 @@ from .conversion import ConversionConfig
 from .jsonpatch import Operation, copy_json, diff
 from .memo import BoundedMemo
 from .placement import (
+    GPU_VENDOR_LABEL,
     NodeView,
+    affinity_keeping_vendor,
     constraints_of,
     decide_rewrite,
     gpu_names,
     mixed_node_warning,
+    named,
     nonzero_names,
+    scheduled_names,
     spec_resources,
 )
 from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, mapping_or_empty
@@ -60,11 +66,20 @@ class PodMutation:
     # before or after it: what the placement decision reads.
     needs: frozenset[str] = frozenset()
     asks_gpu: bool = False
+    # The GPU names the pod asks a node for as written and as rewritten (scheduled_names): where it
+    # can fit, for the mixed-node warning.
+    asked_as_written: frozenset[str] = frozenset()
+    asked_rewritten: frozenset[str] = frozenset()
     # Why the rewrite was not applied, or what to know about where the pod can land (full text).
     warnings: tuple[str, ...] = ()
     # The resources a rewrite would have replaced, when it was not applied (admission_mutation).
     left_sources: tuple[str, ...] = ()
     left_reason: str = ""
+    # The gpu-vendor of the cards the rewritten names counted (None: they name no vendor, or the
+    # pod asks for two vendors' cards and is left as written).
+    vendor: str | None = None
+    # The vendor whose nodes the required node affinity added by admission_mutation keeps the pod on.
+    kept_on_vendor: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -84,10 +99,13 @@ def pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
     sources = tuple(source for _container, source in dict.fromkeys((r.container, r.source) for r in view.rewrites))
     needs = nonzero_names((name, amount) for r in view.rewrites for name, amount in r.outputs.items())
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    asks_gpu = bool(gpu_names(spec_resources(spec))
-                    or (view.changed and gpu_names(spec_resources(view.obj.get("spec")))))
+    as_written = gpu_names(spec_resources(spec))
+    rewritten = gpu_names(spec_resources(view.obj.get("spec"))) if view.changed else as_written
+    vendors = {rule.vendor for r in view.rewrites if r.kind == "convert"
+               if (rule := config.rule_for(r.source)) is not None and rule.vendor is not None}
     return PodMutation(patch, tuple(view.rewrites), tuple(view.notes), tuple(view.summary()), sources,
-                       needs, asks_gpu)
+                       needs, bool(as_written or rewritten), scheduled_names(as_written), scheduled_names(rewritten),
+                       vendor=vendors.pop() if len(vendors) == 1 else None)
 
 
 def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | None) -> PodMutation:
@@ -100,13 +118,25 @@ def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | 
     constraints = constraints_of(mapping_or_empty(spec))
     warnings: list[str] = []
     if mutation.changed:
-        decision = decide_rewrite(config.rewrite, constraints, mutation.rewritten_sources, mutation.needs, nodes)
+        decision = decide_rewrite(config.rewrite, constraints, mutation.rewritten_sources, mutation.needs, nodes,
+                                  mutation.vendor)
         if not decision.rewrite:
             mutation = replace(mutation, patch=(), rewrites=(), summary=(), rewritten_sources=(),
                                left_sources=mutation.rewritten_sources, left_reason=decision.reason)
         warnings.extend(decision.warnings)
+        if decision.rewrite and decision.keep_vendor is not None and isinstance(spec, Mapping):
+            kept = {**spec, "affinity": affinity_keeping_vendor(spec.get("affinity"), decision.keep_vendor)}
+            mutation = replace(mutation, patch=mutation.patch + tuple(diff(spec, kept, "/spec")),
+                               kept_on_vendor=decision.keep_vendor)
+            # Where the pod as stored can land: the mixed-node warning below is about those nodes.
+            constraints = constraints_of(kept)
+            warnings.append(
+                f"gpuquota kept the pod on {decision.keep_vendor} nodes (required node affinity on "
+                f"{GPU_VENDOR_LABEL}): {', '.join(sorted(mutation.needs))} name no vendor, and "
+                f"{named(decision.foreign)} of another vendor advertise(s) them")
     if mutation.asks_gpu:
-        mixed = mixed_node_warning(constraints, nodes)
+        asked = mutation.asked_rewritten if mutation.changed else mutation.asked_as_written
+        mixed = mixed_node_warning(constraints, nodes, asked)
         if mixed is not None:
             warnings.append(mixed)
     return replace(mutation, warnings=tuple(warnings)) if warnings else mutation

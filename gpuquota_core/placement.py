@@ -14,6 +14,15 @@ it). A pod with ``nodeName`` skips the scheduler: the kubelet still checks the s
 affinity and NoExecute taints, but not NoSchedule ones. Anything unreadable matches no node, so
 the answer errs towards leaving the request as written.
 
+A rewrite keeps the pod's GPU vendor. ``amd.com/gpu`` fits only nodes that advertise it, but the
+canonical names name no vendor: every node reporting Koordinator GPUs advertises them, NVIDIA or
+AMD. A node's vendor is its ``node.koordinator.sh/gpu-vendor`` label, and a node without one is
+NVIDIA, as Koordinator reads it (pkg/scheduler/plugins/deviceshare/allocator_gpu_helper.go). So
+``auto`` counts only the nodes of the pod's vendor, and where a node of another vendor that the pod
+can reach advertises the canonical names too, the rewrite adds a required node-affinity
+requirement on that label, ANDed into each term the pod already has (terms are ORed). Where no
+such node is reachable, a single-vendor cluster for one, the pod is left as the rewrite alone makes it.
+
 I/O-free: the webhook feeds it the nodes it watches, ``convert`` and ``audit`` the Node objects in
 their input. A :class:`NodeSummary` keeps only what the filters read (labels, taints, the names of
 the extended resources the node advertises), so a cluster's nodes stay small in every process.
@@ -31,9 +40,12 @@ from typing import Any
 from .memo import BoundedMemo
 from .podspec import mapping_or_empty
 from .quantity import QuantityError, parse_quantity
-from .resources import DEPRECATED_RENAMES, GpuFamily, families_of, is_gpu_name
+from .resources import DEPRECATED_RENAMES, GPU_SHARED, GpuFamily, families_of, is_gpu_name
 
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+GPU_VENDOR_LABEL = "node.koordinator.sh/gpu-vendor"
+# The vendor of a node without GPU_VENDOR_LABEL, as Koordinator's device allocator reads it.
+UNLABELLED_VENDOR = "nvidia"
 NO_SCHEDULE, NO_EXECUTE = "NoSchedule", "NoExecute"
 # Every resource a node has that is not an extended resource: never what a GPU rewrite asks for.
 _STANDARD_RESOURCES = frozenset({"cpu", "memory", "pods", "ephemeral-storage", "storage"})
@@ -347,6 +359,11 @@ class RewriteDecision:
     warnings: tuple[str, ...] = ()
     # Why the request was left ("" when rewritten): the short form for logs and the audit.
     reason: str = ""
+    # The vendor whose nodes the rewritten pod must be kept on by a required node affinity
+    # (affinity_keeping_vendor); None when no node of another vendor could take it.
+    keep_vendor: str | None = None
+    # Those other vendors' nodes, for the warning that says why.
+    foreign: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,8 +372,11 @@ class _Reach:
 
     count: int
     names: tuple[str, ...]
-    advertising: bool  # some reachable node advertises every needed name
-    mixed: tuple[str, ...] = ()
+    advertising: bool  # some reachable node (of the pod's vendor, when it has one) advertises every needed name
+    mixed: tuple[str, ...] = ()  # reachable nodes advertising the needed names and both GPU families
+    # Reachable nodes of another vendor that advertise every needed name: what the rewritten pod
+    # could land on unless its vendor is kept.
+    foreign: tuple[str, ...] = ()
 
 
 _NOWHERE = _Reach(0, (), False)
@@ -368,15 +388,17 @@ def named(names: Iterable[str]) -> str:
     return shown if len(names) <= MAX_NAMED_NODES else f"{shown} and {len(names) - MAX_NAMED_NODES} more"
 
 
-def _reach(constraints: Constraints, needs: frozenset[str], view: NodeView) -> _Reach:
-    key = ("reach", constraints, needs)
+def _reach(constraints: Constraints, needs: frozenset[str], view: NodeView, vendor: str | None = None) -> _Reach:
+    key = ("reach", constraints, needs, vendor)
     cached = view.memo.get(key)
     if cached is None:
         reachable = reachable_nodes(constraints, view.nodes)
+        advertising = [node for node in reachable if needs <= node.resources]
+        foreign = () if vendor is None else tuple(
+            node.name for node in advertising if not is_vendors_node(vendor, node))
         cached = view.memo.remember(key, _Reach(
-            len(reachable), tuple(node.name for node in reachable),
-            any(needs <= node.resources for node in reachable),
-            tuple(node.name for node in reachable if node.mixed_gpu)))
+            len(reachable), tuple(node.name for node in reachable), len(advertising) > len(foreign),
+            tuple(node.name for node in advertising if node.mixed_gpu), foreign))
     assert isinstance(cached, _Reach)
     return cached
 
@@ -393,21 +415,79 @@ def _where(constraints: Constraints, reach: _Reach, view: NodeView) -> str:
     return f"none of the {reach.count} node(s) this pod can be scheduled on ({named(reach.names)})"
 
 
-def unadvertised(constraints: Constraints, needs: Iterable[str], view: NodeView) -> str | None:
-    """None when a node the pod can be scheduled on advertises every name in ``needs``, else why not."""
+def unadvertised(constraints: Constraints, needs: Iterable[str], view: NodeView,
+                 vendor: str | None = None) -> str | None:
+    """None when a node the pod can be scheduled on advertises every name in ``needs`` (and is of
+    ``vendor``, when given), else why not."""
     needed = frozenset(needs)
-    reach = _NOWHERE if constraints.unreadable else _reach(constraints, needed, view)
+    reach = _NOWHERE if constraints.unreadable else _reach(constraints, needed, view, vendor)
     if reach.advertising:
         return None
+    if vendor is not None and reach.foreign:
+        return (f"the node(s) this pod can be scheduled on that advertise {', '.join(sorted(needed))} "
+                f"({named(reach.foreign)}) have another GPU vendor than {vendor_text(vendor)}")
     return f"{_where(constraints, reach, view)} advertises {', '.join(sorted(needed))}"
 
 
-def decide_rewrite(policy: RewritePolicy, constraints: Constraints, sources: Iterable[str],
-                   needs: Iterable[str], view: NodeView | None) -> RewriteDecision:
-    """Whether a pod whose rewrite would replace ``sources`` with ``needs`` is rewritten.
+# -- the vendor -----------------------------------------------------------------------------------
 
-    ``view`` None: the nodes are not known (yet); ``auto`` then leaves the request as written
-    rather than guess.
+def vendor_requirements(vendor: str) -> tuple[Requirement, ...]:
+    """Node selector requirements, any one of which selects ``vendor``'s nodes (and no other's)."""
+    labelled = (GPU_VENDOR_LABEL, "In", (vendor,))
+    if vendor == UNLABELLED_VENDOR:
+        return labelled, (GPU_VENDOR_LABEL, "DoesNotExist", ())
+    return (labelled,)
+
+
+def is_vendors_node(vendor: str, node: NodeSummary) -> bool:
+    return any(requirement_matches(requirement, node.labels) for requirement in vendor_requirements(vendor))
+
+
+def vendor_text(vendor: str) -> str:
+    """How messages name a vendor's nodes: by the label that marks them."""
+    labelled = f"{GPU_VENDOR_LABEL}={vendor}"
+    return f"{labelled} (or no such label)" if vendor == UNLABELLED_VENDOR else labelled
+
+
+def affinity_keeping_vendor(affinity: object, vendor: str) -> dict[str, Any]:
+    """A pod's ``spec.affinity`` whose required node affinity reaches only ``vendor``'s nodes.
+
+    The terms are ORed and a term's expressions ANDed, so the vendor's requirement is added to
+    every term; a vendor whose nodes two requirements select (label or no label) doubles each
+    term. A term with no expression and no field matches no node and is kept as it is: adding an
+    expression would make it match. Only for readable constraints (:func:`constraints_of`).
+    """
+    alternatives = [{"key": key, "operator": operator, **({"values": list(values)} if values else {})}
+                    for key, operator, values in vendor_requirements(vendor)]
+    result = dict(mapping_or_empty(affinity))
+    node_affinity = dict(mapping_or_empty(result.get("nodeAffinity")))
+    required = dict(mapping_or_empty(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")))
+    terms = required.get("nodeSelectorTerms")
+    kept: list[Any] = []
+    if terms is None:
+        kept = [{"matchExpressions": [alternative]} for alternative in alternatives]
+    for term in terms if isinstance(terms, list) else ():
+        fields = mapping_or_empty(term)
+        if not fields.get("matchExpressions") and not fields.get("matchFields"):
+            kept.append(term)
+            continue
+        kept.extend({**fields, "matchExpressions": [*(fields.get("matchExpressions") or []), alternative]}
+                    for alternative in alternatives)
+    required["nodeSelectorTerms"] = kept
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    result["nodeAffinity"] = node_affinity
+    return result
+
+
+def decide_rewrite(policy: RewritePolicy, constraints: Constraints, sources: Iterable[str],
+                   needs: Iterable[str], view: NodeView | None, vendor: str | None = None) -> RewriteDecision:
+    """Whether a pod whose rewrite would replace ``sources`` with ``needs`` is rewritten, and on
+    whose nodes it must be kept.
+
+    ``vendor``: the gpu-vendor of the cards ``sources`` count (None: they name no vendor); only its
+    nodes count for ``auto``. ``view`` None: the nodes are not known (yet); ``auto`` then leaves
+    the request as written rather than guess, and ``always`` adds no vendor affinity (there is no
+    node of another vendor to keep the pod from that it knows of).
     """
     if policy is RewritePolicy.NEVER:
         return RewriteDecision(False, reason="rewrite: never")
@@ -420,25 +500,39 @@ def decide_rewrite(policy: RewritePolicy, constraints: Constraints, sources: Ite
         reason = (f"the webhook has not listed the cluster's nodes yet, so it cannot tell whether a node this "
                   f"pod can reach advertises {need_text}")
         return RewriteDecision(False, (f"gpuquota left {source_text} as written: {reason}",), reason)
-    why = unadvertised(constraints, needed, view)
+    why = unadvertised(constraints, needed, view, vendor)
+    foreign = () if vendor is None or constraints.unreadable else _reach(constraints, needed, view, vendor).foreign
+    keep = vendor if foreign else None
     if why is None:
-        return RewriteDecision(True)
+        return RewriteDecision(True, keep_vendor=keep, foreign=foreign)
     if policy is RewritePolicy.ALWAYS:
         return RewriteDecision(True, (f"gpuquota rewrote {source_text} (rewrite: always) although {why}; "
-                                      "the pod may stay Pending",))
+                                      "the pod may stay Pending",), keep_vendor=keep, foreign=foreign)
     return RewriteDecision(False, (f"gpuquota left {source_text} as written: {why}",), why)
 
 
-def mixed_node_warning(constraints: Constraints, view: NodeView | None) -> str | None:
-    """A warning for a GPU pod that can land on a node advertising both GPU families."""
+def mixed_node_warning(constraints: Constraints, view: NodeView | None,
+                       asked: frozenset[str] = frozenset()) -> str | None:
+    """A warning for a GPU pod that can land on a node advertising both GPU families.
+
+    ``asked``: the GPU names the pod asks for as stored (:func:`scheduled_names`); only nodes that
+    advertise them can take it (an ``amd.com/gpu`` pod never lands on an NVIDIA node).
+    """
     if view is None or constraints.unreadable:
         return None
-    reach = _reach(constraints, frozenset(), view)
+    reach = _reach(constraints, asked, view)
     if not reach.mixed:
         return None
     return (f"gpuquota: this pod can be scheduled on {named(reach.mixed)}, which advertise(s) both a vendor GPU "
             "name and koordinator.sh/gpu-* for the same cards: the device plugin and Koordinator may hand out "
             "one card twice (audit check node-mixed-gpu-resources)")
+
+
+def scheduled_names(names: Iterable[str]) -> frozenset[str]:
+    """GPU names as a node must advertise them for the pod to fit: deprecated names renamed, as
+    Koordinator's informers do; without ``gpu.shared``, the device count its own webhook adds, which
+    nodes publish only behind a feature gate."""
+    return frozenset(DEPRECATED_RENAMES.get(name, name) for name in names) - {GPU_SHARED}
 
 
 def nonzero_names(resources: Iterable[tuple[str, object]]) -> frozenset[str]:

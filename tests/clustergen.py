@@ -1,11 +1,12 @@
 """Generated clusters for the property tests that compare every view (not a test module).
 
 A cluster is nodes of every GPU layout (vendor-only, canonical-only, mixed, another vendor, no GPU)
-with labels, taints and cordons; a quota tree (unique names, so ``serve --state`` loads it; a parent
-that does not exist now and then); pods that already run, finished or not, some bound to a node,
-some as the webhook stored them (rewritten, annotated);
-workloads; and pods not yet created. Pods and templates carry nodeName, nodeSelector, required node
-affinity and tolerations that reach some of the nodes, all of them or none; their GPU requests
+of NVIDIA and AMD (by the gpu-vendor label, or none), with labels, taints and cordons; a quota tree
+(unique names, so ``serve --state`` loads it; a parent that does not exist now and then); pods that
+already run, finished or not, some bound to a node, some as the webhook stored them (rewritten,
+annotated); workloads; and pods not yet created. Pods and templates carry nodeName, nodeSelector,
+required node affinity (one term or two, on the layout or the vendor) and tolerations that reach
+some of the nodes, all of them or none; their GPU requests
 include invalid ones (negative, fractional), which every view must refuse alike.
 """
 
@@ -38,7 +39,20 @@ NODE_LAYOUTS: dict[str, dict[str, str]] = {
     "shared": {CORE: "400", RATIO: "400", MEMORY: "320Gi"},
     "mixed": {NVIDIA: "4", CORE: "400", RATIO: "400", MEMORY: "192Gi"},
     "amd": {AMD: "4"},
+    "amd-mixed": {AMD: "4", CORE: "400", RATIO: "400", MEMORY: "192Gi"},
     "cpu": {},
+}
+VENDOR_LABEL = "node.koordinator.sh/gpu-vendor"
+# The node.koordinator.sh/gpu-vendor labels a node of each layout may carry (None: no label, which
+# Koordinator reads as NVIDIA): NVIDIA's and AMD's Koordinator GPUs side by side, with and without
+# the label, so the views judge clusters of several vendors.
+NODE_VENDORS: dict[str, list[str | None]] = {
+    "vendor": [None, "nvidia"],
+    "shared": [None, "nvidia", "amd"],
+    "mixed": [None, "nvidia"],
+    "amd": ["amd"],
+    "amd-mixed": ["amd"],
+    "cpu": [None],
 }
 
 
@@ -77,6 +91,9 @@ def nodes(draw: st.DrawFn) -> list[dict[str, Any]]:
     for index in range(draw(st.integers(0, 4))):
         layout = draw(st.sampled_from(sorted(NODE_LAYOUTS)))
         labels = {"pool": draw(st.sampled_from(POOLS)), "layout": layout}
+        vendor = draw(st.sampled_from(NODE_VENDORS[layout]))
+        if vendor is not None:
+            labels[VENDOR_LABEL] = vendor
         spec: dict[str, Any] = {}
         taint = draw(st.sampled_from([None, "NoSchedule", "NoExecute"]))
         if taint:
@@ -135,6 +152,18 @@ gpu_requests = st.one_of(
 
 
 @st.composite
+def requirements(draw: st.DrawFn) -> dict[str, Any]:
+    """A node selector requirement on the layout, or (one time in four) on the GPU vendor."""
+    operator = draw(st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]))
+    key = VENDOR_LABEL if draw(st.integers(0, 3)) == 0 else "layout"
+    requirement: dict[str, Any] = {"key": key, "operator": operator}
+    if operator in ("In", "NotIn"):
+        choices = ["nvidia", "amd"] if key == VENDOR_LABEL else sorted(NODE_LAYOUTS)
+        requirement["values"] = draw(st.lists(st.sampled_from(choices), min_size=1, max_size=2, unique=True))
+    return requirement
+
+
+@st.composite
 def constraints(draw: st.DrawFn, node_count: int) -> dict[str, Any]:
     """nodeName, nodeSelector, required node affinity and tolerations: some, all or none of them."""
     spec: dict[str, Any] = {}
@@ -143,13 +172,12 @@ def constraints(draw: st.DrawFn, node_count: int) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:
         spec["nodeSelector"] = {"pool": draw(st.sampled_from(POOLS))}
     if draw(st.integers(0, 3)) == 0:
-        operator = draw(st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]))
-        requirement: dict[str, Any] = {"key": "layout", "operator": operator}
-        if operator in ("In", "NotIn"):
-            requirement["values"] = draw(st.lists(st.sampled_from(sorted(NODE_LAYOUTS)), min_size=1, max_size=2,
-                                                  unique=True))
+        # One term or two (ORed), on the layout and now and then on the vendor (as the rewrite may
+        # add it): the rewrite must AND its own requirement into each.
+        terms = [{"matchExpressions": draw(st.lists(requirements(), min_size=1, max_size=2))}
+                 for _ in range(draw(st.integers(1, 2)))]
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [requirement]}]}}}
+            "nodeSelectorTerms": terms}}}
     if draw(st.booleans()):
         spec["tolerations"] = [draw(st.sampled_from([
             {"key": TAINT_KEY, "operator": "Exists"},

@@ -45,6 +45,7 @@ DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 GPU_CORE = "koordinator.sh/gpu-core"
 GPU_MEMORY = "koordinator.sh/gpu-memory"
 GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
+GPU_VENDOR_LABEL = "node.koordinator.sh/gpu-vendor"
 QUOTA_ANNOTATION_PREFIX = "quota.scheduling.koordinator.sh/"
 POLL_SECONDS = 0.1
 
@@ -159,7 +160,10 @@ def start_koord_scheduler(plane: ControlPlane, api: Api, build: KoordinatorBuild
     configuration = koord_scheduler_configuration(build, plane.kubeconfig_path, elastic_quota_args)
     config_path.write_text(yaml.safe_dump(configuration, sort_keys=False), encoding="utf-8")
     (port,) = free_ports(1)
-    args = [str(build.koord_scheduler), f"--config={config_path}", f"--secure-port={port}",
+    # --port=0: without it koord-scheduler also serves plain HTTP on 0.0.0.0:10251
+    # (cmd/koord-scheduler/app/options/insecure_serving.go), so a second test cluster on the same
+    # machine cannot start its scheduler. Health is read on the secure port.
+    args = [str(build.koord_scheduler), f"--config={config_path}", f"--secure-port={port}", "--port=0",
             *plane.component_tls_args()]
     if feature_gates:
         args.append(feature_gates_flag(feature_gates))
@@ -180,13 +184,17 @@ class Gpu:
     healthy: bool = True
 
 
-def create_gpu_device(api: Api, node: str, gpus: Sequence[Gpu]) -> dict[str, Any]:
+def create_gpu_device(api: Api, node: str, gpus: Sequence[Gpu], vendor: str | None = None) -> dict[str, Any]:
     """The cluster-scoped Device koordlet writes for ``node`` (name = node name): one ``gpu`` entry per
-    card with 100 gpu-core, its memory and 100 gpu-memory-ratio."""
+    card with 100 gpu-core, its memory and 100 gpu-memory-ratio; ``vendor``: the gpu-vendor label
+    koordlet puts on it (pkg/koordlet/statesinformer/impl/states_device_linux.go), None for none."""
+    metadata: dict[str, Any] = {"name": node}
+    if vendor is not None:
+        metadata["labels"] = {GPU_VENDOR_LABEL: vendor}
     body = {
         "apiVersion": f"{DEVICE_GROUP}/{DEVICE_VERSION}",
         "kind": "Device",
-        "metadata": {"name": node},
+        "metadata": metadata,
         "spec": {"devices": [{
             "type": "gpu", "minor": gpu.minor, "id": f"GPU-{node}-{gpu.minor}", "health": gpu.healthy,
             "resources": {GPU_CORE: "100", GPU_MEMORY: gpu.memory, GPU_MEMORY_RATIO: "100"},
@@ -196,14 +204,18 @@ def create_gpu_device(api: Api, node: str, gpus: Sequence[Gpu]) -> dict[str, Any
     return created
 
 
-def koordinator_allocatable(gpus: Sequence[Gpu]) -> dict[str, str]:
+def koordinator_allocatable(gpus: Sequence[Gpu], vendor: str | None = None) -> dict[str, str]:
     """What koord-manager's GPUDeviceResource plugin writes into a node's allocatable for these GPUs:
     100 gpu-core and 100 gpu-memory-ratio per healthy card, their memory summed, and the legacy
-    ``koordinator.sh/gpu`` equal to gpu-core (NVIDIA or no vendor label)."""
+    ``koordinator.sh/gpu`` equal to gpu-core only for NVIDIA cards or a Device without a vendor
+    label (pkg/slo-controller/noderesource/plugins/gpudeviceresource/plugin.go)."""
     healthy = [gpu for gpu in gpus if gpu.healthy]
     memory = sum((Quantity.parse(gpu.memory) for gpu in healthy), Quantity.parse("0"))
-    return {GPU_CORE: str(100 * len(healthy)), GPU_MEMORY_RATIO: str(100 * len(healthy)),
-            GPU_MEMORY: str(memory), "koordinator.sh/gpu": str(100 * len(healthy))}
+    allocatable = {GPU_CORE: str(100 * len(healthy)), GPU_MEMORY_RATIO: str(100 * len(healthy)),
+                   GPU_MEMORY: str(memory)}
+    if vendor in (None, "nvidia"):
+        allocatable["koordinator.sh/gpu"] = str(100 * len(healthy))
+    return allocatable
 
 
 def device_allocation(pod: k8s.V1Pod) -> dict[str, Any] | None:

@@ -14,6 +14,10 @@ agree, object by object, on:
 * the quota charged and at which levels: the quota a pod resolves to, its chain, and every
   quota's usage.
 
+And the webhook's own answer keeps the GPU vendor: a pod rewritten from ``nvidia.com/gpu`` or
+``amd.com/gpu`` lands, as stored, only on that vendor's nodes (the generated clusters mix NVIDIA
+and AMD nodes, labelled or not).
+
 A pod the cluster already holds is judged as if created in its own place (the cluster without
 it); a workload's template as the pod its controller would create now. The audit's pod verdict is
 the webhook's with the quotas otherwise empty (how full a quota is, is its ``quota-over-limit``).
@@ -43,9 +47,18 @@ from hypothesis import HealthCheck, given, settings
 
 from cli.main import cli
 from gpuquota_core.audit import TEMPLATE_PATHS, Severity, template_of
-from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
+from gpuquota_core.conversion import DEFAULT_CONFIG, DEFAULT_VENDORS, ConversionConfig
 from gpuquota_core.jsonpatch import apply
-from gpuquota_core.placement import NodeView, RewritePolicy
+from gpuquota_core.placement import (
+    NodeView,
+    RewritePolicy,
+    constraints_of,
+    gpu_names,
+    is_vendors_node,
+    reachable_nodes,
+    scheduled_names,
+    spec_resources,
+)
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
@@ -347,11 +360,31 @@ def check_quota_view(view: dict[str, Any], state: QuotaState, cluster: Cluster) 
     assert listed == charged
 
 
+def check_vendor_kept(subjects: list[Subject], view: NodeView | None) -> None:
+    """A pod the webhook rewrote from one vendor's name lands, as stored, only on that vendor's
+    nodes: of the nodes it can be scheduled on, only those advertise every GPU name it asks for."""
+    if view is None:
+        return
+    for subject in subjects:
+        asked = gpu_names(spec_resources(subject.pod["spec"])) & set(DEFAULT_VENDORS)
+        for answer in (subject.now, subject.empty):
+            stored = answer.pod["spec"]
+            if not answer.patch or len(asked) != 1 or gpu_names(spec_resources(stored)) & set(DEFAULT_VENDORS):
+                continue
+            vendor = DEFAULT_VENDORS[next(iter(asked))]
+            needs = scheduled_names(gpu_names(spec_resources(stored)))
+            landing = [node for node in reachable_nodes(constraints_of(stored), view.nodes)
+                       if needs <= node.resources]
+            assert all(is_vendors_node(vendor, node) for node in landing), (subject.kind, subject.name, vendor,
+                                                                            [n.name for n in landing], stored)
+
+
 def check_views(cluster: Cluster, directory: Path) -> None:
     if not cluster.objects:
         return  # every view refuses an input with nothing in it alike (tests/cli/test_empty_input.py)
     cluster.write(directory)
     subjects, state, _ = reference(cluster)
+    check_vendor_kept(subjects, NodeView.from_objects(cluster.nodes))
     files = str(directory)
     audit = json.loads(run(["audit", "-f", files, "-o", "json", "--fail-on", "none"]))
     check_audit(audit["findings"], subjects, state, quota_verdicts(cluster))

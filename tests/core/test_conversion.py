@@ -27,9 +27,10 @@ def test_defaults_need_no_file() -> None:
     assert load_config(None) is DEFAULT_CONFIG
     assert load_config({}) == DEFAULT_CONFIG
     assert DEFAULT_CONFIG.input_names == {"nvidia.com/gpu", "amd.com/gpu", "dcu.com/gpu", "koordinator.sh/gpu"}
-    for vendor in ("nvidia.com/gpu", "amd.com/gpu", "dcu.com/gpu"):
-        assert DEFAULT_CONFIG.rule_for(vendor) == ConversionRule(
-            vendor, {CORE: Fraction(100), RATIO: Fraction(100)}, Strategy.REPLACE, whole_units_only=True)
+    for name, vendor in (("nvidia.com/gpu", "nvidia"), ("amd.com/gpu", "amd"), ("dcu.com/gpu", "hygon")):
+        assert DEFAULT_CONFIG.rule_for(name) == ConversionRule(
+            name, {CORE: Fraction(100), RATIO: Fraction(100)}, Strategy.REPLACE, whole_units_only=True,
+            vendor=vendor)
     assert DEFAULT_CONFIG.rule_for("koordinator.sh/gpu") == ConversionRule(
         "koordinator.sh/gpu", {CORE: Fraction(1), RATIO: Fraction(1)}, Strategy.REPLACE, whole_units_only=False)
     assert DEFAULT_CONFIG.rule_for("cpu") is None
@@ -57,7 +58,8 @@ def test_a_full_yaml_config() -> None:
     config = load_config(yaml.safe_load(FULL))
 
     assert config.rules == (
-        ConversionRule("nvidia.com/gpu", {CORE: Fraction(100), RATIO: Fraction(100)}, Strategy.REPLACE, True),
+        ConversionRule("nvidia.com/gpu", {CORE: Fraction(100), RATIO: Fraction(100)}, Strategy.REPLACE, True,
+                       "nvidia"),
         ConversionRule("example.com/half-gpu", {RATIO: Fraction(50)}, Strategy.RETAIN, True),
     )
     assert config.gpu_memory_by_model == {"A100-SXM4-80GB": 80 * 2**30, "T4": 16 * 2**30}
@@ -75,6 +77,18 @@ def test_transformations_replace_the_whole_default_table() -> None:
     assert load_config({"gpuMemoryByModel": {"T4": "16Gi"}}).rules == DEFAULT_CONFIG.rules
 
 
+def test_a_rule_names_the_vendor_of_its_input_by_default_or_as_written() -> None:
+    def vendor_of(rule: dict[str, object]) -> str | None:
+        return load_config({"transformations": [{"outputs": {RATIO: "100"}, **rule}]}).rules[0].vendor
+
+    assert vendor_of({"input": "amd.com/gpu"}) == "amd"
+    assert vendor_of({"input": "dcu.com/gpu"}) == "hygon"
+    assert vendor_of({"input": "nvidia.com/gpu"}) == "nvidia"
+    assert vendor_of({"input": "x.io/gpu"}) is None
+    assert vendor_of({"input": "x.io/gpu", "vendor": "metax"}) == "metax"
+    assert vendor_of({"input": "amd.com/gpu", "vendor": None}) is None
+
+
 CONFIG_ERRORS = [
     pytest.param([], "the conversion config must be a mapping", id="not-a-mapping"),
     pytest.param({"transformation": []}, "the conversion config: unknown key 'transformation' (expected one of "
@@ -83,11 +97,14 @@ CONFIG_ERRORS = [
     pytest.param({"rewrite": "sometimes"}, "rewrite must be one of auto, always, never, not 'sometimes'",
                  id="rewrite-policy-unknown"),
     pytest.param({"transformations": {}}, "transformations must be a list", id="transformations-not-list"),
+    pytest.param({"transformations": [{"input": "a", "outputs": {RATIO: 1}, "vendor": "AMD GPUs"}]},
+                 "transformations[0].vendor must be a node.koordinator.sh/gpu-vendor value, or null for none",
+                 id="vendor-not-a-label-value"),
     pytest.param({"transformations": ["x"]}, "transformations[0] must be a mapping", id="rule-not-mapping"),
     pytest.param({"transformations": [{"outputs": {}}]}, "transformations[0].input must be a resource name",
                  id="no-input"),
     pytest.param({"transformations": [{"input": "a", "output": {}}]}, "transformations[0]: unknown key 'output' "
-                 "(expected one of input, outputs, strategy, wholeUnitsOnly)", id="misspelt-rule-key"),
+                 "(expected one of input, outputs, strategy, wholeUnitsOnly, vendor)", id="misspelt-rule-key"),
     pytest.param({"transformations": [{"input": "a", "outputs": []}]}, "transformations[0].outputs must be a mapping",
                  id="outputs-not-mapping"),
     pytest.param({"transformations": [{"input": "a", "outputs": {RATIO: "lots"}}]},

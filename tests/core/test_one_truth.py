@@ -60,10 +60,15 @@ NAMESPACES = ["ns-a", "ns-b", "team-a"]
 QUOTA_NAMES = ["org", "team-a", "team-b", "koordinator-default-quota"]
 QUOTA_REFUSALS = {"quota-refused-by-webhook", DUPLICATE_NAME, PARENT_CYCLE}
 POD_REFUSALS = {"pod-invalid-gpu-request", "pod-quota-refused"}
-# One node advertising the canonical names, so the webhook rewrites as it would in such a cluster
-# (with none listed it leaves requests as written); the audit reads the same Node object.
-NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0"},
-        "status": {"allocatable": {CORE: "800", RATIO: "800", MEMORY: "640Gi"}}}
+# Nodes advertising the canonical names, so the webhook rewrites as it would in such a cluster
+# (with none listed it leaves requests as written); the audit reads the same Node objects. Two GPU
+# vendors: an NVIDIA node without a vendor label (Koordinator reads it as NVIDIA) and an AMD one,
+# so a rewrite that keeps the vendor adds its node affinity.
+NODES = [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0"},
+          "status": {"allocatable": {CORE: "800", RATIO: "800", MEMORY: "640Gi"}}},
+         {"apiVersion": "v1", "kind": "Node",
+          "metadata": {"name": "amd-0", "labels": {"node.koordinator.sh/gpu-vendor": "amd"}},
+          "status": {"allocatable": {"amd.com/gpu": "4", CORE: "400", RATIO: "400", MEMORY: "768Gi"}}}]
 
 amounts = st.sampled_from(["-100", "0", "50", "100", "150", "200", "400", "1"])
 resource_lists = st.dictionaries(st.sampled_from([CORE, RATIO, "nvidia.com/gpu", "cpu"]), amounts, max_size=3)
@@ -155,7 +160,7 @@ class Webhook:
         self.listener = serve(self.state, socket_path)
         client = QuotaClient(socket_path)
         assert client.ready()[0]  # the service loop is running (closing it earlier races its start)
-        nodes = NodeView.from_objects([NODE])
+        nodes = NodeView.from_objects(NODES)
         self.endpoints = admission_endpoints(create_app(config=DEFAULT_CONFIG, quota=client, nodes=lambda: nodes))
 
     def post(self, path: str, document: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +219,7 @@ def pod_of(obj: dict[str, Any]) -> dict[str, Any]:
 @given(quota_objects=quotas(), workloads=pods_and_workloads())
 def test_the_audit_reports_a_pod_or_template_exactly_as_the_webhook_answers_it(
         quota_objects: list[dict[str, Any]], workloads: list[dict[str, Any]], tmp_path: Path) -> None:
-    report = audit_objects([NODE, *quota_objects, *workloads])
+    report = audit_objects([*NODES, *quota_objects, *workloads])
     with webhook(quota_objects, tmp_path) as served:
         for obj in workloads:
             metadata = obj["metadata"]

@@ -8,7 +8,9 @@ device plugin runs too). Pods name ``koord-scheduler`` as their scheduler, so ku
 which also runs, leaves them alone; Deployments make them, as on a real cluster.
 
 The first test shows the problem the product exists for with nothing of ours installed; the others
-show it closed with the webhook as shipped (three strict replicas behind a load balancer).
+show it closed with the webhook as shipped (three strict replicas behind a load balancer). One scene
+has an NVIDIA node and an AMD node side by side, both with Koordinator GPUs: the rewrite keeps each
+pod on its vendor's node.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from clusterhelpers import (
 from controlplane import REPO_ROOT, Api, Binaries, ControlPlane, create_gpu_node, make_api
 from koordinator import (
     GPU_CORE,
+    GPU_VENDOR_LABEL,
     KOORD_SCHEDULER_NAME,
     Gpu,
     KoordinatorBuild,
@@ -65,6 +68,7 @@ from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION
 from gpuquota_core.quantity import Quantity
 
 GPU = "nvidia.com/gpu"
+AMD_GPU = "amd.com/gpu"
 TAINT_KEY = "e2e.gpuquota.koord-gpuquota.io/koordinator"
 HOSTNAME = "kubernetes.io/hostname"
 ROOM = {"cpu": "64", "memory": "512Gi", "pods": "110"}
@@ -114,12 +118,19 @@ class Scene:
 
 @dataclass(frozen=True)
 class Layout:
-    """What a GPU node runs: ``both`` koordlet and the NVIDIA device plugin (a Device, both families in
+    """What a GPU node runs: ``both`` koordlet and the vendor's device plugin (a Device, both families in
     allocatable), ``koordinator`` only koordlet (a Device, koordinator.sh/gpu-* only), ``vendor`` only
-    the device plugin (nvidia.com/gpu, no Device); and how many cards it has."""
+    the device plugin (the vendor's name, no Device); how many cards it has; and whose cards they
+    are (``vendor``: the gpu-vendor label koordlet reports on the Device and koord-manager copies to
+    the Node, None for none, which Koordinator reads as NVIDIA)."""
 
     runs: str
     cards: int = 4
+    vendor: str | None = None
+
+    @property
+    def device_plugin_resource(self) -> str:
+        return AMD_GPU if self.vendor == "amd" else GPU
 
 
 BOTH, KOORDINATOR_ONLY, VENDOR_ONLY = Layout("both"), Layout("koordinator"), Layout("vendor")
@@ -136,11 +147,12 @@ def scene(koordinator: Koordinator, layouts: Mapping[str, Layout]) -> Scene:
         gpus = [Gpu(minor) for minor in range(layout.cards)]
         allocatable: dict[str, str] = dict(ROOM)
         if layout.runs in ("both", "vendor"):
-            allocatable[GPU] = str(layout.cards)
+            allocatable[layout.device_plugin_resource] = str(layout.cards)
         if layout.runs in ("both", "koordinator"):
-            allocatable.update(koordinator_allocatable(gpus))
-            create_gpu_device(koordinator.api, name, gpus)
-        create_gpu_node(koordinator.api.core, name, allocatable, taints=[taint])
+            allocatable.update(koordinator_allocatable(gpus, layout.vendor))
+            create_gpu_device(koordinator.api, name, gpus, layout.vendor)
+        labels = {GPU_VENDOR_LABEL: layout.vendor} if layout.vendor is not None else {}
+        create_gpu_node(koordinator.api.core, name, allocatable, labels=labels, taints=[taint])
         nodes[role] = name
     return Scene(namespace, {"key": TAINT_KEY, "operator": "Equal", "value": namespace, "effect": "NoSchedule"},
                  nodes)
@@ -328,6 +340,60 @@ def test_pods_pinned_to_a_vendor_only_node_keep_nvidia_gpu_and_koord_scheduler_b
     status, message = refusal_of(koordinator, where.namespace, one_pod_of(deployment(
         "third", where, {GPU: "1"}, replicas=1, quota=quota, node_selector={HOSTNAME: where.nodes["vendor"]})))
     assert status == 403 and message.startswith(DENIED_BY + f"exceeded quota: {where.namespace}/{quota}, "), message
+
+
+def test_the_rewrite_keeps_the_gpu_vendor_amd_pods_bind_to_the_amd_node_and_nvidia_pods_to_the_nvidia_node(
+        koordinator: Koordinator, shipped_webhook: ShippedWebhook) -> None:
+    # Both nodes report Koordinator GPUs, so both advertise the canonical names a rewrite asks for.
+    # The NVIDIA node carries no vendor label (Koordinator reads it as NVIDIA); the AMD one does.
+    where = scene(koordinator, {"nvidia": BOTH, "amd": Layout("both", vendor="amd")})
+    amd_only = [{"matchExpressions": [{"key": GPU_VENDOR_LABEL, "operator": "In", "values": ["amd"]}]}]
+    nvidia_or_unlabelled = [
+        {"matchExpressions": [{"key": GPU_VENDOR_LABEL, "operator": "In", "values": ["nvidia"]}]},
+        {"matchExpressions": [{"key": GPU_VENDOR_LABEL, "operator": "DoesNotExist"}]}]
+    wait_until_kept_on_vendor(koordinator, where, AMD_GPU, amd_only)
+    wait_until_kept_on_vendor(koordinator, where, GPU, nvidia_or_unlabelled)
+
+    for app, resource in (("amd-train", AMD_GPU), ("nvidia-train", GPU)):
+        koordinator.apps.create_namespaced_deployment(where.namespace, deployment(
+            app, where, {resource: "1"}, replicas=2, quota=None))
+    for app, node, terms in (("amd-train", where.nodes["amd"], amd_only),
+                             ("nvidia-train", where.nodes["nvidia"], nvidia_or_unlabelled)):
+        pods = wait_until_bound(koordinator.api, where.namespace, app, 2)
+        for pod in pods:
+            assert pod.spec.node_name == node, (app, scheduling_state(pod))
+            assert pod.spec.containers[0].resources.requests == {"cpu": "1", GPU_CORE: "100", RATIO: "100"}
+            assert required_node_terms(pod) == terms, app
+            (allocated,) = gpu_allocations(pod)
+            assert allocated["resources"][GPU_CORE] == "100", allocated
+        assert len({gpu_allocations(pod)[0]["minor"] for pod in pods}) == 2, app
+
+
+def required_node_terms(pod: k8s.V1Pod) -> list[dict[str, Any]]:
+    """The stored pod's required node affinity terms, as JSON."""
+    affinity = pod.spec.affinity
+    required = affinity.node_affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    if required is None:
+        return []
+    terms: list[dict[str, Any]] = k8s.ApiClient().sanitize_for_serialization(required.node_selector_terms)
+    return terms
+
+
+def wait_until_kept_on_vendor(koordinator: Koordinator, where: Scene, resource: str,
+                              terms: list[dict[str, Any]]) -> None:
+    """Dry-run creates of a pod asking one card of ``resource`` until every replica rewrites it with
+    ``terms``: their node watch has both vendors' nodes."""
+    probe = one_pod_of(deployment("probe", where, {resource: "1"}, replicas=1, quota=None))
+    streak = [0]
+
+    def kept_three_times_in_a_row() -> bool:
+        stored = koordinator.api.core.create_namespaced_pod(where.namespace, probe, dry_run="All")
+        kept = GPU_CORE in (stored.spec.containers[0].resources.requests or {}) and required_node_terms(
+            stored) == terms
+        streak[0] = streak[0] + 1 if kept else 0
+        return streak[0] >= 3
+
+    wait_for(kept_three_times_in_a_row, f"every replica keeps {resource} pods on their vendor's nodes")
 
 
 def test_gpu_shares_are_packed_by_device_share_two_halves_to_a_card_and_a_fifth_half_waits_for_room(
