@@ -43,7 +43,8 @@ from .placement import (
     nonzero_names,
     spec_resources,
 )
-from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, mapping_or_empty
+from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, PodShapeError, mapping_or_empty, pod_requests, read_containers
+from .validation import GpuRequestProblem, refused_when_mutating
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,9 @@ class PodMutation:
     # The resources a rewrite would have replaced, when it was not applied (admission_mutation).
     left_sources: tuple[str, ...] = ()
     left_reason: str = ""
+    # What the validating call would refuse the pod for, when the mutating call refuses it itself
+    # (validation.REFUSED_WHEN_MUTATING); nothing is rewritten then.
+    refusal: tuple[GpuRequestProblem, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -80,21 +84,36 @@ class PodMutation:
 def pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
     """The rewrite of ``pod`` wherever it lands (the nodes are :func:`admission_mutation`'s business)."""
     view = canonical_view(pod, config)
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    refusal = _refusal(spec, config)
+    if refusal:
+        return PodMutation((), (), tuple(view.notes), (), (), asks_gpu=True, refusal=refusal)
     patch = tuple(diff(pod, view.obj)) if view.changed else ()
     sources = tuple(source for _container, source in dict.fromkeys((r.container, r.source) for r in view.rewrites))
     needs = nonzero_names((name, amount) for r in view.rewrites for name, amount in r.outputs.items())
-    spec = pod.get("spec") if isinstance(pod, Mapping) else None
     asks_gpu = bool(gpu_names(spec_resources(spec))
                     or (view.changed and gpu_names(spec_resources(view.obj.get("spec")))))
     return PodMutation(patch, tuple(view.rewrites), tuple(view.notes), tuple(view.summary()), sources,
                        needs, asks_gpu)
 
 
+def _refusal(spec: object, config: ConversionConfig) -> tuple[GpuRequestProblem, ...]:
+    if not isinstance(spec, Mapping):
+        return ()
+    try:
+        containers = read_containers(spec)
+        request = pod_requests(spec, containers)
+    except PodShapeError:
+        return ()  # the validating call answers a pod it cannot read
+    return tuple(refused_when_mutating(containers, request, config))
+
+
 def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | None) -> PodMutation:
     """What the mutating webhook answers: the rewrite, applied only where ``config.rewrite`` and the
-    nodes the pod can reach allow it (``nodes`` None: not listed yet), with the warnings to show."""
+    nodes the pod can reach allow it (``nodes`` None: not listed yet), with the warnings to show;
+    or, with ``refusal`` set, no rewrite: a pod the mutating call refuses."""
     mutation = remembered_pod_mutation(pod, config)
-    if not mutation.changed and not mutation.asks_gpu:
+    if mutation.refusal or (not mutation.changed and not mutation.asks_gpu):
         return mutation
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     constraints = constraints_of(mapping_or_empty(spec))
