@@ -318,12 +318,13 @@ def validate_pod_gpu(containers: list[ContainerResources], pod_request: Resource
     return [_attribute(_after_webhook_note(problem), after) for problem in judged]
 
 
-# The rules the mutating call refuses itself rather than leave to the validating call. The API
-# server runs every other mutator between the two, and Koordinator's pod webhook turns
-# koordinator.sh/gpu into gpu-core and gpu-memory-ratio over whatever the container already says:
-# a container whose spellings disagree would reach validation in a reading its user never wrote,
-# and be admitted in it.
-REFUSED_WHEN_MUTATING: frozenset[str] = frozenset({"spellings-disagree"})
+# The rules the mutating call refuses itself rather than leave to the validating call: a container
+# that names its GPUs twice, in spellings that disagree or in a deprecated name beside its new one.
+# The API server runs every other mutator between the two calls, and Koordinator's pod webhook
+# resolves both by keeping one spelling (it turns koordinator.sh/gpu into gpu-core and
+# gpu-memory-ratio over whatever the container already says): such a pod would reach validation in
+# a reading its user never wrote, and be admitted in it.
+REFUSED_WHEN_MUTATING: frozenset[str] = frozenset({"spellings-disagree", "duplicate-name"})
 
 
 def refused_when_mutating(containers: list[ContainerResources], pod_request: ResourceList,

@@ -1,4 +1,5 @@
-"""Spellings that disagree are refused by the mutating call itself, in the validating call's words.
+"""A container that names its GPUs twice (spellings that disagree, a deprecated name beside its new
+one) is refused by the mutating call itself, in the validating call's words.
 
 Koordinator's pod webhook, which the API server calls between our two, turns ``koordinator.sh/gpu``
 into gpu-core and gpu-memory-ratio over what the container already says; left for validation, such
@@ -33,15 +34,19 @@ def with_second_container(first: dict[str, str], second: dict[str, str]) -> dict
     pytest.param({"nvidia.com/gpu": "1", "koordinator.sh/gpu-memory-ratio": "50"}, id="vendor-and-ratio"),
     pytest.param({"kubernetes.io/gpu": "100", "koordinator.sh/gpu-core": "50",
                   "koordinator.sh/gpu-memory-ratio": "50"}, id="legacy-name-and-share"),
+    # Found beside koord-manager (tests/e2e/test_koordinator_webhooks.py): its webhook stored this
+    # as gpu-core 50, gpu-memory-ratio 50, which our validation then admitted.
+    pytest.param({"koordinator.sh/gpu": "0", "koordinator.sh/gpu-memory-ratio": "100", "kubernetes.io/gpu": "50"},
+                 id="deprecated-name-beside-its-new-one"),
 ])
-def test_a_pod_whose_spellings_disagree_is_refused_with_every_problem_validation_gives(
+def test_a_pod_that_names_its_gpus_twice_is_refused_with_every_problem_validation_gives(
         resources: dict[str, str]) -> None:
     obj = with_second_container(resources, WHOLE_CARD)
 
     mutation = admission_mutation(obj, DEFAULT_CONFIG, None)
 
     problems = remembered_gpu_problems(obj["spec"], DEFAULT_CONFIG)
-    assert "spellings-disagree" in {p.rule for p in problems}
+    assert {"spellings-disagree", "duplicate-name"} & {p.rule for p in problems}
     assert list(mutation.refusal) == problems
     # Nothing is rewritten, not even the container that asks for whole cards alone.
     assert not mutation.changed and mutation.patch == () and mutation.warnings == ()
@@ -52,7 +57,7 @@ def test_a_pod_whose_spellings_disagree_is_refused_with_every_problem_validation
     pytest.param({"koordinator.sh/gpu-core": "50"}, id="refused-by-validation-for-another-rule"),
     pytest.param({"nvidia.com/gpu": "1", "amd.com/gpu": "1"}, id="two-vendors"),
 ])
-def test_only_disagreeing_spellings_are_refused_when_mutating(resources: dict[str, str]) -> None:
+def test_only_gpus_named_twice_are_refused_when_mutating(resources: dict[str, str]) -> None:
     # The other problems reach the validating call unchanged: Koordinator's pod webhook turns no
     # valid pod into one of them and none of them into a valid pod, so validation stays their one judge.
     assert admission_mutation(pod(resources=resources), DEFAULT_CONFIG, None).refusal == ()
