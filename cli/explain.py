@@ -85,6 +85,8 @@ class Explanation:
     existing: bool = False
     # The validation rules that refused the request (422 Invalid): the quota decision is never reached.
     invalid_rules: list[str] = field(default_factory=list)
+    # /mutate-pods refused the pod, so /validate-pods was never asked.
+    refused_by_mutation: bool = False
 
     def mutation_summary(self) -> str:
         return _mutation_summary(self)
@@ -341,8 +343,12 @@ def _judged(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDec
     notes = [w.removeprefix(NOTE_PREFIX).removeprefix("gpuquota ") for w in response.warnings
              if not w.startswith(REWROTE_PREFIX)]
     if not response.allowed:
-        return Explanation(subject, False, response.code, response.reason, response.message, rewrites, notes,
-                           mutation_note=mutated.note)
+        refused = Explanation(subject, False, response.code, response.reason, response.message, rewrites, notes,
+                              mutation_note=mutated.note)
+        if response.reason == INVALID:
+            # /mutate-pods refused the GPU request itself, in /validate-pods' words (its note lists the rules).
+            refused.invalid_rules, refused.refused_by_mutation = mutated.note.split(","), True
+        return refused
     pod = apply(subject.pod, response.patch) if response.patch else subject.pod
     validated = handlers.validate_pod(decode_review(_review(pod)))
     state, reserved = decider.state, decider.holding_room()
@@ -380,6 +386,9 @@ def _mutation_summary(e: Explanation) -> str:
     """What /mutate-pods did, in one line: rewrote, left as written (and why), or nothing to do."""
     if e.rewrites:
         return "rewrote"
+    if e.refused_by_mutation:
+        # Refused before any other mutating webhook can change the request into one that passes.
+        return f"refused here, before another mutating webhook can change it (rule: {', '.join(e.invalid_rules)})"
     if e.invalid_rules:
         # The rewrite leaves an invalid value alone for validation to refuse with the user's own number.
         return f"no rewrite (the request is invalid; /validate-pods refuses it, rule: {', '.join(e.invalid_rules)})"

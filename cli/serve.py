@@ -49,7 +49,7 @@ QUOTA_DEFAULTS = DEFAULTS.quota
               default=QUOTA_DEFAULTS.accounting.value,
               show_default=True, callback=lambda _context, _parameter, value: Accounting(value),
               help="Quota reservations per server instance (local), or shared by all replicas through a "
-                   "ConfigMap written before each admission (strict; see README 'Several replicas').")
+                   "ConfigMap written before each admission (strict; see docs/accounting.md).")
 @click.option("--ledger-namespace", default=QUOTA_DEFAULTS.ledger_namespace,
               help="Namespace of strict accounting's ledger ConfigMaps (default: the pod's own namespace).")
 @click.option("--stale-after", "stale_after_seconds", type=click.FloatRange(min=1),
@@ -66,7 +66,7 @@ QUOTA_DEFAULTS = DEFAULTS.quota
 @click.option("--writer-lease", default=QUOTA_DEFAULTS.writer_lease,
               help="Strict accounting: the Lease (in the ledger namespace) whose holder writes every ledger; the "
                    "other replicas forward their admissions to it and decide themselves whenever it cannot be "
-                   "asked (README 'Several replicas'). Empty: every replica writes.")
+                   "asked (docs/accounting.md). Empty: every replica writes.")
 @click.option("--peer-address", default=QUOTA_DEFAULTS.peer_address,
               help="With --writer-lease: the address the other replicas reach this one at (default: $POD_IP, "
                    "else this host's address); the listener binds it when given, else every interface.")

@@ -49,7 +49,8 @@ from .placement import (
     scheduled_names,
     spec_resources,
 )
-from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, mapping_or_empty
+from .podspec import CONTAINER_KINDS, MAX_CONTAINERS, PodShapeError, mapping_or_empty, pod_requests, read_containers
+from .validation import GpuRequestProblem, refused_when_mutating
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,9 @@ class PodMutation:
     vendor: str | None = None
     # The vendor whose nodes the required node affinity added by admission_mutation keeps the pod on.
     kept_on_vendor: str | None = None
+    # What the validating call would refuse the pod for, when the mutating call refuses it itself
+    # (validation.REFUSED_WHEN_MUTATING); nothing is rewritten then.
+    refusal: tuple[GpuRequestProblem, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -95,10 +99,13 @@ class PodMutation:
 def pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
     """The rewrite of ``pod`` wherever it lands (the nodes are :func:`admission_mutation`'s business)."""
     view = canonical_view(pod, config)
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    refusal = _refusal(spec, config)
+    if refusal:
+        return PodMutation((), (), tuple(view.notes), (), (), asks_gpu=True, refusal=refusal)
     patch = tuple(diff(pod, view.obj)) if view.changed else ()
     sources = tuple(source for _container, source in dict.fromkeys((r.container, r.source) for r in view.rewrites))
     needs = nonzero_names((name, amount) for r in view.rewrites for name, amount in r.outputs.items())
-    spec = pod.get("spec") if isinstance(pod, Mapping) else None
     as_written = gpu_names(spec_resources(spec))
     rewritten = gpu_names(spec_resources(view.obj.get("spec"))) if view.changed else as_written
     vendors = {rule.vendor for r in view.rewrites if r.kind == "convert"
@@ -108,11 +115,23 @@ def pod_mutation(pod: object, config: ConversionConfig) -> PodMutation:
                        vendor=vendors.pop() if len(vendors) == 1 else None)
 
 
+def _refusal(spec: object, config: ConversionConfig) -> tuple[GpuRequestProblem, ...]:
+    if not isinstance(spec, Mapping):
+        return ()
+    try:
+        containers = read_containers(spec)
+        request = pod_requests(spec, containers)
+    except PodShapeError:
+        return ()  # the validating call answers a pod it cannot read
+    return tuple(refused_when_mutating(containers, request, config))
+
+
 def admission_mutation(pod: object, config: ConversionConfig, nodes: NodeView | None) -> PodMutation:
     """What the mutating webhook answers: the rewrite, applied only where ``config.rewrite`` and the
-    nodes the pod can reach allow it (``nodes`` None: not listed yet), with the warnings to show."""
+    nodes the pod can reach allow it (``nodes`` None: not listed yet), with the warnings to show;
+    or, with ``refusal`` set, no rewrite: a pod the mutating call refuses."""
     mutation = remembered_pod_mutation(pod, config)
-    if not mutation.changed and not mutation.asks_gpu:
+    if mutation.refusal or (not mutation.changed and not mutation.asks_gpu):
         return mutation
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     constraints = constraints_of(mapping_or_empty(spec))

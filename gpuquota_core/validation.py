@@ -38,9 +38,9 @@ from .resources import (
     without_zeros,
 )
 
-__all__ = ["KOORDINATOR_WEBHOOK_NAMES", "MAX_GPU_AMOUNT", "VALID_GPU_COMBINATIONS", "GpuRequestProblem",
-           "as_koordinator_webhook_leaves", "describe", "pod_gpu_schedulable", "validate_container_values",
-           "validate_gpu_request", "validate_pod_gpu"]
+__all__ = ["KOORDINATOR_WEBHOOK_NAMES", "MAX_GPU_AMOUNT", "REFUSED_WHEN_MUTATING", "VALID_GPU_COMBINATIONS",
+           "GpuRequestProblem", "as_koordinator_webhook_leaves", "describe", "pod_gpu_schedulable",
+           "refused_when_mutating", "validate_container_values", "validate_gpu_request", "validate_pod_gpu"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +316,23 @@ def validate_pod_gpu(containers: list[ContainerResources], pod_request: Resource
     if as_written:
         return [_attribute(problem, containers) for problem in as_written]
     return [_attribute(_after_webhook_note(problem), after) for problem in judged]
+
+
+# The rules the mutating call refuses itself rather than leave to the validating call: a container
+# that names its GPUs twice, in spellings that disagree or in a deprecated name beside its new one.
+# The API server runs every other mutator between the two calls, and Koordinator's pod webhook
+# resolves both by keeping one spelling (it turns koordinator.sh/gpu into gpu-core and
+# gpu-memory-ratio over whatever the container already says): such a pod would reach validation in
+# a reading its user never wrote, and be admitted in it.
+REFUSED_WHEN_MUTATING: frozenset[str] = frozenset({"spellings-disagree", "duplicate-name"})
+
+
+def refused_when_mutating(containers: list[ContainerResources], pod_request: ResourceList,
+                          config: ConversionConfig = DEFAULT_CONFIG) -> list[GpuRequestProblem]:
+    """What the validating call would refuse this pod for, when the mutating call must refuse it
+    first (:data:`REFUSED_WHEN_MUTATING`); empty otherwise. The same problems, so the same message."""
+    problems = validate_pod_gpu(containers, pod_request, config)
+    return problems if any(p.rule in REFUSED_WHEN_MUTATING for p in problems) else []
 
 
 def _after_webhook_note(problem: GpuRequestProblem) -> GpuRequestProblem:

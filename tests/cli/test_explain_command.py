@@ -50,6 +50,27 @@ def webhook_answer(server: WebhookProcess, pod: dict[str, Any]) -> dict[str, Any
     return post_review(server, "/validate-pods", review(pod))
 
 
+def test_spellings_that_disagree_are_refused_by_the_mutating_call(served: WebhookProcess, tmp_path: Path) -> None:
+    disagree = {"koordinator.sh/gpu": "2", "koordinator.sh/gpu-core": "1"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "disagree", "namespace": "team-nlp"},
+           "spec": {"containers": [{"name": "main", "image": "x",
+                                    "resources": {"requests": disagree, "limits": disagree}}]}}
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(pod), encoding="utf-8")
+
+    code, out, err = run("-f", str(manifest), "--state", EXAMPLE, "-o", "json")
+
+    assert (code, err) == (1, "")
+    explanation = json.loads(out)["explanations"][0]
+    mutated = post_review(served, "/mutate-pods", review(pod))
+    assert mutated["allowed"] is False
+    assert (explanation["admitted"], explanation["code"], explanation["reason"], explanation["message"]) == (
+        False, mutated["status"]["code"], mutated["status"]["reason"], mutated["status"]["message"])
+    assert explanation["invalidRules"] == ["spellings-disagree"]
+    assert explanation["mutation"]["summary"] == (
+        "refused here, before another mutating webhook can change it (rule: spellings-disagree)")
+
+
 def test_over_quota_pod_is_refused_with_the_webhooks_message(served: WebhookProcess) -> None:
     code, out, err = run("-f", str(OVER_QUOTA), "--state", EXAMPLE, "-o", "json")
     assert (code, err) == (1, "")

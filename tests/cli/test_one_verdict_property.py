@@ -139,15 +139,21 @@ def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config:
     state = QuotaState()
     state.load(state_objects)
     handlers = AdmissionHandlers(config, StateDecider(state), lambda: view)
-    mutated = handlers.mutate_pod(decode_review(json.dumps(reviews.review(pod, dry_run=True)).encode())).response
-    assert mutated.allowed, mutated  # generated pods are readable
+    mutation = handlers.mutate_pod(decode_review(json.dumps(reviews.review(pod, dry_run=True)).encode()))
+    mutated = mutation.response
+    used = {quota.name: {name: str(amount) for name, amount in state.usage.used(quota.name).items()}
+            for quota in state.tree}
+    if not mutated.allowed:
+        # Generated pods are readable: only a GPU request the mutating call refuses itself
+        # (spellings that disagree), with /validate-pods' code, reason, message and rules.
+        assert mutated.reason == "Invalid", mutated
+        return Answer([], list(mutated.warnings), False, mutated.code, mutated.reason or "", mutated.message or "",
+                      mutation.note.split(","), pod, used)
     patch = [dict(op) for op in mutated.patch or ()]
     stored = apply(pod, patch) if patch else pod
     outcome = handlers.validate_pod(decode_review(json.dumps(reviews.review(stored, dry_run=True)).encode()))
     verdict = outcome.response
     rules = outcome.note.split(",") if not verdict.allowed and verdict.reason == "Invalid" else []
-    used = {quota.name: {name: str(amount) for name, amount in state.usage.used(quota.name).items()}
-            for quota in state.tree}
     return Answer(patch, list(mutated.warnings), verdict.allowed, verdict.code, verdict.reason or "",
                   verdict.message or "", rules, stored, used)
 

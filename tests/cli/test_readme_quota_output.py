@@ -1,5 +1,5 @@
-"""The README's `gpuquota quota`, `gpuquota explain` and `gpuquota audit` screens are what the commands
-print today."""
+"""The `gpuquota quota`, `gpuquota explain` and `gpuquota audit` screens of the README and of
+docs/walkthrough.md are what the commands print today."""
 
 from __future__ import annotations
 
@@ -13,16 +13,24 @@ from click.testing import CliRunner
 from cli.main import cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MARKER = re.compile(r"<!-- readme-output: gpuquota (?P<args>[^>]+?) -->\n```\n\$ [^\n]*\n(?P<shown>.*?)\n```", re.S)
-SCREENS = [(m["args"], m["shown"]) for m in MARKER.finditer((REPO_ROOT / "README.md").read_text(encoding="utf-8"))]
+MARKER = re.compile(
+    r"<!-- readme-output: gpuquota (?P<args>[^>]+?) -->\n```\n\$ (?P<typed>[^\n]*)\n(?P<shown>.*?)\n```", re.S)
+DOCUMENTS = ("README.md", "docs/walkthrough.md")
+SCREENS = [(document, m["args"], m["typed"], m["shown"]) for document in DOCUMENTS
+           for m in MARKER.finditer((REPO_ROOT / document).read_text(encoding="utf-8"))]
 
 
-def test_the_readme_has_the_screens() -> None:
-    assert [args.split()[0] for args, _ in SCREENS] == ["quota", "explain", "explain", "audit"]
+def test_the_documents_have_the_screens() -> None:
+    assert [(document, args.split()[0]) for document, args, _, _ in SCREENS] == [
+        ("README.md", "quota"), ("docs/walkthrough.md", "explain"), ("docs/walkthrough.md", "explain"),
+        ("docs/walkthrough.md", "audit")]
 
 
-@pytest.mark.parametrize(("args", "shown"), SCREENS, ids=[args for args, _ in SCREENS])
-def test_readme_screen_is_current(args: str, shown: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("document", "args", "typed", "shown"), SCREENS,
+                         ids=[f"{document}: {args}" for document, args, _, _ in SCREENS])
+def test_the_screen_is_current(document: str, args: str, typed: str, shown: str,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    assert typed == f"gpuquota {args}"  # the command shown is the command run
     monkeypatch.chdir(REPO_ROOT)
     result = CliRunner(env={"COLUMNS": "200"}).invoke(cli, shlex.split(args))
     assert result.stdout.rstrip("\n") == shown

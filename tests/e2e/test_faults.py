@@ -97,7 +97,7 @@ def cluster(control_plane_binaries: Binaries, tmp_path_factory: pytest.TempPathF
         serve_args = ["--kubeconfig", str(plane.kubeconfig_path), "--workers", "1", "--threads", "8",
                       "--accounting", "strict", "--ledger-namespace", ledger_namespace,
                       "--reservation-ttl", str(RESERVATION_TTL),
-                      # The shipped shape: one writer, the others forwarding to it (README "Several replicas").
+                      # The shipped shape: one writer, the others forwarding to it (docs/accounting.md).
                       "--writer-lease", WRITER_LEASE, "--peer-address", LOOPBACK, "--peer-port", "0"]
         servers, balancer = start_replicas_behind_haproxy(base, serve_args)
         register_webhook_configurations(api, local_webhook_configurations(balancer.url, servers[0].ca_bundle))

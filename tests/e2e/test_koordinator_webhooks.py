@@ -74,6 +74,7 @@ SCENARIOS: dict[str, dict[str, bool]] = {
 SCENARIO_LABEL = "koordinator-e2e.koord-gpuquota.io/scenario"
 OUR_OPT_OUT_LABEL = "gpuquota.koord-gpuquota.io/ignore"
 OUR_MUTATING_CONFIGURATION = "gpuquota-webhook"
+OUR_MUTATING_WEBHOOK = "canonical-gpu.gpuquota.koord-gpuquota.io"
 OUR_VALIDATING_WEBHOOK = "gpu-quota.gpuquota.koord-gpuquota.io"
 THEIR_POD_WEBHOOKS = ("vpod.koordinator.sh", "mpod-create.koordinator.sh")
 GPU_CORE = "koordinator.sh/gpu-core"
@@ -379,7 +380,7 @@ ZERO_SHARE = "the requested GPU must be greater than zero"
 
 
 def their_refusal(shape: Shape, gates: Mapping[str, bool]) -> str | None:
-    """What koord-manager's pod webhooks refuse of a pod ours admits: the README's differences table.
+    """What koord-manager's pod webhooks refuse of a pod ours admits: the differences table of docs/koordinator.md.
 
     With ValidatePodDeviceResource, a container whose ``gpu.shared`` is zero: written so, or injected
     by its own mutator, which derives ``gpu.shared`` for a gpu-core above 100 from the (absent)
@@ -396,15 +397,6 @@ def their_refusal(shape: Shape, gates: Mapping[str, bool]) -> str | None:
                 and core > 100 and core % 100 == 0):
             return ZERO_SHARE
     return None
-
-
-def koordinator_reading_wins(shape: Shape) -> bool:
-    """A container naming ``koordinator.sh/gpu`` (or its legacy ``kubernetes.io/gpu``) beside another
-    GPU spelling: ours alone refuses the disagreement, but koord-manager's mutator, called after ours,
-    replaces gpu-core and gpu-memory-ratio with that value before our validation sees the pod."""
-    legacy_share = ("koordinator.sh/gpu", "kubernetes.io/gpu")
-    return any(any(name in container for name in legacy_share) and len(container) > 1
-               for container in shape.containers)
 
 
 def judged_two_ways(kapi: Api, scenario: str) -> list[tuple[Shape, Outcome, Outcome]]:
@@ -435,7 +427,7 @@ def test_every_pod_ours_admits_is_admitted_beside_theirs(kapi: Api, ours: Webhoo
                 continue
             differences.append(f"{shape.key}: ours admits; beside theirs "
                                f"{'admitted' if both.admitted else both.message}; expected {expected or 'admitted'}")
-        elif both.admitted and not koordinator_reading_wins(shape):
+        elif both.admitted:
             differences.append(f"{shape.key}: ours alone refuses ({alone.message}), beside theirs admitted "
                                f"{both.resources}")
     assert differences == []
@@ -445,7 +437,7 @@ def test_every_pod_ours_admits_is_admitted_beside_theirs(kapi: Api, ours: Webhoo
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_a_zero_gpu_shared_beside_theirs(kapi: Api, ours: WebhookProcess, theirs: dict[str, KoordManager],
                                          scenario: str) -> None:
-    """README row: ``gpu.shared: 0``, also the one koord-manager injects itself for gpu-core 200 with
+    """docs/koordinator.md row: ``gpu.shared: 0``, also the one koord-manager injects itself for gpu-core 200 with
     gpu-memory in bytes. Ours admits both; theirs stores them without ValidatePodDeviceResource and
     refuses them with it."""
     namespace = make_namespace(kapi, scenario)
@@ -466,19 +458,27 @@ def test_a_zero_gpu_shared_beside_theirs(kapi: Api, ours: WebhookProcess, theirs
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_disagreeing_spellings_are_stored_in_koordinators_reading_beside_it(
+def test_disagreeing_spellings_are_refused_by_our_mutator_beside_theirs(
         kapi: Api, ours: WebhookProcess, theirs: dict[str, KoordManager], scenario: str) -> None:
-    """README row: ``koordinator.sh/gpu: 2, gpu-core: 1``. Ours alone refuses it; beside koord-manager
-    its mutator, called after ours, writes gpu-core and gpu-memory-ratio from koordinator.sh/gpu, and
-    our validation then judges (and admits) that pod."""
+    """docs/koordinator.md row: ``koordinator.sh/gpu: 2, gpu-core: 1``. Their mutator, called after ours, would
+    write gpu-core and gpu-memory-ratio from koordinator.sh/gpu before our validation saw the pod,
+    which would then admit it in that reading. Our mutator refuses it first, with the answer our
+    validation gives, so the pod is refused alike with and without koord-manager, and never stored."""
     shape = Shape(({"koordinator.sh/gpu": "2", GPU_CORE: "1"},))
     alone = create(kapi, make_namespace(kapi, None), shape, "disagree")
-    both = create(kapi, make_namespace(kapi, scenario), shape, "disagree")
+    both_namespace = make_namespace(kapi, scenario)
+    both = create(kapi, both_namespace, shape, "disagree")
+    # Koordinator's reading, where only theirs judges: what ours would admit had it not refused first.
+    theirs_alone = create(kapi, make_namespace(kapi, scenario, ours_too=False), shape, "disagree")
 
-    assert alone.refused_by == OUR_VALIDATING_WEBHOOK
-    assert "[rule: spellings-disagree]" in alone.message
+    for outcome in (alone, both):
+        assert outcome.refused_by == OUR_MUTATING_WEBHOOK, outcome.message
+        assert "[rule: spellings-disagree]" in outcome.message
+    assert alone.message == both.message
+    assert kapi.core.list_namespaced_pod(both_namespace).items == []
     koordinator_reading = {GPU_CORE: "2", GPU_RATIO: "2", GPU_SHARED: "1"}
-    assert both.resources == [{"requests": {"cpu": "100m", **koordinator_reading}, "limits": koordinator_reading}]
+    assert theirs_alone.resources == [{"requests": {"cpu": "100m", **koordinator_reading},
+                                       "limits": koordinator_reading}]
 
 
 # -- ElasticQuotas written by `gpuquota migrate apply` ---------------------------------------------
@@ -542,6 +542,41 @@ def test_their_quota_admission_does_not_count_vendor_cards_against_a_canonical_m
             # Theirs counted the two rewritten pods in its own annotation.
             assert quota_annotation(read_quota(kapi, namespace, namespace), "child-request") == {GPU_RATIO: "200"}
     assert admitted == {"theirs alone": [True, True, True], "both": [True, True, False]}
+
+
+def test_their_quota_admission_does_not_enforce_a_max_that_names_only_gpu_core(
+        kapi: Api, ours: WebhookProcess, theirs: dict[str, KoordManager]) -> None:
+    """docs/koordinator.md row: a max that names only ``koordinator.sh/gpu-core``. EnableQuotaAdmission
+    skips a quota whose max names none of the resources it manages for pods, and gpu-core is not
+    one of them (pkg/webhook/quotaevaluate/evaluator.go): two cards are admitted under a one-card
+    gpu-core max, where the same max in gpu-memory-ratio, or beside cpu, refuses them. Ours refuses
+    them under each."""
+    two_cards = Shape(({GPU_CORE: "200", GPU_RATIO: "200"},))
+    maxes = {GPU_CORE: {GPU_CORE: "100"}, GPU_RATIO: {GPU_RATIO: "100"}, "cpu": {"cpu": "10", GPU_CORE: "100"}}
+    outcomes: dict[tuple[str, str], Outcome] = {}
+    for key, max_ in maxes.items():
+        for label, ours_too in (("theirs alone", False), ("both", True)):
+            namespace = make_namespace(kapi, GATED, ours_too=ours_too)
+            create_quota(kapi, namespace, namespace, max_)
+            # A max their admission skips cannot show that it is in their view; a quota created after
+            # it can, and their watch delivers the two in the order they were created.
+            later = f"after-{namespace}"
+            create_quota(kapi, make_namespace(kapi, GATED, ours_too=False), later, {"cpu": "10"})
+            their_admission_knows(kapi, GATED, later, {"cpu": "20"})
+            outcomes[(key, label)] = create(kapi, namespace, two_cards, "two-cards")
+
+    assert outcomes[(GPU_CORE, "theirs alone")].admitted, outcomes[(GPU_CORE, "theirs alone")].message
+    refused_by_ours = outcomes[(GPU_CORE, "both")]
+    assert refused_by_ours.refused_by == OUR_VALIDATING_WEBHOOK, refused_by_ours.message
+    assert "exceeded quota: " in refused_by_ours.message
+    assert refused_by_ours.message.endswith(f"limited: {GPU_CORE}=100")
+    # Their admission is on, and refuses the same pod under the same max in gpu-memory-ratio, and
+    # under the gpu-core max once the max also names a resource it manages (cpu).
+    for key in (GPU_RATIO, "cpu"):
+        refused_by_theirs = outcomes[(key, "theirs alone")]
+        assert refused_by_theirs.refused_by == "vpod.koordinator.sh", refused_by_theirs.message
+        assert "exceeded quota" in refused_by_theirs.message
+        assert not outcomes[(key, "both")].admitted
 
 
 def test_their_quota_admission_charges_pods_that_are_never_stored(

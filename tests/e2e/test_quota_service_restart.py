@@ -1,5 +1,5 @@
 """A live ``gpuquota serve`` whose quota service is killed: the master starts a new one, which lists the
-cluster afresh, against a real apiserver (README "How quota decisions stay consistent")."""
+cluster afresh, against a real apiserver (docs/accounting.md "Across workers: one quota service")."""
 
 from __future__ import annotations
 

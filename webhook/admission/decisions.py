@@ -75,10 +75,21 @@ class AdmissionHandlers:
             return Outcome(allowed(req), "not a pod CREATE")
         if req.object is None:
             return Outcome(denied(req, "request.object is missing", reason=BAD_REQUEST), "no object")
+        config = self.config
         try:
-            mutation = admission_mutation(req.object, self.config, self.nodes())
+            mutation = admission_mutation(req.object, config, self.nodes())
         except PodShapeError as error:
             return self._unreadable(req, error)
+        if mutation.refusal:
+            # Refused here, in /validate-pods' words, because a mutator called between the two would
+            # hide it (gpuquota_core.validation.REFUSED_WHEN_MUTATING). In warn or dry-run mode the
+            # pod passes as written and /validate-pods reports it as it would.
+            mode = config.enforcement.mode_for(INVALID)
+            if mode is Mode.ENFORCE:
+                message = "; ".join(_problem_text(p) for p in mutation.refusal)
+                self._report_event(req, req.object, INVALID, mode, message)
+                return Outcome(denied(req, message, reason=INVALID),
+                               ",".join(sorted({p.rule for p in mutation.refusal})))
         notes = [f"gpuquota: {note}" for note in mutation.notes]
         if not mutation.changed:
             note = f"left as written: {mutation.left_reason}" if mutation.left_sources else "already canonical"

@@ -27,7 +27,8 @@ LOGGER_NAME = "gpuquota.webhook"
 
 REQUESTS = Counter(
     "gpuquota_admission_requests",
-    "Admission requests handled, by endpoint, operation and result (allowed, patched, denied, bad_request).",
+    "Admission requests handled, by endpoint, operation and result (allowed, patched, denied, bad_request, "
+    "too_large, error).",
     ["endpoint", "operation", "result"],
 )
 DURATION = Histogram(

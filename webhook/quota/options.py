@@ -23,7 +23,7 @@ from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 
 
 class Accounting(StrEnum):
-    """Where quota reservations are kept (README "Several replicas")."""
+    """Where quota reservations are kept (docs/accounting.md "Several replicas")."""
 
     # In this server instance's own memory: a burst spread over N replicas can admit up to N times the room.
     LOCAL = "local"

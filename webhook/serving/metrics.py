@@ -50,7 +50,7 @@ SERVING_CERTIFICATE_EXPIRY = Gauge(
     multiprocess_mode="livemostrecent",
 )
 
-# The per-quota gauges: (name, QuotaFigure field, help). Amounts are canonical units (README, Metrics).
+# The per-quota gauges: (name, QuotaFigure field, help). Amounts are canonical units (docs/webhook.md, Metrics).
 QUOTA_GAUGES = (
     ("gpuquota_quota_used", "used",
      "GPU resources charged to the quota by the counted pods the watch shows, in canonical units."),

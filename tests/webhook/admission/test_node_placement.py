@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -174,3 +175,36 @@ def test_the_readme_example_pinned_to_the_vendor_only_node_is_left(offline_webho
     assert response["warnings"] == [
         "gpuquota left nvidia.com/gpu as written: none of the 1 node(s) this pod can be scheduled on (gpu-whole-0) "
         "advertises koordinator.sh/gpu-core, koordinator.sh/gpu-memory-ratio"]
+
+
+def readme_mutate_command(server: WebhookProcess, request_file: Path) -> str:
+    """The README's quick-start command (curl, then the decoding one-liner), aimed at ``server``."""
+    blocks = re.findall(r"```sh\n(.*?)```", (REPO_ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    [command] = [block for block in blocks if "/mutate-pods" in block]
+    for shown, actual in (("certs/ca.crt", str(server.ca_file)), ("https://127.0.0.1:8443", server.url),
+                          ("@examples/requests/mutate-pod.json", f"@{request_file}")):
+        assert shown in command
+        command = command.replace(shown, actual)
+    return command
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["rewritten", "pinned-to-the-vendor-only-node"])
+def test_the_readme_decode_command_prints_the_patch_or_says_there_is_none(
+        offline_webhook: WebhookProcess, pinned: bool, tmp_path: Path) -> None:
+    document = json.loads(MUTATE_EXAMPLE.read_text(encoding="utf-8"))
+    if pinned:
+        document["request"]["object"]["spec"]["nodeName"] = "gpu-whole-0"
+    request_file = tmp_path / "review.json"
+    request_file.write_text(json.dumps(document), encoding="utf-8")
+    expected = post_review(offline_webhook, "/mutate-pods", document)
+
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", readme_mutate_command(offline_webhook, request_file)],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)
+
+    assert result.returncode == 0, result.stderr
+    warnings, printed = result.stdout.split("\n", 1)
+    assert warnings == str(expected["warnings"])
+    if pinned:
+        assert printed == "no patch\n"
+    else:
+        assert json.loads(printed) == json.loads(base64.b64decode(expected["patch"]))

@@ -144,6 +144,29 @@ def test_validate_refuses_unschedulable_gpu_requests(offline_webhook: WebhookPro
     assert response["status"]["message"].startswith(expected)
 
 
+@pytest.mark.parametrize("resources", [
+    pytest.param({"koordinator.sh/gpu": "2", "koordinator.sh/gpu-core": "1"}, id="koordinator-gpu-and-core"),
+    pytest.param({"nvidia.com/gpu": "1", "koordinator.sh/gpu-memory-ratio": "50"}, id="vendor-and-ratio"),
+])
+def test_mutate_refuses_spellings_that_disagree_with_validates_answer(
+        offline_webhook: WebhookProcess, session: requests.Session, resources: dict[str, str]) -> None:
+    """A later mutator (Koordinator's pod webhook) would overwrite one spelling with the other before
+    /validate-pods saw the pod: /mutate-pods refuses it first, with /validate-pods' own answer."""
+    obj = pod(resources=resources)
+    # A second container the rewrite would change: nothing of the pod is rewritten when it is refused.
+    obj["spec"]["containers"].append({"name": "sidecar", "image": "x", "resources": {
+        "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}})
+
+    mutated = post(session, offline_webhook, "/mutate-pods", review(obj)).json()["response"]
+    validated = post(session, offline_webhook, "/validate-pods", review(obj)).json()["response"]
+
+    assert validated["allowed"] is False
+    assert "[rule: spellings-disagree]" in validated["status"]["message"]
+    assert mutated["allowed"] is False
+    assert "patch" not in mutated
+    assert mutated["status"] == validated["status"]
+
+
 def test_an_init_container_larger_than_the_app_container_is_left_as_written_and_admitted(
         offline_webhook: WebhookProcess, session: requests.Session) -> None:
     obj = pod(namespace="scratch-no-quota", resources={"amd.com/gpu": "2"})

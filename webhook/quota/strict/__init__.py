@@ -1,5 +1,5 @@
 """Strict accounting: every admission recorded in a ledger ConfigMap per quota tree, shared by all
-replicas, before it is answered (README "Several replicas", docs/design.md).
+replicas, before it is answered (docs/accounting.md "Several replicas", docs/design.md).
 
 One concept per module: ``store`` reads and writes the ledger objects (and holds a tree whose object
 was lost), ``judgement`` judges admissions against the ledger as stored, ``escrow`` holds the rules
