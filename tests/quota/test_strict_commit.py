@@ -897,3 +897,23 @@ def test_a_pod_s_quota_requests_are_read_once_per_admission(core: FakeCore, cloc
     assert replica.admit("p2").allowed  # admitted from that escrow
     assert any(shared_ledger.is_escrow(key) for key in core.stored())
     assert calls == ["p1", "p2"]
+
+
+def test_a_withdrawal_reported_while_a_commit_writes_is_not_dropped(core: FakeCore, clock: list[float]) -> None:
+    # A worker's report of an unanswered admission reaches the service while a commit of the same
+    # tree is writing: the commit took the withdrawals queued before it started, and must leave the
+    # one reported meanwhile for the next write instead of clearing it with its own.
+    replica = Replica(core, "r1", clock)
+    assert replica.admit("lost", "200").allowed
+    replace = core.replace_namespaced_config_map
+
+    def reported_during_the_write(*args: Any, **kwargs: Any) -> Any:
+        core.replace_namespaced_config_map = replace  # type: ignore[method-assign]
+        assert replica.accounting.withdraw_unanswered([admission_of("lost", "200")])
+        return replace(*args, **kwargs)
+
+    core.replace_namespaced_config_map = reported_during_the_write  # type: ignore[method-assign]
+    assert replica.admit("answered").allowed
+    replica.accounting.settle_due()
+    assert core.stored() == {"team/answered"}
+    assert replica.admit("fits", "200").allowed
