@@ -1,17 +1,20 @@
-"""Admissions forwarded to the replica that writes the ledgers (``--writer-lease``).
+"""Everything a replica would write, sent to the replica that writes the ledgers (``--writer-lease``).
 
-A replica that does not hold the writer Lease (``webhook.quota.strict.writer_lease``) sends each
-pod admission its workers ask it to decide to the holder's quota service, over TLS, and answers
-with the holder's verdict: one writer per ledger object, so no write conflicts. Only the quota
-decision travels; the HTTP work of a review stays on the replica the API server called.
+A replica that does not hold the writer Lease (``webhook.quota.strict.writer_lease``) sends the
+holder's quota service, over TLS, each pod admission its workers ask it to decide, and each report
+of admissions its workers refused without an answer (their withdrawals), and answers with the
+holder's verdict: one writer, so its cached copy of each ledger is the ledger, and no conflicts.
+Only the quota decision travels; the HTTP work of a review stays on the replica the API server called.
 
 Forwarding is never needed for a correct answer, only for a cheap one. Whenever the holder cannot
-be asked (none, not reachable, its certificate or key not this replica's, its answer not back in
-time) this replica decides itself, as every replica did before: the ledger's preconditions keep
-that correct, whoever else writes. An admission the holder received but did not answer in time is
-decided here too; if the holder admitted it meanwhile its reservation is counted twice until
-the watch confirms the pod or the TTL ends, which can refuse a pod, never admit one too many, and
-the holder withdraws an admission it decides after the deadline it was given.
+be asked (none known, not reachable, its certificate or key not this replica's, its answer not back
+in time) this replica enters the degraded mode and decides here (``accounting.Mode.DEGRADED``):
+the ledger's compare-and-swap keeps that correct, whoever else writes. It says so in its log when
+it enters and leaves the mode, and in ``gpuquota_ledger_writer_role{role="degraded"}``. An
+admission the holder received but did not answer in time is decided here too; if the holder
+admitted it meanwhile its reservation is counted twice until the watch confirms the pod or the TTL
+ends, which can refuse a pod, never admit one too many, and the holder withdraws an admission it
+decides after the deadline it was given.
 
 Who may ask: the listener is reachable from the pod network, and an admission takes quota room,
 so each request carries a token that only a holder of the serving key can compute (an HMAC keyed
@@ -39,6 +42,7 @@ from typing import Any, Protocol
 
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from webhook.quota import metrics
+from webhook.quota.strict.accounting import Mode
 from webhook.quota.strict.writer_lease import WriterLease
 from webhook.quota.wire import FrameReader, send_frame, verdict_from_wire
 
@@ -68,8 +72,18 @@ MAX_PEER_CONNECTIONS = 512
 FIRST_REQUEST_SECONDS = 2.0
 
 
-class PodAdmitter(Protocol):
-    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict: ...
+class Decider(Protocol):
+    """Strict accounting as this module uses it (``accounting.StrictAccounting``)."""
+
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf, mode: Mode = Mode.WRITER) -> Verdict: ...
+
+    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
+
+
+class ForwardedAnswers(Protocol):
+    """What the holder's listener answers with (``SingleWriter``)."""
+
+    def admit_forwarded(self, admission: PodAdmission, answer_by: float) -> Verdict: ...
 
     def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
 
@@ -135,20 +149,9 @@ class PeerClient:
 
     def admit_pod(self, address: str, admission: PodAdmission, seconds: float) -> Verdict:
         """The holder's verdict, asked to be back within ``seconds``; PeerUnavailable otherwise."""
-        connection: tuple[str, ssl.SSLSocket, FrameReader, str] | None = getattr(self._local, "connection", None)
-        try:
-            if connection is None or connection[0] != address:
-                self._close()
-                connection = self._local.connection = self._connect(address)
-            _, sock, reader, token = connection
-            sock.settimeout(seconds)
-            budget = max(seconds - ANSWER_MARGIN_SECONDS, 0.0)
-            send_frame(sock, {"op": "admit_pod", "token": token, "admission": admission, "seconds": budget,
-                              "answer_by_wall": time.time() + budget})
-            reply = reader.read()
-        except (OSError, ValueError) as error:  # TimeoutError and ssl.SSLError are OSErrors
-            self._close()
-            raise PeerUnavailable(f"{type(error).__name__}: {error}") from None
+        budget = max(seconds - ANSWER_MARGIN_SECONDS, 0.0)
+        reply = self._ask(address, {"op": "admit_pod", "admission": admission, "seconds": budget,
+                                    "answer_by_wall": time.time() + budget}, seconds)
         if isinstance(reply, dict) and reply.get("late"):
             raise PeerUnavailable(f"the writer at {address} read the admission after its deadline")
         if not isinstance(reply, dict) or "allowed" not in reply:
@@ -160,6 +163,29 @@ class PeerClient:
             self._close()
             raise PeerUnavailable(f"the writer at {address} answered a verdict this release cannot read: "
                                   f"{error}") from None
+
+    def withdraw_unanswered(self, address: str, admissions: list[PodAdmission]) -> bool:
+        """Whether the holder took the report (it has synced); PeerUnavailable when it cannot be asked."""
+        reply = self._ask(address, {"op": "withdraw_unanswered", "admissions": admissions}, LONGEST_FORWARD_SECONDS)
+        if not isinstance(reply, dict) or not isinstance(reply.get("taken"), bool):
+            self._close()
+            raise PeerUnavailable(f"the writer at {address} answered {str(reply)[:200]!r}")
+        return bool(reply["taken"])
+
+    def _ask(self, address: str, message: dict[str, Any], seconds: float) -> Any:
+        """Send ``message`` (with this replica's token) and read the reply within ``seconds``."""
+        connection: tuple[str, ssl.SSLSocket, FrameReader, str] | None = getattr(self._local, "connection", None)
+        try:
+            if connection is None or connection[0] != address:
+                self._close()
+                connection = self._local.connection = self._connect(address)
+            _, sock, reader, token = connection
+            sock.settimeout(seconds)
+            send_frame(sock, {**message, "token": token})
+            return reader.read()
+        except (OSError, ValueError) as error:  # TimeoutError and ssl.SSLError are OSErrors
+            self._close()
+            raise PeerUnavailable(f"{type(error).__name__}: {error}") from None
 
     def _connect(self, address: str) -> tuple[str, ssl.SSLSocket, FrameReader, str]:
         own, token = self.key.certificate_der(), self.key.token()
@@ -184,56 +210,113 @@ class PeerClient:
 
 
 class SingleWriter:
-    """The quota service's PodAdmitter with a writer Lease: forwards to the holder, or decides here."""
+    """The quota service's decider with a writer Lease: the writer decides as the writer, a
+    forwarder forwards, and a replica that cannot ask the writer decides here, degraded."""
 
-    def __init__(self, local: PodAdmitter, lease: WriterLease, peers: PeerClient,
+    def __init__(self, local: Decider, lease: WriterLease, peers: PeerClient,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.local = local
         self.lease = lease
         self.peers = peers
         self.monotonic = monotonic
         self._avoid: dict[str, float] = {}  # address -> monotonic time until which it is not asked
+        self._lock = threading.Lock()
+        self._role = ""  # the last role reported (metrics.WRITER_ROLES), for the log line on a change
+
+    def role(self) -> str:
+        """One of metrics.WRITER_ROLES: ``writer``, ``forwarding``, or ``degraded`` (deciding here)."""
+        if self.lease.holds():
+            return "writer"
+        address = self.lease.writer_elsewhere()
+        return "forwarding" if address is not None and self._avoid.get(address, 0.0) <= self.monotonic() \
+            else "degraded"
+
+    def report_role(self, why: str = "") -> str:
+        """Set the role gauge, log entering and leaving the degraded mode; the role."""
+        role = self.role()
+        with self._lock:
+            before, self._role = self._role, role
+        if role != before:
+            for each in metrics.WRITER_ROLES:
+                metrics.LEDGER_WRITER_ROLE.labels(each).set(1 if each == role else 0)
+            if role == "degraded":
+                log.warning("strict accounting: entering the degraded mode: deciding here, with fresh reads and no "
+                            "escrow, because the ledger writer cannot be asked%s", f" ({why})" if why else "")
+            elif before == "degraded":
+                log.warning("strict accounting: leaving the degraded mode: %s", "this replica is the ledger writer"
+                            if role == "writer" else "forwarding to the ledger writer")
+        return role
 
     def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict:
+        role = self.report_role()
+        if role == "writer":
+            return self.local.admit_pod(admission, answer_by, Mode.WRITER)
         address = self.lease.writer_elsewhere()
+        if role == "degraded" or address is None:
+            return self._decide_here(admission, answer_by)
         now = self.monotonic()
-        if address is None or self._avoid.get(address, 0.0) > now:
-            return self.local.admit_pod(admission, answer_by)
         seconds = min((answer_by - now) * FORWARD_SHARE, LONGEST_FORWARD_SECONDS)
         try:
             verdict = self.peers.admit_pod(address, admission, seconds)
         except PeerUnavailable as error:
-            metrics.FORWARDED_ADMISSIONS.labels("decided_here").inc()
-            if self._avoid.get(address, 0.0) <= now:
-                log.warning("strict accounting: the ledger writer at %s cannot be asked (%s); deciding here "
-                            "for %.1fs", address, error, AVOID_SECONDS)
-            self._avoid[address] = self.monotonic() + AVOID_SECONDS
-            return self.local.admit_pod(admission, answer_by)
+            self._unavailable(address, error)
+            return self._decide_here(admission, answer_by)
         metrics.FORWARDED_ADMISSIONS.labels("forwarded").inc()
         return verdict
 
+    def _decide_here(self, admission: PodAdmission, answer_by: float) -> Verdict:
+        metrics.FORWARDED_ADMISSIONS.labels("decided_here").inc()
+        return self.local.admit_pod(admission, answer_by, Mode.DEGRADED)
+
+    def _unavailable(self, address: str, error: PeerUnavailable) -> None:
+        """Leave ``address`` alone for AVOID_SECONDS: each admission meanwhile would pay the failed try."""
+        self._avoid[address] = self.monotonic() + AVOID_SECONDS
+        self.report_role(f"{address}: {error}")
+
+    def admit_forwarded(self, admission: PodAdmission, answer_by: float) -> Verdict:
+        """A forwarder's admission: decided as the writer, unless this replica no longer holds the
+        Lease (a forwarder that read it a moment ago is still answered, degraded)."""
+        return self.local.admit_pod(admission, answer_by, Mode.WRITER if self.lease.holds() else Mode.DEGRADED)
+
     def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool:
-        # Written here, not by the writer: it is rare, and this replica's write removes the writer's
-        # entries as well as its own (a withdrawal of an unanswered admission matches any replica's).
-        return self.local.withdraw_unanswered(admissions)
+        """The workers' report of admissions refused without an answer: for the writer to withdraw,
+        like everything else it writes; written here only in the degraded mode."""
+        address = self.lease.writer_elsewhere()
+        if self.report_role() != "forwarding" or address is None:
+            return self.local.withdraw_unanswered(admissions)
+        try:
+            return self.peers.withdraw_unanswered(address, admissions)
+        except PeerUnavailable as error:
+            self._unavailable(address, error)
+            return self.local.withdraw_unanswered(admissions)
+
+
+def bind_peer_socket(host: str, port: int) -> socket.socket:
+    """The listening socket of the writer's listener (bound before the Lease, which advertises its port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 class PeerListener:
-    """The writer's side: answers forwarded admissions with this replica's own decision, whether or
+    """The writer's side: answers forwarded admissions and reports (``ForwardedAnswers``), whether or
     not it holds the Lease now (a forwarder that read the Lease a moment ago is still answered
     correctly). A thread per connection: the forwarders keep one per thread, so there are few."""
 
-    def __init__(self, host: str, port: int, key: ServingKey, local: PodAdmitter,
+    def __init__(self, listener: socket.socket, key: ServingKey, answers: ForwardedAnswers,
                  monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
         self.key = key
-        self.local = local
+        self.answers = answers
         self.monotonic, self.clock = monotonic, clock
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind((host, port))
-        self.listener.listen(128)
-        self.port: int = self.listener.getsockname()[1]
+        self.listener = listener
+        self.port: int = listener.getsockname()[1]
         self._slots = threading.BoundedSemaphore(MAX_PEER_CONNECTIONS)
         key.server_context()  # a key or certificate that does not load stops the service before it serves
 
@@ -277,6 +360,11 @@ class PeerListener:
     def _answer(self, message: Any, token: str) -> Any:
         if not isinstance(message, dict) or not hmac.compare_digest(str(message.get("token", "")), token):
             raise PermissionError("a request without this replica's token")
+        if message.get("op") == "withdraw_unanswered":
+            admissions = message.get("admissions")
+            if not isinstance(admissions, list):
+                raise ValueError("admissions must be a list")
+            return {"taken": self.answers.withdraw_unanswered([PodAdmission(**each) for each in admissions])}
         if message.get("op") != "admit_pod":
             raise ValueError(f"unknown operation {message.get('op')!r}")
         seconds, answer_by_wall = message.get("seconds"), message.get("answer_by_wall")
@@ -292,4 +380,4 @@ class PeerListener:
         left = min(float(seconds), answer_by_wall - self.clock())
         if left <= 0:
             return {"late": True}
-        return self.local.admit_pod(admission, self.monotonic() + left)
+        return self.answers.admit_forwarded(admission, self.monotonic() + left)

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
@@ -63,13 +62,16 @@ class LedgerStore:
     into room that may be taken.
     """
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        # Any: with _preload_content=False the client returns the raw response, not the model
-        # its annotations promise; the JSON is decoded here directly.
-        self.core: Any = client.CoreV1Api(api)
+    def __init__(self, core: Any, namespace: str, *, hold_seconds: float = DEFAULT_TTL_SECONDS,
+                 clock: Callable[[], float] = time.time) -> None:
+        # ``core``: a CoreV1Api. Any: with _preload_content=False the client returns the raw
+        # response, not the model its annotations promise; the JSON is decoded here directly.
+        self.core = core
         self.namespace = namespace
+        # How long a tree is held after its object was lost: the reservation TTL plus an escrow's window.
+        self.hold_seconds = hold_seconds
+        self.clock = clock
         self._cache: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
-        self._cached_at: dict[str, float] = {}  # per tree: monotonic time the cached copy was read or written
         # Per tree: the uid of the object last read or written, and what it held then.
         self._known: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
         # Per tree: reservations of a deleted object not yet written back (see the class docstring).
@@ -91,9 +93,6 @@ class LedgerStore:
         self._missing_judged: set[str] = set()
         self.registry = LedgerRegistry(self.core, namespace, self.list_trees)
         self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
-        self.clock: Callable[[], float] = time.time
-        self.monotonic: Callable[[], float] = time.monotonic  # the age of cached copies
-        self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
 
     def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[
             str, dict[str, shared_ledger.StoredReservation]]:
@@ -148,7 +147,6 @@ class LedgerStore:
             self._missing_judged.discard(tree_root)
             result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
             self._cache[tree_root] = result
-            self._cached_at[tree_root] = self.monotonic()
             listed = tree_root in self._registered
         if not listed and not deleted_at:
             # A ledger made before the registry existed, or whose maker stopped before listing it.
@@ -442,15 +440,7 @@ class LedgerStore:
             self._pods_counted_through[tree_root] = counted_through
             self._known[tree_root] = (str(written.get("uid", "")), stored)
             self._cache[tree_root] = (str(written["resourceVersion"]), stored)
-            self._cached_at[tree_root] = self.monotonic()
         return True
-
-    def copy_age(self, tree_root: str) -> float:
-        """Seconds since the cached copy of the tree's object was read or written (inf: none cached)."""
-        with self._lock:
-            if tree_root not in self._cache:
-                return float("inf")
-            return self.monotonic() - self._cached_at.get(tree_root, -float("inf"))
 
 
 @contextlib.contextmanager

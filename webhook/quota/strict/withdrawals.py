@@ -1,0 +1,81 @@
+"""Withdrawals: taking out of a ledger the room reserved for admissions whose "allowed" never left.
+
+Two paths lead here, and both end in one rule. A late answer: the writer decided an admission, but
+its write ended after the worker's deadline, or failed without saying whether it landed, so the
+worker never got "allowed". An unanswered admission: the worker got no answer at all from its
+quota service (it died or hung with the admission) and refused the pod 503 ``QuotaServiceDown``;
+it reports the admission until a service takes the report (``webhook.quota.client``), and a
+forwarder passes the report on to the writer (``webhook.quota.strict.forwarding``).
+
+Removing a reservation is safe only when no "allowed" ever reached the apiserver for it, so its
+pod cannot be stored on its strength. The rule (:meth:`Withdrawal.matches`): a withdrawal names a
+pod key and the uid of the AdmissionReview that was refused, and it removes the entry under that
+key only while that entry was written for exactly that review, whichever replica wrote it.
+
+That rests on one fact of the apiserver: it never sends a review uid again once it has an answer
+for it. A client that retries a refused create makes a new request, hence a new review with a new
+uid, and the entry written for that one is never taken by the earlier review's withdrawal
+(``tests/quota/strict/test_withdrawals.py`` holds it). A review the apiserver re-sends after a
+broken connection keeps its uid, but then the apiserver never got the earlier answer either.
+
+The committer takes what is queued when it starts a write and puts it back if the write does not
+land, so a withdrawal reported while a write is in flight waits for the next one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
+
+from gpuquota_core import shared_ledger
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """The entry ``pod_key`` as written for the review ``review_uid`` (an escrow entry: its key and
+    the escrow's marker uid), to be taken out of the ledger by the next write of its tree."""
+
+    pod_key: str
+    review_uid: str
+
+    def matches(self, item: shared_ledger.StoredReservation) -> bool:
+        """The one matching rule (see the module docstring)."""
+        return item.reservation.admission_uid == self.review_uid
+
+
+def withdraw(keep: MutableMapping[str, shared_ledger.StoredReservation], withdrawals: Iterable[Withdrawal]) -> bool:
+    """Take the matching entries out of ``keep``; whether any was still there."""
+    withdrawn = False
+    for withdrawal in withdrawals:
+        item = keep.get(withdrawal.pod_key)
+        if item is not None and withdrawal.matches(item):
+            del keep[withdrawal.pod_key]
+            withdrawn = True
+    return withdrawn
+
+
+class PendingWithdrawals:
+    """The withdrawals of one tree waiting for its next write (any thread may add; the tree's
+    committer takes them, and puts back what a failed write did not store)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[Withdrawal] = []
+
+    def add(self, withdrawals: Iterable[Withdrawal]) -> None:
+        with self._lock:
+            self._pending.extend(withdrawals)
+
+    def take(self) -> list[Withdrawal]:
+        """Everything queued now, removed from the queue in the same step."""
+        with self._lock:
+            taken, self._pending = self._pending, []
+            return taken
+
+    def put_back(self, withdrawals: Iterable[Withdrawal]) -> None:
+        self.add(withdrawals)
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._pending)
