@@ -190,14 +190,8 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions,
         log.info("strict accounting without a writer Lease: every replica decides here, in the degraded mode "
                  "(fresh reads, no escrow)")
         return DecideHere(strict.accounting), strict
-    from webhook.quota.strict.forwarding import (
-        PeerClient,
-        PeerListener,
-        ServingKey,
-        SingleWriter,
-        bind_peer_socket,
-        join_address,
-    )
+    from webhook.quota.strict.forwarding import SingleWriter
+    from webhook.quota.strict.peer import PeerClient, PeerListener, ServingKey, bind_peer_socket, join_address
     from webhook.quota.strict.writer_lease import WriterLease
 
     if options.tls_dir is None:

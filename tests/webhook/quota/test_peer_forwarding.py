@@ -21,9 +21,10 @@ from controlplane import LOOPBACK
 from webhookproc import generate_certs
 
 from gpuquota_core.pod_admission import PodAdmission, Verdict
-from webhook.quota.strict import forwarding
+from webhook.quota.strict import peer
 from webhook.quota.strict.accounting import Mode
-from webhook.quota.strict.forwarding import PeerClient, PeerListener, ServingKey, SingleWriter, bind_peer_socket
+from webhook.quota.strict.forwarding import SingleWriter
+from webhook.quota.strict.peer import PeerClient, PeerListener, ServingKey, bind_peer_socket
 from webhook.quota.wire import FrameReader, send_frame
 
 ADMISSION = PodAdmission(uid="review-1", operation="CREATE", namespace="team-a", name="trainer-0", pod_uid="",
@@ -173,8 +174,8 @@ def test_an_admission_the_writer_reads_after_its_deadline_is_decided_by_the_forw
 
 def test_a_connection_that_asks_nothing_is_closed_and_does_not_keep_its_thread(
         key: ServingKey, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forwarding, "FIRST_REQUEST_SECONDS", 0.2)
-    monkeypatch.setattr(forwarding, "MAX_PEER_CONNECTIONS", 1)
+    monkeypatch.setattr(peer, "FIRST_REQUEST_SECONDS", 0.2)
+    monkeypatch.setattr(peer, "MAX_PEER_CONNECTIONS", 1)
     decided = Recorder(Verdict(True))
     listener = PeerListener(bind_peer_socket(LOOPBACK, 0), key, decided)
     listener.start()

@@ -23,11 +23,14 @@ import logging
 import threading
 from collections.abc import Callable
 
+import orjson
+from kubernetes.client.exceptions import ApiException
+
 from gpuquota_core import shared_ledger
 from webhook.quota import metrics
 from webhook.quota.state import QuotaState
 from webhook.quota.strict.judgement import pruned
-from webhook.quota.strict.store import LedgerStore
+from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
 
 log = logging.getLogger("gpuquota.quota")
 # How long after its admission a pod create can still be written to etcd: kube-apiserver's
@@ -78,9 +81,19 @@ class Reconciler:
             if not reservation.pod_uid or now < item.admitted_at + self.create_deadline_seconds:
                 continue
             namespace, _, name = pod_key.partition("/")
-            if self.store.pod_uid(namespace, name) != reservation.pod_uid:
+            if self.pod_uid(namespace, name) != reservation.pod_uid:
                 lost.add(pod_key)
         return lost
+
+    def pod_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the pod stored under that name, None when there is none (a consistent read)."""
+        try:
+            response = self.store.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise LedgerUnavailable(f"cannot read pod {namespace}/{name}: {error.status} {error.reason}") from None
+        return str(orjson.loads(response.data)["metadata"].get("uid", ""))
 
     def run(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
