@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -143,7 +144,7 @@ class Replica:
 
     def __init__(self, core: FakeCore, name: str, clock: list[float], room: int = 300,
                  create_deadline: float = 60.0, escrow: int = 0, leaf_room: int = 1000,
-                 monotonic: list[float] | None = None) -> None:
+                 monotonic: list[float] | None = None, journal: Path | None = None) -> None:
         self.state = QuotaState(ttl_seconds=TTL)
         self.state.load([
             {"kind": "ElasticQuota", "metadata": {"name": TREE, "namespace": "team"},
@@ -154,7 +155,8 @@ class Replica:
         ])
         self.parts = strict_parts(self.state, core, NAMESPACE, replica=name, clock=lambda: clock[0],
                                   create_deadline_seconds=create_deadline, escrow_most_pods=escrow,
-                                  monotonic=(lambda: monotonic[0]) if monotonic else time.monotonic)
+                                  monotonic=(lambda: monotonic[0]) if monotonic else time.monotonic,
+                                  journal=journal)
         self.store, self.accounting = self.parts.store, self.parts.accounting
 
     def admit(self, pod: str, ratio: str = "100", answer_by: float = float("inf"), mode: Mode = Mode.WRITER) -> Any:

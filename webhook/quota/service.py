@@ -152,7 +152,7 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
         api = connect(str(options.kubeconfig_path) if options.kubeconfig_path else None, options.context)
         admitter: PodAdmitter | None = None
         if options.accounting is Accounting.STRICT:
-            admitter, strict = start_strict(api, state, options, parent_pid)
+            admitter, strict = start_strict(api, state, options, parent_pid, path)
             state.decider_problem = strict.readiness.problem  # /readyz: 503 while the ledger cannot be written
             threading.Thread(target=strict.readiness.run, args=(threading.Event(),),
                              daemon=True, name="ledger-check").start()
@@ -175,14 +175,16 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
         remove_private_files(path)
 
 
-def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions,
-                 parent_pid: int) -> tuple[PodAdmitter, StrictParts]:
+def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, parent_pid: int,
+                 socket_path: Path) -> tuple[PodAdmitter, StrictParts]:
     """Strict accounting, and the admitter the socket answers with: with ``--writer-lease`` the
     election and the listener the holder answers on (ValueError when it cannot listen), else every
-    admission decided here, in the degraded mode."""
+    admission decided here, in the degraded mode. The escrow journal lives beside the socket, where
+    the service the master starts after this one finds it."""
     from kubernetes import client
 
     from webhook.quota.strict.accounting import DecideHere, strict_parts
+    from webhook.quota.strict.escrow_journal import journal_path
 
     core = client.CoreV1Api(api)
     if not options.writer_lease:
@@ -209,7 +211,7 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions,
     # takes its own Lease back at once, and two servers on one host (the tests) are two candidates.
     identity = f"{socket.gethostname()}/{parent_pid}"
     lease = WriterLease(api, options.ledger_namespace, options.writer_lease, identity, address)
-    strict = strict_parts(state, core, options.ledger_namespace,
+    strict = strict_parts(state, core, options.ledger_namespace, journal=journal_path(socket_path),
                           forwarding=lambda: lease.writer_elsewhere() is not None)
     writer = SingleWriter(strict.accounting, lease, PeerClient(key))
     PeerListener(sock, key, writer).start()
@@ -243,13 +245,16 @@ def advertised_host(peer_address: str) -> str:
 
 def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> None:
     """Remove what this service created beside its socket, then the directory if nothing else is there
-    (kept for the service that replaces a dead one).
+    (kept for the service that replaces a dead one, with the escrow journal that one takes over).
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
+    from webhook.quota.strict.escrow_journal import journal_path
+
     for created in (socket_path, *node_view_files(nodes_path(socket_path))):
         created.unlink(missing_ok=True)
     if not keep_directory:
+        journal_path(socket_path).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty, or gone already
             socket_path.parent.rmdir()
 

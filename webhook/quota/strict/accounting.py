@@ -30,8 +30,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import Reservation
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict, quota_requests
 from webhook.quota import metrics
@@ -39,6 +41,7 @@ from webhook.quota.state import QuotaState
 from webhook.quota.strict.batch_plan import Job
 from webhook.quota.strict.committer import Committer, late_verdict
 from webhook.quota.strict.escrow import DEFAULT_ESCROW_MOST_PODS, ESCROW_WINDOW_SECONDS, escrow_shape
+from webhook.quota.strict.escrow_journal import EscrowJournal
 from webhook.quota.strict.judgement import tree_of
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.reconciler import DEFAULT_CREATE_DEADLINE_SECONDS, Reconciler
@@ -81,7 +84,12 @@ class StrictAccounting:
                 reservation = Reservation(f"{admission.namespace}/{admission.name}", admission.uid, shape.quotas,
                                           shape.resources(), now + self.state.ledger.ttl_seconds,
                                           admission.pod_uid, {}, admission.caller)
-                if queue.escrows.admit(shape, reservation, now):
+                escrow = queue.escrows.admit(shape, reservation, now)
+                if escrow is not None:
+                    # In the journal before the answer leaves: a successor of this process takes the
+                    # escrow back with it (escrow_journal).
+                    self.committer.journal.admitted(tree_root, escrow.entry_key, shared_ledger.StoredReservation(
+                        reservation, self.committer.replica, now))
                     metrics.ESCROW_ADMISSIONS.inc()
                     return ALLOW
             job = Job(admission, requests, shape, degraded=mode is Mode.DEGRADED, answer_by=answer_by)
@@ -126,20 +134,20 @@ def strict_parts(state: QuotaState, core: Any, namespace: str, *, replica: str |
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
                  create_deadline_seconds: float = DEFAULT_CREATE_DEADLINE_SECONDS,
                  escrow_most_pods: int = DEFAULT_ESCROW_MOST_PODS,
-                 forwarding: Callable[[], bool] = lambda: False) -> StrictParts:
+                 forwarding: Callable[[], bool] = lambda: False, journal: Path | None = None) -> StrictParts:
     """Build strict accounting over the CoreV1Api ``core`` and the ledger namespace.
 
     ``replica``: this process's name in the ledger (its escrow entries carry it, so a restarted
     service's are another's); ``forwarding``: whether another replica writes now (its reconciler
-    then stands by)."""
+    then stands by); ``journal``: the escrow journal's file, kept for a successor of this process."""
     escrow_window = ESCROW_WINDOW_SECONDS if escrow_most_pods else 0.0
     # After a deletion, what only the lost object held expires within a reservation TTL, or for an
     # escrow entry, its window plus that TTL.
     store = LedgerStore(core, namespace, hold_seconds=state.ledger.ttl_seconds + escrow_window, clock=clock)
     readiness = LedgerReadiness(store)
-    committer = Committer(state, store, readiness, replica=replica or f"{socket.gethostname()}/{os.getpid()}",
-                          clock=clock, monotonic=monotonic, escrow_most_pods=escrow_most_pods,
-                          escrow_window=escrow_window)
+    committer = Committer(state, store, readiness, EscrowJournal(journal),
+                          replica=replica or f"{socket.gethostname()}/{os.getpid()}", clock=clock,
+                          monotonic=monotonic, escrow_most_pods=escrow_most_pods, escrow_window=escrow_window)
     accounting = StrictAccounting(state, committer, clock=clock, monotonic=monotonic)
     return StrictParts(store, readiness, committer, accounting,
                        Reconciler(state, store, clock=clock, create_deadline_seconds=create_deadline_seconds,

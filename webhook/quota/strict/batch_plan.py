@@ -29,7 +29,15 @@ from webhook.quota.strict.escrow import (
     take_escrow,
 )
 from webhook.quota.strict.judgement import Judged, Requests, judge_batch_holding, pruned
-from webhook.quota.strict.ledger_edits import LedgerEdit, Reserve, Stored, Withdraw, applied, reservation_edits
+from webhook.quota.strict.ledger_edits import (
+    LedgerEdit,
+    Reserve,
+    Stored,
+    TakeBackEscrow,
+    Withdraw,
+    applied,
+    reservation_edits,
+)
 from webhook.quota.strict.withdrawals import Withdrawal
 
 
@@ -85,13 +93,14 @@ class BatchPlan:
 
 def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling: Sequence[Escrow],
                withdrawals: Sequence[Withdrawal], replica: str, escrow: EscrowTerms | None,
-               own_escrow_open: bool) -> BatchPlan | None:
+               own_escrow_open: bool, takebacks: Sequence[TakeBackEscrow] = ()) -> BatchPlan | None:
     """Judge ``jobs`` on ``read`` and plan the write; None when a pod was refused for room this
     replica itself holds in escrow (``own_escrow_open``): the committer closes those escrows and
-    plans again, giving their room back in the same write."""
+    plans again, giving their room back in the same write. Before judging, the write settles
+    ``settling``, takes back a previous process's escrows (``takebacks``) and withdraws."""
     kept, pods_counted_through = pruned(view, read.stored, read.now)
-    settled = applied(kept, [settle_edit(each, replica, view.ttl_seconds) for each in settling], read.now)
-    base = applied(settled, [Withdraw(withdrawal) for withdrawal in withdrawals], read.now)
+    base = applied(kept, [*(settle_edit(each, replica, view.ttl_seconds) for each in settling), *takebacks,
+                          *(Withdraw(withdrawal) for withdrawal in withdrawals)], read.now)
     results, holding = judge_batch_holding(view, [job.admission for job in jobs], base, read.now,
                                            [job.requests for job in jobs])
     refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
@@ -108,7 +117,7 @@ def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling:
             taken = offer[0]
             edits.append(Reserve(offer[1]))
     keep = applied(base, edits, read.now)
-    changes = bool(edits) or bool(settling) or len(base) < len(settled)
+    changes = bool(edits) or base.keys() != kept.keys()
     return BatchPlan(results, keep, set(base), pods_counted_through, taken, changes)
 
 

@@ -29,7 +29,9 @@ from webhook.quota import metrics
 from webhook.quota.state import QuotaState
 from webhook.quota.strict.batch_plan import BatchPlan, EscrowTerms, Job, LedgerRead, plan_batch
 from webhook.quota.strict.escrow import Escrow, EscrowBook
+from webhook.quota.strict.escrow_journal import EscrowJournal
 from webhook.quota.strict.judgement import pruned
+from webhook.quota.strict.ledger_edits import TakeBackEscrow
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
 from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal
@@ -50,6 +52,8 @@ class TreeQueue:
     committing: bool = False
     escrows: EscrowBook = field(default_factory=EscrowBook)  # guarded by ``condition``
     withdrawals: PendingWithdrawals = field(default_factory=PendingWithdrawals)
+    # A previous process's escrows of this tree to take back (escrow_journal); guarded by ``condition``.
+    takebacks: list[TakeBackEscrow] = field(default_factory=list)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class _Commit:
 
     batch: list[Job]  # the jobs not answered yet
     settling: list[Escrow]  # closed escrows whose pods the write records
+    takebacks: list[TakeBackEscrow]  # a previous process's escrows, replaced by what it journalled
     withdrawals: list[Withdrawal]  # taken from the queue; put back unless written
     give_up_at: float  # the oldest job's arrival plus the budget: queueing counts too
     fresh: bool  # read the object from the API server, not the cache
@@ -68,7 +73,7 @@ class _Commit:
     in_flight: list[Withdrawal] = field(default_factory=list)
 
     def unfinished(self) -> bool:
-        return bool(self.batch or self.settling or self.withdrawals)
+        return bool(self.batch or self.settling or self.withdrawals or self.takebacks)
 
 
 class _BatchRefused(Exception):
@@ -76,10 +81,10 @@ class _BatchRefused(Exception):
 
 
 class Committer:
-    def __init__(self, state: QuotaState, store: LedgerStore, readiness: LedgerReadiness, *, replica: str,
-                 clock: Callable[[], float], monotonic: Callable[[], float], escrow_most_pods: int,
+    def __init__(self, state: QuotaState, store: LedgerStore, readiness: LedgerReadiness, journal: EscrowJournal, *,
+                 replica: str, clock: Callable[[], float], monotonic: Callable[[], float], escrow_most_pods: int,
                  escrow_window: float) -> None:
-        self.state, self.store, self.readiness = state, store, readiness
+        self.state, self.store, self.readiness, self.journal = state, store, readiness, journal
         self.replica = replica
         self.clock = clock  # wall clock: the ledger's times
         self.monotonic = monotonic  # the clock of the workers' answer deadlines (CLOCK_MONOTONIC)
@@ -87,6 +92,11 @@ class Committer:
         self._escrow_ids = itertools.count(1)
         self._queues: dict[str, TreeQueue] = {}
         self._queues_lock = threading.Lock()
+        # What a previous quota service of this replica admitted from its escrows: taken back by the
+        # first writes of their trees (the settler makes them within its round).
+        for tree_root, entries in journal.take_over().items():
+            self.queue(tree_root).takebacks.extend(
+                TakeBackEscrow(key, tuple(admitted)) for key, admitted in entries.items())
 
     def queue(self, tree_root: str) -> TreeQueue:
         with self._queues_lock:
@@ -117,10 +127,18 @@ class Committer:
             queues = list(self._queues.items())
         for tree_root, queue in queues:
             with queue.condition:
-                if queue.committing or not (queue.withdrawals or queue.escrows.due(now, self.state.tree_version)):
+                if queue.committing or not (queue.withdrawals or queue.takebacks
+                                            or queue.escrows.due(now, self.state.tree_version)):
                     continue  # a commit in flight settles them anyway
                 queue.committing = True
             self._commit_as_committer(tree_root, queue, [])
+        with self._queues_lock:
+            queues = list(self._queues.items())
+        owed = False
+        for _, queue in queues:
+            with queue.condition:
+                owed = owed or queue.escrows.owed()
+        self.journal.compact_if_idle(owed)
 
     def _commit_as_committer(self, tree_root: str, queue: TreeQueue, batch: list[Job]) -> None:
         try:
@@ -135,10 +153,10 @@ class Committer:
             # Escrows that can admit nothing more are closed and written; open ones of other shapes
             # stay open (pods of two leaves of one tree alternate, and would close each other's).
             queue.escrows.close(self.clock(), self.state.tree_version, only_spent=True)
-            settling = list(queue.escrows.settling)
+            settling, takebacks = list(queue.escrows.settling), list(queue.takebacks)
         withdrawals = queue.withdrawals.take()
         degraded = any(job.degraded for job in batch)
-        commit = _Commit(batch, settling, withdrawals,
+        commit = _Commit(batch, settling, takebacks, withdrawals,
                          give_up_at=min((job.submitted for job in batch), default=time.monotonic())
                          + RETRY_BUDGET_SECONDS,
                          fresh=degraded or bool(withdrawals), degraded=degraded)
@@ -190,7 +208,7 @@ class Committer:
                         self.replica, self.escrow_most_pods, self.escrow_window, self._escrow_ids,
                         frozenset(queue.escrows.open))
                 plan = plan_batch(view, read, commit.batch, commit.settling, commit.withdrawals, self.replica,
-                                  terms, open_escrow)
+                                  terms, open_escrow, commit.takebacks)
                 if plan is None:
                     # Refused for room this replica itself holds in escrow: all of it is given
                     # back in this write, and the batch judged again without it.
@@ -230,8 +248,10 @@ class Committer:
     def _write(self, tree_root: str, queue: TreeQueue, commit: _Commit, read: LedgerRead, plan: BatchPlan) -> bool:
         """Store the plan if the object is still at the version read (nothing to store: done); False
         on a conflict, after a jittered pause."""
-        if not plan.changes:
-            commit.settling, commit.withdrawals = [], []  # nothing to write: what they withdraw is gone already
+        if not plan.changes:  # nothing to write: what they withdraw or take back is gone already
+            with queue.condition:
+                queue.takebacks = [each for each in queue.takebacks if each not in commit.takebacks]
+            commit.settling, commit.withdrawals, commit.takebacks = [], [], []
             return True
         commit.in_flight = [Withdrawal(item.reservation.pod_key, item.reservation.admission_uid)
                             for item in plan.new() if item.reservation.pod_key not in plan.held_before]
@@ -250,8 +270,11 @@ class Committer:
         metrics.LEDGER_WRITES.labels("ok").inc()
         metrics.LEDGER_BATCH.observe(len(plan.new()) + sum(len(escrow.admitted) for escrow in commit.settling))
         with queue.condition:
+            if plan.taken is not None:  # journalled before it admits anything, for a successor to take back
+                self.journal.took(tree_root, plan.taken.entry_key)
             queue.escrows.written(commit.settling, plan.taken)
-        commit.settling, commit.withdrawals = [], []
+            queue.takebacks = [each for each in queue.takebacks if each not in commit.takebacks]
+        commit.settling, commit.withdrawals, commit.takebacks = [], [], []
         return True
 
     def _answer(self, queue: TreeQueue, commit: _Commit, plan: BatchPlan) -> None:

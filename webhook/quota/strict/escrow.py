@@ -164,13 +164,17 @@ class EscrowBook:
         self.open: dict[ShapeKey, Escrow] = {}
         self.settling: list[Escrow] = []
 
-    def admit(self, shape: EscrowShape, reservation: Reservation, now: float) -> bool:
-        """Admit a pod of ``shape`` from its open escrow, without a write; whether there was room."""
+    def admit(self, shape: EscrowShape, reservation: Reservation, now: float) -> Escrow | None:
+        """Admit a pod of ``shape`` from its open escrow, without a write; the escrow, None when it has no room."""
         escrow = self.open.get(shape.key())
         if escrow is None or not escrow.admits(shape, now):
-            return False
+            return None
         escrow.admitted.append(reservation)
-        return True
+        return escrow
+
+    def owed(self) -> bool:
+        """Whether an escrow is open or waits to be settled."""
+        return bool(self.open) or bool(self.settling)
 
     def close(self, now: float, tree_version: int, only_spent: bool) -> bool:
         """Close the open escrows (only the spent ones under ``tree_version``, or all) for the next

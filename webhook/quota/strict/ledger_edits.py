@@ -54,7 +54,20 @@ class SettleEscrow:
                 keep[item.reservation.pod_key] = item
 
 
-LedgerEdit = Reserve | Withdraw | SettleEscrow
+@dataclass(frozen=True)
+class TakeBackEscrow:
+    """Replace an escrow entry a previous process of this replica took, while it is still there, by a
+    reservation per pod that process journalled as admitted from it (``escrow_journal``)."""
+
+    entry_key: str
+    admitted: tuple[shared_ledger.StoredReservation, ...]
+
+    def apply(self, keep: Stored, now: float) -> None:
+        if self.entry_key in keep:
+            SettleEscrow(self.entry_key, self.admitted).apply(keep, now)
+
+
+LedgerEdit = Reserve | Withdraw | SettleEscrow | TakeBackEscrow
 
 
 def applied(base: Mapping[str, shared_ledger.StoredReservation], edits: Iterable[LedgerEdit], now: float) -> Stored:

@@ -1,0 +1,54 @@
+"""The escrow journal (webhook/quota/strict/escrow_journal.py): a restarted writer takes back what its
+predecessor lent to its own escrow, within its first settler round instead of a TTL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fakeledger import LEDGER, FakeCore, Replica
+
+from gpuquota_core import shared_ledger
+from webhook.admission.status import status_of
+
+
+def escrow_keys(core: FakeCore) -> set[str]:
+    return {key for key in shared_ledger.decode(core.config_maps[LEDGER]["data"]) if shared_ledger.is_escrow(key)}
+
+
+def test_a_restarted_writer_takes_back_its_predecessors_escrow_with_the_pods_admitted_from_it(
+        core: FakeCore, clock: list[float], tmp_path: Path) -> None:
+    journal = tmp_path / "escrow.journal"
+    killed = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)  # 10 cards
+    assert killed.admit("small").allowed  # written, with escrow for 2 more: (10 - 1) // 4
+    assert killed.admit("from-escrow").allowed  # admitted from it, in memory and the journal; then SIGKILL
+    assert "team/from-escrow" not in core.stored() and escrow_keys(core)
+    # The quota service its master starts next reads the journal; its settler's first round replaces
+    # the escrow by the pod admitted from it, and gives back the card nobody used.
+    restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    restarted.settle()
+    assert core.stored() == {"team/small", "team/from-escrow"}
+    big = restarted.admit("big", "800")  # 8 of the 10 cards are free again, at once
+    assert big.allowed, big.message
+
+
+def test_without_the_journal_the_predecessors_escrow_holds_its_room_until_it_expires(
+        core: FakeCore, clock: list[float], tmp_path: Path) -> None:
+    # The replica vanished whole (its pod deleted): nobody knows what the escrow admitted.
+    killed = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000, journal=tmp_path / "a")
+    assert killed.admit("small").allowed and killed.admit("from-escrow").allowed
+    elsewhere = Replica(core, "other/7", clock, room=1000, escrow=32, leaf_room=10_000, journal=tmp_path / "b")
+    elsewhere.settle()
+    verdict = elsewhere.admit("big", "800")
+    assert (verdict.allowed, status_of(verdict.reason), verdict.reason) == (False, 503, "EscrowNotBackInTime")
+
+
+def test_a_journal_line_cut_short_by_the_kill_is_skipped(core: FakeCore, clock: list[float], tmp_path: Path) -> None:
+    journal = tmp_path / "escrow.journal"
+    killed = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    assert killed.admit("small").allowed and killed.admit("from-escrow").allowed
+    with journal.open("ab") as cut:
+        cut.write(b'{"from": "~escrow/host/101/1", "tree": "org", "da')  # the answer for this one never left
+    restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    restarted.settle()
+    assert core.stored() == {"team/small", "team/from-escrow"}
+    assert journal.read_bytes() == b""  # the journal is the new process's now
