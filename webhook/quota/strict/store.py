@@ -40,25 +40,17 @@ class LedgerUnavailable(Exception):
 
 
 class LedgerStore:
-    """Reads and writes the ledger ConfigMaps of one namespace; caches the last version seen.
+    """Reads and writes the ledger ConfigMaps of one namespace; what it knows of each tree is one
+    ``TreeLedger`` (its lifecycle is there).
 
-    A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it: it is read as usual and
-    holds its tree until everything in it has expired, then ``finish_deletion`` lets it go. It can
-    still disappear at once (its finalizer removed by hand, a restore from an older backup). A
-    replica that never read it learns that from the registry of ledgers (``registry``), which lists
-    every tree whose ledger may hold reservations, and holds the tree for one TTL from then (as a
-    replica that saw it would). The reservations this replica last saw in it are carried over: returned by every
-    read as if still stored, until a write of this replica has put them back (a create when the
-    object is missing, a replace when another replica recreated it first, recognised by its new
-    ``metadata.uid``). Expired or confirmed ones are pruned on that write as usual, so nothing
-    this replica knew to hold room is forgotten and nothing stale is kept.
-
-    What only other replicas knew (reservations they wrote after this replica's last read) is
-    gone with the object. Each of those was admitted before the deletion, so it expires at the
-    latest one TTL after the deletion was noticed: until then the tree is held (``recovering_until``,
-    recorded in the recreated object so that every replica, one that never saw the old object
-    included, holds it too) and its admissions are refused as LedgerUnavailable, never admitted
-    into room that may be taken.
+    A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it, and holds its tree
+    until everything in it has expired (``finish_deletion`` then lets it go). One that disappears at
+    once is caught by the registry of ledgers (``registry``). What this replica last saw in a lost
+    object is carried: returned by every read as if still stored, until one of its writes has put
+    it back. What only other replicas knew is gone with the object, and each of those reservations
+    expires at the latest one hold after the loss was noticed, so the tree is held until then (the
+    hold recorded in the recreated object for every replica) and its admissions refused as
+    LedgerUnavailable, never admitted into room that may be taken.
     """
 
     def __init__(self, core: Any, namespace: str, *, hold_seconds: float = DEFAULT_TTL_SECONDS,
