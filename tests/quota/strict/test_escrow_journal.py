@@ -52,3 +52,18 @@ def test_a_journal_line_cut_short_by_the_kill_is_skipped(core: FakeCore, clock: 
     restarted.settle()
     assert core.stored() == {"team/small", "team/from-escrow"}
     assert journal.read_bytes() == b""  # the journal is the new process's now
+
+
+def test_an_escrow_whose_taking_was_compacted_away_is_left_to_expire(
+        core: FakeCore, clock: list[float], tmp_path: Path) -> None:
+    # The journal was started afresh between the escrow's "took" line and its admissions: what it
+    # holds for that escrow may be only part of what it admitted, so the successor takes back nothing.
+    journal = tmp_path / "escrow.journal"
+    killed = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    assert killed.admit("small").allowed
+    journal.write_bytes(b"")
+    assert killed.admit("from-escrow").allowed
+    restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    restarted.settle()
+    assert escrow_keys(core) and "team/from-escrow" not in core.stored()
+    assert restarted.admit("big", "800").reason == "EscrowNotBackInTime"

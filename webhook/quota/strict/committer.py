@@ -34,7 +34,7 @@ from webhook.quota.strict.judgement import pruned
 from webhook.quota.strict.ledger_edits import TakeBackEscrow
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
-from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal
+from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal, late_answers
 
 log = logging.getLogger("gpuquota.quota")
 # Conflicts are rare with one writer but the rule under a hand-over or in the degraded mode: retry
@@ -121,23 +121,19 @@ class Committer:
         return job.verdict
 
     def settle_due(self) -> None:
-        """Write what spent escrows admitted, give back the rest, and carry pending withdrawals."""
-        now = self.clock()
+        """The settler's round: write what spent escrows admitted and give back the rest, carry
+        pending withdrawals and take-backs; then compact the journal if nothing in it is owed."""
+        now, owed = self.clock(), False
         with self._queues_lock:
             queues = list(self._queues.items())
         for tree_root, queue in queues:
             with queue.condition:
+                owed = owed or queue.escrows.owed()
                 if queue.committing or not (queue.withdrawals or queue.takebacks
                                             or queue.escrows.due(now, self.state.tree_version)):
                     continue  # a commit in flight settles them anyway
                 queue.committing = True
             self._commit_as_committer(tree_root, queue, [])
-        with self._queues_lock:
-            queues = list(self._queues.items())
-        owed = False
-        for _, queue in queues:
-            with queue.condition:
-                owed = owed or queue.escrows.owed()
         self.journal.compact_if_idle(owed)
 
     def _commit_as_committer(self, tree_root: str, queue: TreeQueue, batch: list[Job]) -> None:
@@ -279,18 +275,10 @@ class Committer:
 
     def _answer(self, queue: TreeQueue, commit: _Commit, plan: BatchPlan) -> None:
         """Answer the jobs the written attempt decided; an "allowed" decided after its worker's
-        deadline is a refusal instead, and what was written only for it is withdrawn (queued for the
-        next write of the tree, which the settler makes within its round if no admission does).
-
-        Safe because the worker never receives an "allowed" for these: the pod cannot be stored on
-        their strength. A reservation is withdrawn only when no answered admission shares its entry:
-        one of the same pod earlier in the ledger (an admission already answered) or in this batch."""
-        finished = self.monotonic()
-        late = {index for index, (job, (verdict, _)) in enumerate(zip(commit.batch, plan.results, strict=True))
-                if verdict.allowed and finished >= job.answer_by}
-        answered = {r.pod_key for index, (_, r) in enumerate(plan.results) if r is not None and index not in late}
-        withdrawals = [Withdrawal(r.pod_key, r.admission_uid) for index in sorted(late)
-                       if (r := plan.results[index][1]) is not None and r.pod_key not in plan.held_before | answered]
+        deadline is a refusal instead, and what was written only for it is withdrawn in the tree's
+        next write (``withdrawals.late_answers``)."""
+        late, withdrawals = late_answers([job.answer_by for job in commit.batch], plan.results, plan.held_before,
+                                         self.monotonic())
         queue.withdrawals.add(withdrawals)
         if late:
             log.warning("strict accounting: %d admissions were decided after their workers stopped waiting; "

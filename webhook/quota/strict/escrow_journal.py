@@ -61,8 +61,9 @@ class EscrowJournal:
             self._size += len(text)
 
     def compact_if_idle(self, owed: bool) -> None:
-        """Start afresh once the journal is large and no escrow of this process is open or unsettled
-        (``owed`` False): nothing in it is needed any more."""
+        """Start afresh once the journal is large and no escrow of this process was open or unsettled
+        (``owed`` False). An escrow taken meanwhile loses its "took" line, and a successor then leaves
+        it to expire rather than take back less than it admitted."""
         if self.path is None or owed or self._size < COMPACT_BYTES:
             return
         with self._lock:
@@ -79,10 +80,15 @@ class EscrowJournal:
         for raw in self.path.read_bytes().splitlines():
             try:
                 line = orjson.loads(raw)
-                tree, key = str(line["tree"]), str(line.get("took") or line["from"])
-                admitted = entries.setdefault(tree, {}).setdefault(key, [])
-                if "from" in line:
-                    admitted.extend(shared_ledger.decode({shared_ledger.LEDGER_DATA_KEY: str(line["data"])}).values())
+                tree = str(line["tree"])
+                if "took" in line:
+                    entries.setdefault(tree, {})[str(line["took"])] = []
+                elif str(line["from"]) in entries.get(tree, {}):
+                    entries[tree][str(line["from"])].extend(
+                        shared_ledger.decode({shared_ledger.LEDGER_DATA_KEY: str(line["data"])}).values())
+                # An admission from an entry whose "took" line is not there: the journal was compacted
+                # after the entry was taken, so what it admitted is not all here, and the entry is left
+                # to expire.
             except (orjson.JSONDecodeError, KeyError, TypeError, shared_ledger.LedgerFormatError):
                 continue
         with self._lock:

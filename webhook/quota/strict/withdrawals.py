@@ -25,10 +25,12 @@ land, so a withdrawal reported while a write is in flight waits for the next one
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.ledger import Reservation
+from gpuquota_core.pod_admission import Verdict
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,19 @@ def withdraw(keep: MutableMapping[str, shared_ledger.StoredReservation], withdra
             del keep[withdrawal.pod_key]
             withdrawn = True
     return withdrawn
+
+
+def late_answers(answer_by: Sequence[float], results: Sequence[tuple[Verdict, Reservation | None]],
+                 held_before: set[str], finished: float) -> tuple[set[int], list[Withdrawal]]:
+    """Of a written batch (each job's deadline, and its verdict and reservation), the jobs admitted
+    after their worker's deadline (``finished``: when the write returned), and the withdrawals of
+    what was written only for them: never an entry an answered admission shares, one of the same pod
+    earlier in the ledger (``held_before``) or in this batch."""
+    late = {index for index, (deadline, (verdict, _)) in enumerate(zip(answer_by, results, strict=True))
+            if verdict.allowed and finished >= deadline}
+    answered = {r.pod_key for index, (_, r) in enumerate(results) if r is not None and index not in late}
+    return late, [Withdrawal(r.pod_key, r.admission_uid) for index in sorted(late)
+                  if (r := results[index][1]) is not None and r.pod_key not in held_before | answered]
 
 
 class PendingWithdrawals:
