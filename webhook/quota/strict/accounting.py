@@ -16,8 +16,11 @@ everything they would have written (``forwarding``). Each admission is decided i
   lent to another replica's escrow with a retryable 503 at once.
 
 The pieces: ``committer`` (the group commit and its CAS loop), ``batch_plan`` (one attempt's
-verdicts and the ledger edits they make), ``withdrawals`` (room of admissions whose "allowed" never
-left), ``reconciler``, ``readiness``, ``store`` and ``registry`` (the objects), ``writer_lease``.
+verdicts and the ledger edits they make, ``ledger_edits``), ``escrow`` and ``escrow_journal``,
+``withdrawals`` (room of admissions whose "allowed" never left), ``reconciler``, ``readiness``,
+``store`` with ``tree_ledger`` and ``registry`` (the objects), ``writer_lease``, ``forwarding`` and
+``peer``. Why a hand-over of the writer is safe by compare-and-swap and the watch gate alone:
+docs/design.md.
 """
 
 from __future__ import annotations
