@@ -13,7 +13,8 @@ import threading
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
-from webhook.quota.strict.store import FIELD_MANAGER, LedgerStore, LedgerUnavailable
+from webhook.quota.strict.ledger_object import FIELD_MANAGER
+from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
 
 log = logging.getLogger("gpuquota.quota")
 LEDGER_CHECK_FAILING_SECONDS = 1.0

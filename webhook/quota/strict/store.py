@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -22,17 +21,17 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
-from gpuquota_core.shared_ledger import MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, TREE_LABEL
-from webhook.quota.pod_versions import resource_version
+from webhook.quota.strict.ledger_object import (
+    FIELD_MANAGER,
+    created_at,
+    ledger_body,
+    ledger_trees,
+    newest_pod_version,
+)
 from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
 from webhook.quota.strict.tree_ledger import Phase, Stored, TreeLedger
 
 log = logging.getLogger("gpuquota.quota")
-FIELD_MANAGER = "gpuquota-webhook"
-# Keeps a deleted ledger object readable, with everything it held, until that has expired: a replica
-# that never saw the object then still finds it (terminating) and holds the tree, instead of finding
-# nothing and starting an empty ledger while other replicas admit from what the old one held.
-LEDGER_FINALIZER = "gpuquota.koord-gpuquota.io/ledger"
 
 
 class LedgerUnavailable(Exception):
@@ -110,7 +109,7 @@ class LedgerStore:
                 # deletion came before the new object's creation, and before the hold a replica
                 # that noticed it recorded: either bounds when what was lost expires.
                 self._log_carried(tree_root, record.lost(now, min(held or float("inf"),
-                                                                  _created(metadata) + self.hold_seconds)))
+                                                                  created_at(metadata) + self.hold_seconds)))
             terminating = None
             if deleted_at:
                 # Deleted, and kept by the finalizer with all it holds: held until that has expired,
@@ -200,28 +199,8 @@ class LedgerStore:
         with self._lock:
             return self._tree(tree_root).rebuilding_until is not None
 
-    def newest_pod_version(self) -> int:
-        """The highest resourceVersion of the pods that exist (a consistent, paged list): every watch
-        that has got that far has shown each of them, so it counts every pod whose reservation an
-        unreadable ledger may have dropped."""
-        newest, token = 0, None
-        while True:
-            page = orjson.loads(self.core.list_pod_for_all_namespaces(limit=500, _continue=token,
-                                                                      _preload_content=False).data)
-            for item in page.get("items", []):
-                newest = max(newest, resource_version((item.get("metadata") or {}).get("resourceVersion")))
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return newest
-
-
     def list_trees(self) -> list[str]:
-        """The quota trees that have a ledger object, from their label (any replica may have made them)."""
-        listed = orjson.loads(self.core.list_namespaced_config_map(
-            self.namespace, label_selector=MANAGED_SELECTOR, _preload_content=False).data)
-        return sorted(str(item["metadata"]["labels"][TREE_LABEL]) for item in listed.get("items", [])
-                      if TREE_LABEL in (item["metadata"].get("labels") or {}))
-
+        return ledger_trees(self.core, self.namespace)
 
     def recovering_until(self, tree_root: str) -> float:
         """Until when (wall clock) the tree is held after its object was found deleted; 0: not held."""
@@ -299,23 +278,14 @@ class LedgerStore:
         drops the finalizer of a deleted object, which the apiserver then removes.
         """
         name = shared_ledger.ledger_object_name(tree_root)
-        labels = {MANAGED_BY_LABEL: MANAGED_BY}
-        if len(tree_root) <= 63:
-            labels[TREE_LABEL] = tree_root
-        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels,
-                                    "finalizers": [] if release else [LEDGER_FINALIZER]}
         if self.rebuilding(tree_root) and not release:
-            pods_counted_through = max(pods_counted_through, self.newest_pod_version())
+            pods_counted_through = max(pods_counted_through, newest_pod_version(self.core))
         with self._lock:
             record = self._tree(tree_root)
             terminating, hold = record.terminating, record.hold_to_record(self.clock())
             counted_through = max(pods_counted_through, record.pods_counted_through)
-        if terminating is not None:  # a deleted object's deletionTimestamp cannot be taken back
-            metadata["deletionTimestamp"] = terminating[1]
-        body: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-            "data": shared_ledger.encode(stored.values(), hold, counted_through),
-        }
+        body = ledger_body(self.namespace, tree_root, stored.values(), hold, counted_through, release=release,
+                           deleted_at=terminating[1] if terminating is not None else None)
         try:
             if version:
                 body["metadata"]["resourceVersion"] = version
@@ -358,12 +328,3 @@ def _registry_errors() -> Iterator[None]:
         yield
     except RegistryUnavailable as error:
         raise LedgerUnavailable(str(error)) from None
-
-
-def _created(metadata: dict[str, Any]) -> float:
-    """An object's creationTimestamp in wall-clock seconds, rounded up (it is kept to the second)."""
-    try:
-        stamp = datetime.strptime(str(metadata["creationTimestamp"]), "%Y-%m-%dT%H:%M:%SZ")
-    except (KeyError, ValueError):
-        return time.time()  # unknown: no later than now
-    return stamp.replace(tzinfo=UTC).timestamp() + 1.0
