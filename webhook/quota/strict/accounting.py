@@ -18,7 +18,7 @@ everything they would have written (``forwarding``). Each admission is decided i
 The pieces: ``committer`` (the group commit and its CAS loop), ``batch_plan`` (one attempt's
 verdicts and the ledger edits they make, ``ledger_edits``), ``escrow`` and ``escrow_journal``,
 ``withdrawals`` (room of admissions whose "allowed" never left), ``reconciler``, ``readiness``,
-``store`` with ``tree_ledger`` and ``registry`` (the objects), ``writer_lease``, ``forwarding`` and
+``store`` with ``tree_ledger``, ``ledger_object`` and ``registry`` (the objects), ``writer_lease``, ``forwarding`` and
 ``peer``. Why a hand-over of the writer is safe by compare-and-swap and the watch gate alone:
 docs/design.md.
 """
