@@ -51,6 +51,7 @@ class Decider(Protocol):
 
     def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
 
+
 class SingleWriter:
     """The quota service's decider with a writer Lease: the writer decides as the writer, a
     forwarder forwards, and a replica that cannot ask the writer decides here, degraded."""

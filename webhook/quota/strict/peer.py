@@ -44,12 +44,14 @@ MAX_PEER_CONNECTIONS = 512
 # A new connection must complete its handshake and send its first request within this.
 FIRST_REQUEST_SECONDS = 2.0
 
+
 class ForwardedAnswers(Protocol):
     """What the holder's listener answers with (``SingleWriter``)."""
 
     def admit_forwarded(self, admission: PodAdmission, answer_by: float) -> Verdict: ...
 
     def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
+
 
 class PeerUnavailable(Exception):
     """The holder could not be asked, or gave no answer in time."""
@@ -170,6 +172,7 @@ class PeerClient:
         if connection is not None:
             with contextlib.suppress(OSError):
                 connection[1].close()
+
 
 def bind_peer_socket(host: str, port: int) -> socket.socket:
     """The listening socket of the writer's listener (bound before the Lease, which advertises its port)."""
