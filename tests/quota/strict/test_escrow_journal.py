@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fakeledger import LEDGER, FakeCore, Replica
 
 from gpuquota_core import shared_ledger
@@ -67,3 +68,21 @@ def test_an_escrow_whose_taking_was_compacted_away_is_left_to_expire(
     restarted.settle()
     assert escrow_keys(core) and "team/from-escrow" not in core.stored()
     assert restarted.admit("big", "800").reason == "EscrowNotBackInTime"
+
+
+def test_a_restarted_writer_takes_back_before_its_pod_watch_has_caught_up(
+        core: FakeCore, clock: list[float], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The watch gate guards decisions; giving room back decides nothing, so the successor need not
+    # wait for its own list of pods (seconds on a loaded host) before it takes the escrow back.
+    monkeypatch.setattr("webhook.quota.strict.committer.RETRY_BUDGET_SECONDS", 0.1)
+    journal = tmp_path / "escrow.journal"
+    killed = Replica(core, "host/101", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    assert killed.admit("small").allowed and killed.admit("from-escrow").allowed
+    data = dict(core.config_maps[LEDGER]["data"])
+    data[shared_ledger.PODS_COUNTED_THROUGH_KEY] = "999"  # further than the successor's watch has got
+    core.overwrite(LEDGER, data)
+    restarted = Replica(core, "host/202", clock, room=1000, escrow=32, leaf_room=10_000, journal=journal)
+    restarted.settle()
+    assert core.stored() == {"team/small", "team/from-escrow"}
+    # A decision still waits for the watch: refused, not admitted on a copy it cannot count.
+    assert restarted.admit("big", "800").reason == "LedgerUnavailable"

@@ -191,8 +191,12 @@ class Committer:
             read = self._read_and_check_hold(tree_root, commit)
             if read is None:
                 continue
-            with self.state.snapshot_once_pods_through(read.pods_counted_through,
-                                                       commit.give_up_at - time.monotonic()) as view:
+            # The watch gate guards decisions. A write that decides nothing (settling, withdrawing,
+            # taking back) only gives room back or keeps it: it needs no gate, so a restarted writer
+            # takes back its predecessor's escrow before its own list of pods is done.
+            gate = self.state.snapshot_once_pods_through(read.pods_counted_through if commit.batch else 0,
+                                                         commit.give_up_at - time.monotonic())
+            with gate as view:
                 if view is None:
                     raise _BatchRefused(
                         f"this replica's watch of pods has not caught up with the shared quota ledger of tree "
