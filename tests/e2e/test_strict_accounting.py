@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from clusterhelpers import PARENT_LABEL, QUOTA_LABEL, RATIO, create_quota, eventually
 from controlplane import Api
+from kubernetes.client import CoreV1Api
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
@@ -24,14 +25,13 @@ from kubeaccess.kube import connect
 from webhook.admission.status import status_of
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
-from webhook.quota.strict.accounting import StrictAccounting
-from webhook.quota.strict.store import LedgerStore
+from webhook.quota.strict.accounting import DecideHere, strict_parts
 
 
 @dataclass
 class Replica:
     state: QuotaState
-    accounting: StrictAccounting
+    accounting: DecideHere  # no writer Lease here: each replica decides its own admissions
     stop: threading.Event
 
 
@@ -57,8 +57,8 @@ def world(api: Api, namespace: str, kubeconfig_path: Path, elasticquota_crd: obj
         client = connect(str(kubeconfig_path), None)
         state = QuotaState()
         stop = start_live_sync(state, client)
-        accounting = StrictAccounting(state, LedgerStore(client, namespace), replica=f"replica-{index}",
-                                      clock=lambda: clock[0])
+        accounting = DecideHere(strict_parts(state, CoreV1Api(client), namespace, replica=f"replica-{index}",
+                                             clock=lambda: clock[0]).accounting)
         replicas.append(Replica(state, accounting, stop))
     for replica in replicas:
         eventually(lambda r=replica: r.state.ready()[0] and all(q in r.state.tree.quotas for q in (org, *leaves)),
@@ -118,7 +118,7 @@ def test_dry_run_never_writes_and_expired_reservations_are_released(api: Api, wo
 
 def test_ledger_that_cannot_be_written_refuses_instead_of_admitting(kubeconfig_path: Path, world: World) -> None:
     state = world.replicas[0].state
-    broken = StrictAccounting(state, LedgerStore(connect(str(kubeconfig_path), None), "no-such-namespace"))
+    broken = strict_parts(state, CoreV1Api(connect(str(kubeconfig_path), None)), "no-such-namespace").accounting
     verdict = broken.admit_pod(admission(world, "p", world.leaves[0]))
     assert not verdict.allowed and status_of(verdict.reason) == 503 and verdict.reason == "LedgerUnavailable"
     assert "cannot write ConfigMap no-such-namespace/gpuquota-ledger-" in verdict.message

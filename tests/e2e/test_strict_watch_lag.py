@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from clusterhelpers import QUOTA_LABEL, RATIO, create_quota, eventually
 from controlplane import Api
+from kubernetes.client import CoreV1Api
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission, Verdict
@@ -23,8 +24,7 @@ from gpuquota_core.quantity import Quantity
 from webhook.admission.status import status_of
 from webhook.quota.cluster_state import list_into, lister_for, start_live_sync
 from webhook.quota.state import KINDS, QuotaState
-from webhook.quota.strict.accounting import StrictAccounting
-from webhook.quota.strict.store import LedgerStore
+from webhook.quota.strict.accounting import StrictAccounting, strict_parts
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def one_share_pod(name: str, quota: str) -> dict[str, Any]:
 
 def test_a_replica_whose_pod_watch_lags_waits_for_it_instead_of_admitting_past_the_room(
         api: Api, namespace: str, writer_state: QuotaState, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("webhook.quota.strict.accounting.RETRY_BUDGET_SECONDS", 0.5)
+    monkeypatch.setattr("webhook.quota.strict.committer.RETRY_BUDGET_SECONDS", 0.5)
     quota = f"team-{namespace}"
     create_quota(api, namespace, quota, {RATIO: "200"})  # room for two pods of 100
     eventually(lambda: quota in writer_state.tree.quotas, "the writer knows the quota")
@@ -61,8 +61,8 @@ def test_a_replica_whose_pod_watch_lags_waits_for_it_instead_of_admitting_past_t
         return time.time() + skew[0]
 
     def replica(state: QuotaState, name: str) -> StrictAccounting:
-        return StrictAccounting(state, LedgerStore(api.client, namespace), replica=name, clock=clock,
-                                escrow_most_pods=0)
+        return strict_parts(state, CoreV1Api(api.client), namespace, replica=name, clock=clock,
+                            escrow_most_pods=0).accounting
 
     writer, lagging = replica(writer_state, "writer"), replica(lagging_state, "lagging")
 

@@ -30,6 +30,12 @@ ANSWER_MARGIN_SECONDS = 0.1
 ASKED_AGAIN_ONCE = frozenset({ANSWER_TOO_LATE, ESCROW_NOT_BACK})
 
 
+# While the quota service's socket is missing or refuses (the service died and its master is starting
+# the next one, about a second), an admission's first attempt tries to connect again this often until
+# its deadline, instead of answering 503 at once: a replica whose service is down then answers no
+# faster than the others (a least-connections balancer would otherwise send it more of the calls it
+# can only refuse), and an admission that arrives during a quick restart is decided.
+RECONNECT_SECONDS = 0.05
 # Reported at most: an outage longer than this many refused admissions leaves the older ones to their TTL.
 UNANSWERED_KEPT = 256
 # How often the report is tried while the service does not take it (a restart and sync take seconds).
@@ -73,7 +79,9 @@ class QuotaClient:
                                                                self.timeout / 2)
             try:
                 if reader is None:
-                    reader = self._local.reader = FrameReader(_connect(self.path, self.timeout))
+                    # Only the first attempt of an admission waits for a service that is coming back.
+                    until = message[deadline_key] if deadline_key and attempt == 1 else None
+                    reader = self._local.reader = FrameReader(self._connect_waiting(until))
                 send_frame(reader.sock, message)
                 reply = reader.read()
                 if reply is None:
@@ -93,6 +101,17 @@ class QuotaClient:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def _connect_waiting(self, until: float | None) -> socket.socket:
+        """A connection to the service; while its socket is missing or refuses, tried again every
+        RECONNECT_SECONDS until the monotonic time ``until`` (None: fail at once, as probes must)."""
+        while True:
+            try:
+                return _connect(self.path, self.timeout)
+            except (FileNotFoundError, ConnectionRefusedError):
+                if until is None or time.monotonic() + RECONNECT_SECONDS >= until:
+                    raise
+                time.sleep(RECONNECT_SECONDS)  # polling for the next service's socket, within the deadline
 
     def _drop(self, reader: FrameReader | None) -> None:
         # A timed-out connection may still deliver the late reply; it must never be read as the

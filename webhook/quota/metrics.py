@@ -72,11 +72,12 @@ LEDGER_BATCH = Histogram(
     "Reservations carried by one successful ledger write (strict accounting's group commit).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
-WRITER_ROLES = ("writer", "forwarding", "deciding_itself")
+WRITER_ROLES = ("writer", "forwarding", "degraded")
 LEDGER_WRITER_ROLE = Gauge(
     "gpuquota_ledger_writer_role",
     "With --writer-lease, 1 for this replica's role: writer (holds the Lease and decides what the others forward), "
-    "forwarding (to another replica holding it), deciding_itself (no live holder known); 0 for the other roles.",
+    "forwarding (to another replica holding it), degraded (the holder cannot be asked: deciding here with fresh "
+    "reads and no escrow); 0 for the other roles.",
     ["role"],
     # Only the live service's: a quota service killed while it was the writer must not stay one.
     multiprocess_mode="livemax",
@@ -84,7 +85,7 @@ LEDGER_WRITER_ROLE = Gauge(
 FORWARDED_RESULTS = ("forwarded", "decided_here")
 FORWARDED_ADMISSIONS = Counter(
     "gpuquota_ledger_forwarded_admissions",
-    "Admissions a replica without the writer Lease sent to its holder (forwarded), or decided itself because "
-    "the holder could not be asked (decided_here).",
+    "Admissions a replica without the writer Lease sent to its holder (forwarded), or decided here in the "
+    "degraded mode because the holder could not be asked (decided_here).",
     ["result"],
 )

@@ -68,7 +68,7 @@ class QuotaServiceOptions:
     max_reservations_per_caller: int = DEFAULT_MAX_RESERVATIONS_PER_CALLER
     # Strict accounting: the Lease (in the ledger namespace) whose holder writes every ledger, the
     # other replicas forwarding their admissions to it (webhook.quota.strict.forwarding); "" = every
-    # replica writes.
+    # replica decides and writes its own admissions, in the degraded mode (fresh reads, no escrow).
     writer_lease: str = ""
     # Where the other replicas reach this one's listener: the host (""= $POD_IP, else this host's
     # address) and the port (0 = any free one; the Lease carries the one bound).

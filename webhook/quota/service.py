@@ -39,7 +39,7 @@ from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.quota.state import QuotaState
 
 if TYPE_CHECKING:
-    from webhook.quota.strict.accounting import StrictAccounting
+    from webhook.quota.strict.accounting import StrictParts
 
 log = logging.getLogger("gpuquota.quota")
 SOCKET_NAME = "quota.sock"
@@ -152,21 +152,15 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
         api = connect(str(options.kubeconfig_path) if options.kubeconfig_path else None, options.context)
         admitter: PodAdmitter | None = None
         if options.accounting is Accounting.STRICT:
-            from webhook.quota.strict.accounting import StrictAccounting
-            from webhook.quota.strict.store import LedgerStore
-
-            strict = StrictAccounting(state, LedgerStore(api, options.ledger_namespace))
-            state.decider_problem = strict.ledger_problem  # /readyz: 503 while the ledger cannot be written
-            threading.Thread(target=strict.run_ledger_check, args=(threading.Event(),),
+            admitter, strict = start_strict(api, state, options, parent_pid, path)
+            state.decider_problem = strict.readiness.problem  # /readyz: 503 while the ledger cannot be written
+            threading.Thread(target=strict.readiness.run, args=(threading.Event(),),
                              daemon=True, name="ledger-check").start()
-            threading.Thread(target=strict.run_reconciler, args=(max(state.ledger.ttl_seconds / 2, 1.0),
+            threading.Thread(target=strict.reconciler.run, args=(max(state.ledger.ttl_seconds / 2, 1.0),
                                                                 threading.Event()),
                              daemon=True, name="ledger-reconciler").start()
-            threading.Thread(target=strict.run_escrow_settler, args=(threading.Event(),),
+            threading.Thread(target=strict.committer.run_settler, args=(threading.Event(),),
                              daemon=True, name="ledger-escrow-settler").start()
-            admitter = strict
-            if options.writer_lease:
-                admitter = start_single_writer(api, options, strict, parent_pid)
         serve(state, path, admitter=admitter,
               events=start_event_service(state, ApiEventSink(api, reporting_instance())))
         start_live_sync(state, api, nodes=nodes)
@@ -181,11 +175,25 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
         remove_private_files(path)
 
 
-def start_single_writer(api: Any, options: QuotaServiceOptions, strict: StrictAccounting,
-                        parent_pid: int) -> PodAdmitter:
-    """The writer Lease's election and the listener the holder answers on (``--writer-lease``);
-    the admitter that forwards to the holder. ValueError when the listener cannot start."""
-    from webhook.quota.strict.forwarding import PeerClient, PeerListener, ServingKey, SingleWriter, join_address
+def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, parent_pid: int,
+                 socket_path: Path) -> tuple[PodAdmitter, StrictParts]:
+    """Strict accounting, and the admitter the socket answers with: with ``--writer-lease`` the
+    election and the listener the holder answers on (ValueError when it cannot listen), else every
+    admission decided here, in the degraded mode. The escrow journal lives beside the socket, where
+    the service the master starts after this one finds it."""
+    from kubernetes import client
+
+    from webhook.quota.strict.accounting import DecideHere, strict_parts
+    from webhook.quota.strict.escrow_journal import journal_path
+
+    core = client.CoreV1Api(api)
+    if not options.writer_lease:
+        strict = strict_parts(state, core, options.ledger_namespace)
+        log.info("strict accounting without a writer Lease: every replica decides here, in the degraded mode "
+                 "(fresh reads, no escrow)")
+        return DecideHere(strict.accounting), strict
+    from webhook.quota.strict.forwarding import SingleWriter
+    from webhook.quota.strict.peer import PeerClient, PeerListener, ServingKey, bind_peer_socket, join_address
     from webhook.quota.strict.writer_lease import WriterLease
 
     if options.tls_dir is None:
@@ -193,21 +201,24 @@ def start_single_writer(api: Any, options: QuotaServiceOptions, strict: StrictAc
     key = ServingKey(options.tls_dir / "tls.crt", options.tls_dir / "tls.key")
     try:
         bind = options.peer_address or ("::" if ":" in os.environ.get("POD_IP", "") else "0.0.0.0")
-        listener = PeerListener(bind, options.peer_port, key, strict)
+        key.server_context()  # a key or certificate that does not load stops the service before it serves
+        sock = bind_peer_socket(bind, options.peer_port)
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot listen for the other replicas on {options.peer_address or 'every interface'} "
                          f"port {options.peer_port}: {error}") from None
-    address = join_address(advertised_host(options.peer_address), listener.port)
+    address = join_address(advertised_host(options.peer_address), sock.getsockname()[1])
     # The pod's name and the server's master, not this process: a quota service its master restarts
     # takes its own Lease back at once, and two servers on one host (the tests) are two candidates.
     identity = f"{socket.gethostname()}/{parent_pid}"
     lease = WriterLease(api, options.ledger_namespace, options.writer_lease, identity, address)
-    strict.writer_elsewhere = lambda: lease.writer_elsewhere() is not None
-    listener.start()
+    strict = strict_parts(state, core, options.ledger_namespace, journal=journal_path(socket_path),
+                          forwarding=lambda: lease.writer_elsewhere() is not None)
+    writer = SingleWriter(strict.accounting, lease, PeerClient(key))
+    PeerListener(sock, key, writer).start()
     for result in quota_metrics.FORWARDED_RESULTS:  # at zero from the start, as the ledger writes are
         quota_metrics.FORWARDED_ADMISSIONS.labels(result)
     stop = threading.Event()
-    threading.Thread(target=lease.run, args=(stop,), daemon=True, name="writer-lease").start()
+    threading.Thread(target=lease.run, args=(stop, writer.report_role), daemon=True, name="writer-lease").start()
 
     def release() -> None:
         stop.set()
@@ -216,7 +227,7 @@ def start_single_writer(api: Any, options: QuotaServiceOptions, strict: StrictAc
     atexit.register(release)
     log.info("strict accounting: writer lease %s/%s, this replica answers the others at %s",
              options.ledger_namespace, options.writer_lease, address)
-    return SingleWriter(strict, lease, PeerClient(key))
+    return writer, strict
 
 
 def advertised_host(peer_address: str) -> str:
@@ -234,13 +245,16 @@ def advertised_host(peer_address: str) -> str:
 
 def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> None:
     """Remove what this service created beside its socket, then the directory if nothing else is there
-    (kept for the service that replaces a dead one).
+    (kept for the service that replaces a dead one, with the escrow journal that one takes over).
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
+    from webhook.quota.strict.escrow_journal import journal_path
+
     for created in (socket_path, *node_view_files(nodes_path(socket_path))):
         created.unlink(missing_ok=True)
     if not keep_directory:
+        journal_path(socket_path).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty, or gone already
             socket_path.parent.rmdir()
 

@@ -101,7 +101,7 @@ def test_live_sync_lists_nodes_in_small_pages_and_pods_in_large_ones(tmp_path: P
         def lister(**kwargs: Any) -> Response:
             if not kwargs.get("watch"):
                 limits.setdefault(kind, kwargs["limit"])
-                if len(limits) == 3:
+                if len(limits) == 4:
                     listed.set()
             return Response(listing("1"))
         return lister
@@ -113,4 +113,5 @@ def test_live_sync_lists_nodes_in_small_pages_and_pods_in_large_ones(tmp_path: P
         assert listed.wait(10), limits
     finally:
         stop.set()
-    assert limits == {"Node": 100, "Pod": cluster_state.PAGE_SIZE, "ElasticQuota": cluster_state.PAGE_SIZE}
+    assert limits == {"Node": 100, "Pod": cluster_state.PAGE_SIZE, "ElasticQuota": cluster_state.PAGE_SIZE,
+                      "PodGroup": cluster_state.PAGE_SIZE}

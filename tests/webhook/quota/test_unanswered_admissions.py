@@ -2,7 +2,7 @@
 
 The service may have reserved for an admission, itself or through the ledger writer it forwards to,
 and then died before answering: the worker refuses the pod (QuotaServiceDown), and strict accounting
-withdraws that reservation once told (tests/quota/test_strict_commit.py has the withdrawal; the
+withdraws that reservation once told (tests/quota/strict/test_withdrawals.py has the withdrawal; the
 fault tests, tests/e2e/test_faults.py, kill quota services mid-burst). Here the worker's side, over
 the real wire on a Unix socket: a service that hangs up without an answer, then one that answers
 "not yet" (restarting, not synced) before it takes the report.

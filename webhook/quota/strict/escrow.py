@@ -7,13 +7,17 @@ entry until it expires. Once the escrow is spent (used up, its window over, the 
 replica's next write to the tree closes it and replaces the entry by a reservation for each pod
 admitted from it (docs/design.md has the invariant). This module holds the rules: which pods an
 escrow may admit (:func:`escrow_shape`), how much room one may take (:func:`escrow_room`,
-:func:`take_escrow`), when it is spent, and what a closed one leaves in the ledger (:func:`settled`).
+:func:`take_escrow`), when it is spent, what a closed one leaves in the ledger (:func:`settle_edit`),
+and one tree's escrows at this replica (:class:`EscrowBook`).
+
+Escrow lives at the writer only (the writer Lease's holder): a replica deciding here because the
+holder cannot be asked takes none (``webhook.quota.strict.accounting``, the degraded mode).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -25,6 +29,7 @@ from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_decision import PodQuotaRequest, decide
 from gpuquota_core.resources import ResourceList
 from webhook.quota.state import QuotaView
+from webhook.quota.strict.ledger_edits import SettleEscrow
 
 # How long a replica admits from room it took, the most pods one escrow holds room for, and the
 # share of what is free for a shape one escrow may take. The share keeps most of the free room for
@@ -33,12 +38,6 @@ from webhook.quota.state import QuotaView
 ESCROW_WINDOW_SECONDS = 0.5
 DEFAULT_ESCROW_MOST_PODS = 32
 ESCROW_SHARE = 4
-# A pod refused while other replicas hold escrow in its tree asks again this often.
-ESCROW_WAIT_SECONDS = 0.05
-# How long after an escrow's window ends its replica is expected to have given back what it did not
-# use (its settler's round plus one write). An entry still there later belongs to a replica that is
-# dead, stopped or cut off: it holds its room until it expires, and nobody waits for it.
-ESCROW_GIVE_BACK_SECONDS = 1.0
 
 ShapeKey = tuple[tuple[str, ...], tuple[tuple[str, Fraction], ...]]
 
@@ -143,32 +142,60 @@ def take_escrow(shape: EscrowShape, room: int, replica: str, ids: Iterator[int],
     return Escrow(entry_key, shape, count, now + window), shared_ledger.StoredReservation(entry, replica, now)
 
 
-def settled(keep: dict[str, shared_ledger.StoredReservation], settling: list[Escrow], replica: str, now: float,
-            ttl_seconds: float) -> dict[str, shared_ledger.StoredReservation]:
-    """``keep`` with each closed escrow's entry replaced by a reservation per pod admitted from it."""
-    for escrow in settling:
-        keep.pop(escrow.entry_key, None)
-        for reservation in escrow.admitted:
-            if reservation.expires_at > now:
-                keep[reservation.pod_key] = shared_ledger.StoredReservation(
-                    reservation, replica, reservation.expires_at - ttl_seconds)
-    return keep
+
+def settle_edit(escrow: Escrow, replica: str, ttl_seconds: float) -> SettleEscrow:
+    """The edit that replaces a closed escrow's entry by a reservation per pod admitted from it."""
+    return SettleEscrow(escrow.entry_key, tuple(
+        shared_ledger.StoredReservation(reservation, replica, reservation.expires_at - ttl_seconds)
+        for reservation in escrow.admitted))
 
 
-def lent_out(stored: dict[str, shared_ledger.StoredReservation], replica: str) -> dict[str, str]:
-    """Every escrow entry of another replica, by entry key, with the replica that holds it."""
+def lent_out(stored: Mapping[str, shared_ledger.StoredReservation], replica: str) -> dict[str, str]:
+    """Every escrow entry of another replica (or of an earlier process of this one), by entry key,
+    with the replica that holds it. Nobody waits for one: a writer that is alive gives its escrow
+    back within a window, and one that died never does (pods may have been admitted from it, so it
+    holds its room until it expires)."""
     return {key: item.replica for key, item in stored.items()
             if shared_ledger.is_escrow(key) and item.replica != replica}
 
 
-def due_back(stored: dict[str, shared_ledger.StoredReservation], replica: str, now: float) -> dict[str, str]:
-    """The escrow entries of other replicas about to be given back (window over or nearly, the
-    replica alive to write), by entry key, with the replica that holds each.
+class EscrowBook:
+    """One tree's escrows at this replica: the open ones, by shape, and the closed ones whose pods
+    the tree's next successful write records. Guarded by the caller (the tree's queue lock):
+    admissions take from it and the committer closes and settles it."""
 
-    An escrow of a replica whose quota service died (a new one has another name) or is stopped is
-    never given back early: it holds its room until it expires, as the invariant needs (pods may
-    have been admitted from it), and waiting for it would only turn refusals into timeouts.
-    """
-    return {key: item.replica for key, item in stored.items()
-            if shared_ledger.is_escrow(key) and item.replica != replica
-            and now < item.admitted_at + ESCROW_WINDOW_SECONDS + ESCROW_GIVE_BACK_SECONDS}
+    def __init__(self) -> None:
+        self.open: dict[ShapeKey, Escrow] = {}
+        self.settling: list[Escrow] = []
+
+    def admit(self, shape: EscrowShape, reservation: Reservation, now: float) -> Escrow | None:
+        """Admit a pod of ``shape`` from its open escrow, without a write; the escrow, None when it has no room."""
+        escrow = self.open.get(shape.key())
+        if escrow is None or not escrow.admits(shape, now):
+            return None
+        escrow.admitted.append(reservation)
+        return escrow
+
+    def owed(self) -> bool:
+        """Whether an escrow is open or waits to be settled."""
+        return bool(self.open) or bool(self.settling)
+
+    def close(self, now: float, tree_version: int, only_spent: bool) -> bool:
+        """Close the open escrows (only the spent ones under ``tree_version``, or all) for the next
+        write to settle; whether it closed any. Nothing is admitted from an escrow once closed."""
+        closing = [key for key, escrow in self.open.items() if not only_spent or escrow.spent(now, tree_version)]
+        for key in closing:
+            escrow = self.open.pop(key)
+            escrow.open = False
+            self.settling.append(escrow)
+        return bool(closing)
+
+    def due(self, now: float, tree_version: int) -> bool:
+        """Whether a write is owed: closed escrows to settle, or open ones spent."""
+        return bool(self.settling) or any(escrow.spent(now, tree_version) for escrow in self.open.values())
+
+    def written(self, settled: list[Escrow], taken: Escrow | None) -> None:
+        """A write stored ``settled`` and, if any, the new escrow ``taken``, which opens now."""
+        self.settling = [escrow for escrow in self.settling if escrow not in settled]
+        if taken is not None:
+            self.open[taken.shape.key()] = taken

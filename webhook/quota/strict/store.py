@@ -14,27 +14,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
-from gpuquota_core.shared_ledger import MANAGED_BY, MANAGED_BY_LABEL, MANAGED_SELECTOR, TREE_LABEL
-from webhook.quota.pod_versions import resource_version
+from webhook.quota.strict.ledger_object import (
+    FIELD_MANAGER,
+    created_at,
+    ledger_body,
+    ledger_trees,
+    newest_pod_version,
+)
 from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
+from webhook.quota.strict.tree_ledger import Phase, Stored, TreeLedger
 
 log = logging.getLogger("gpuquota.quota")
-FIELD_MANAGER = "gpuquota-webhook"
-# Keeps a deleted ledger object readable, with everything it held, until that has expired: a replica
-# that never saw the object then still finds it (terminating) and holds the tree, instead of finding
-# nothing and starting an empty ledger while other replicas admit from what the old one held.
-LEDGER_FINALIZER = "gpuquota.koord-gpuquota.io/ledger"
-# How long one check that the ledger namespace can be written (a dry-run create) may take.
-LEDGER_CHECK_TIMEOUT_SECONDS = 3.0
 
 
 class LedgerUnavailable(Exception):
@@ -42,67 +39,48 @@ class LedgerUnavailable(Exception):
 
 
 class LedgerStore:
-    """Reads and writes the ledger ConfigMaps of one namespace; caches the last version seen.
+    """Reads and writes the ledger ConfigMaps of one namespace; what it knows of each tree is one
+    ``TreeLedger`` (its lifecycle is there).
 
-    A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it: it is read as usual and
-    holds its tree until everything in it has expired, then ``finish_deletion`` lets it go. It can
-    still disappear at once (its finalizer removed by hand, a restore from an older backup). A
-    replica that never read it learns that from the registry of ledgers (``registry``), which lists
-    every tree whose ledger may hold reservations, and holds the tree for one TTL from then (as a
-    replica that saw it would). The reservations this replica last saw in it are carried over: returned by every
-    read as if still stored, until a write of this replica has put them back (a create when the
-    object is missing, a replace when another replica recreated it first, recognised by its new
-    ``metadata.uid``). Expired or confirmed ones are pruned on that write as usual, so nothing
-    this replica knew to hold room is forgotten and nothing stale is kept.
-
-    What only other replicas knew (reservations they wrote after this replica's last read) is
-    gone with the object. Each of those was admitted before the deletion, so it expires at the
-    latest one TTL after the deletion was noticed: until then the tree is held (``recovering_until``,
-    recorded in the recreated object so that every replica, one that never saw the old object
-    included, holds it too) and its admissions are refused as LedgerUnavailable, never admitted
-    into room that may be taken.
+    A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it, and holds its tree
+    until everything in it has expired (``finish_deletion`` then lets it go). One that disappears at
+    once is caught by the registry of ledgers (``registry``). What this replica last saw in a lost
+    object is carried: returned by every read as if still stored, until one of its writes has put
+    it back. What only other replicas knew is gone with the object, and each of those reservations
+    expires at the latest one hold after the loss was noticed, so the tree is held until then (the
+    hold recorded in the recreated object for every replica) and its admissions refused as
+    LedgerUnavailable, never admitted into room that may be taken.
     """
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        # Any: with _preload_content=False the client returns the raw response, not the model
-        # its annotations promise; the JSON is decoded here directly.
-        self.core: Any = client.CoreV1Api(api)
+    def __init__(self, core: Any, namespace: str, *, hold_seconds: float = DEFAULT_TTL_SECONDS,
+                 clock: Callable[[], float] = time.time) -> None:
+        # ``core``: a CoreV1Api. Any: with _preload_content=False the client returns the raw
+        # response, not the model its annotations promise; the JSON is decoded here directly.
+        self.core = core
         self.namespace = namespace
-        self._cache: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
-        self._cached_at: dict[str, float] = {}  # per tree: monotonic time the cached copy was read or written
-        # Per tree: the uid of the object last read or written, and what it held then.
-        self._known: dict[str, tuple[str, dict[str, shared_ledger.StoredReservation]]] = {}
-        # Per tree: reservations of a deleted object not yet written back (see the class docstring).
-        self._carried: dict[str, dict[str, shared_ledger.StoredReservation]] = {}
-        # Per tree: wall-clock end of the hold after a deletion (see the class docstring).
-        self._recovering: dict[str, float] = {}
-        # Per tree whose object was found deleted but kept by its finalizer: when everything it holds
-        # has expired (the finalizer may go then), and its deletionTimestamp (kept in every write).
-        self._terminating: dict[str, tuple[float, str]] = {}
-        # Per tree whose object was found unreadable and not yet written over: the end of its hold.
-        self._rebuilding: dict[str, float] = {}
-        self._hold_causes: dict[str, str] = {}  # per tree held after its object was found unreadable
-        # Per tree: the pod resourceVersion the copy last read or written asks its readers' watches
-        # to have reached (shared_ledger.PODS_COUNTED_THROUGH_KEY); only ever raised.
-        self._pods_counted_through: dict[str, int] = {}
-        # Trees this replica saw listed in the registry, or listed itself, since it last found their object missing.
-        self._registered: set[str] = set()
-        # Trees whose missing object this replica has judged (and held) since it last read or wrote one.
-        self._missing_judged: set[str] = set()
+        # How long a tree is held after its object was lost: the reservation TTL plus an escrow's window.
+        self.hold_seconds = hold_seconds
+        self.clock = clock
+        self._trees: dict[str, TreeLedger] = {}  # what this replica knows of each tree's object
         self.registry = LedgerRegistry(self.core, namespace, self.list_trees)
-        self._lock = threading.Lock()  # admissions of several trees and the reconciler share the maps
-        self.clock: Callable[[], float] = time.time
-        self.monotonic: Callable[[], float] = time.monotonic  # the age of cached copies
-        self.hold_seconds = DEFAULT_TTL_SECONDS  # the reservation TTL; StrictAccounting sets both
+        self._lock = threading.Lock()  # admissions of several trees and the reconciler share the records
 
-    def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[
-            str, dict[str, shared_ledger.StoredReservation]]:
+    def _tree(self, tree_root: str) -> TreeLedger:
+        """The tree's record (lock held)."""
+        return self._trees.setdefault(tree_root, TreeLedger())
+
+    def phase(self, tree_root: str) -> Phase:
+        with self._lock:
+            return self._tree(tree_root).phase(self.clock())
+
+    def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[str, Stored]:
         """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``.
 
         ``listed_before``: the registry listed the tree before this read (see ``_missing``)."""
         with self._lock:
-            if not fresh and tree_root in self._cache:
-                return self._cache[tree_root]
+            copy = self._tree(tree_root).copy
+            if not fresh and copy is not None:
+                return copy
         name = shared_ledger.ledger_object_name(tree_root)
         try:
             response = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
@@ -125,65 +103,60 @@ class LedgerStore:
         uid = str(metadata.get("uid", ""))
         deleted_at = metadata.get("deletionTimestamp")
         with self._lock:
-            known = self._known.get(tree_root)
-            if known is not None and known[0] != uid:
+            record, now = self._tree(tree_root), self.clock()
+            if record.known is not None and record.known[0] != uid:
                 # Deleted and recreated by someone else since this replica's last look. The
                 # deletion came before the new object's creation, and before the hold a replica
                 # that noticed it recorded: either bounds when what was lost expires.
-                self._lost(tree_root, min(held or float("inf"), _created(metadata) + self.hold_seconds))
-            self._known[tree_root] = (uid, stored)
-            self._rebuilding.pop(tree_root, None)  # another replica wrote it over first
+                self._log_carried(tree_root, record.lost(now, min(held or float("inf"),
+                                                                  created_at(metadata) + self.hold_seconds)))
+            terminating = None
             if deleted_at:
                 # Deleted, and kept by the finalizer with all it holds: held until that has expired,
                 # by every replica that reads it, the ones that never saw it before included.
                 until = max([held, *(item.reservation.expires_at for item in stored.values())])
-                if tree_root not in self._terminating:
+                if record.terminating is None:
                     log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s is being deleted; holding the "
                                 "tree until what it holds has expired (%.1fs)", self.namespace, name, tree_root,
-                                until - self.clock())
-                self._terminating[tree_root] = (until, str(deleted_at))
-                held = max(held, until)
-            self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), held)
-            self._pods_counted_through[tree_root] = max(self._pods_counted_through.get(tree_root, 0), counted_through)
-            self._missing_judged.discard(tree_root)
-            result = (str(metadata["resourceVersion"]), {**self._carried.get(tree_root, {}), **stored})
-            self._cache[tree_root] = result
-            self._cached_at[tree_root] = self.monotonic()
-            listed = tree_root in self._registered
+                                until - now)
+                terminating, held = (until, str(deleted_at)), max(held, until)
+            result = record.read(uid, str(metadata["resourceVersion"]), stored, held, counted_through, terminating)
+            listed = record.listed
         if not listed and not deleted_at:
             # A ledger made before the registry existed, or whose maker stopped before listing it.
             self._register(tree_root)
         return result
 
-    def _missing(self, tree_root: str, listed_before: bool) -> tuple[str, dict[str, shared_ledger.StoredReservation]]:
+    def _missing(self, tree_root: str, listed_before: bool) -> tuple[str, Stored]:
         """The object is not there: a new tree, or a ledger lost. A replica that knew the object
-        holds the tree (``_lost``); one that did not asks the registry whether there was one.
+        holds the tree (``TreeLedger.lost``); one that did not asks the registry whether there was one.
 
         A tree is listed only once its ledger exists, so a ledger found missing after the registry
         listed its tree was lost. Listed now, but missing a moment before, proves nothing: another
         replica may have made and listed it in between (the first admissions of a new tree do), so the
         ledger is read once more."""
         with self._lock:
-            self._lost(tree_root)
-            self._registered.discard(tree_root)  # whoever creates it next lists it again
-            judged = tree_root in self._missing_judged
+            record, now = self._tree(tree_root), self.clock()
+            self._log_carried(tree_root, record.lost(now, now + self.hold_seconds))
+            record.listed = False  # whoever creates it next lists it again
+            judged = record.missing_judged
         if not judged and not listed_before and self._registry_lists(tree_root):
             return self.read(tree_root, fresh=True, listed_before=True)
-        if not judged and listed_before:
-            with self._lock:
-                if tree_root not in self._missing_judged:
-                    until = self.clock() + self.hold_seconds
-                    log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s is missing, but the tree is "
-                                "listed in %s/%s: it was removed without its finalizer; holding the tree for "
-                                "%.1fs, until what it held has expired", self.namespace,
-                                shared_ledger.ledger_object_name(tree_root), tree_root, self.namespace,
-                                shared_ledger.REGISTRY_OBJECT_NAME, self.hold_seconds)
-                    self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
-                    self._hold_causes[tree_root] = "was deleted"
-                    self._missing_judged.add(tree_root)
-                self._registered.add(tree_root)
         with self._lock:
-            return "", dict(self._carried.get(tree_root, {}))
+            record = self._tree(tree_root)
+            if not judged and listed_before and record.lost_while_listed(self.clock(), self.hold_seconds):
+                log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s is missing, but the tree is "
+                            "listed in %s/%s: it was removed without its finalizer; holding the tree for "
+                            "%.1fs, until what it held has expired", self.namespace,
+                            shared_ledger.ledger_object_name(tree_root), tree_root, self.namespace,
+                            shared_ledger.REGISTRY_OBJECT_NAME, self.hold_seconds)
+            return "", dict(record.carried)
+
+    def _log_carried(self, tree_root: str, carried: int) -> None:
+        if carried:
+            log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s was deleted; carrying the %d "
+                        "reservations this replica knew into its next write", self.namespace,
+                        shared_ledger.ledger_object_name(tree_root), tree_root, carried)
 
     def _registry_lists(self, tree_root: str) -> bool:
         with _registry_errors():
@@ -194,10 +167,9 @@ class LedgerStore:
         with _registry_errors():
             self.registry.add(tree_root)
         with self._lock:
-            self._registered.add(tree_root)
+            self._tree(tree_root).listed = True
 
-    def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[
-            str, dict[str, shared_ledger.StoredReservation]]:
+    def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[str, Stored]:
         """The object exists but cannot be read (hand-edited, written by an incompatible version):
         handled as a loss of what it held, and rebuilt over it by the next write (``rebuilding``).
 
@@ -207,177 +179,95 @@ class LedgerStore:
         The podsCountedThrough it may have held is replaced by the newest resourceVersion of the
         pods that exist (``write``). A deleted object stays kept by its finalizer until the hold
         ends, then goes as any deleted ledger does (``finish_deletion``)."""
-        name = shared_ledger.ledger_object_name(tree_root)
         with self._lock:
-            now = self.clock()
-            if tree_root not in self._rebuilding:
+            record = self._tree(tree_root)
+            deleted_at = metadata.get("deletionTimestamp")
+            if record.unreadable(self.clock(), self.hold_seconds, str(deleted_at) if deleted_at else None):
                 log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s cannot be read (%s); rebuilding it "
                             "and holding the tree for %.1fs, until what it may have held has expired",
-                            self.namespace, name, tree_root, problem, self.hold_seconds)
-                self._rebuilding[tree_root] = now + self.hold_seconds
-                self._hold_causes[tree_root] = "could not be read and is being rebuilt"
-                self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), now + self.hold_seconds)
-            until = self._rebuilding[tree_root]
-            known = self._known.pop(tree_root, None)
-            if known is not None and known[1]:  # what this replica last read there goes back in
-                carried = self._carried.setdefault(tree_root, {})
-                carried.update({key: item for key, item in known[1].items() if key not in carried})
-            deleted_at = metadata.get("deletionTimestamp")
-            if deleted_at and tree_root not in self._terminating:
-                self._terminating[tree_root] = (until, str(deleted_at))
-            self._cache.pop(tree_root, None)
-            return str(metadata["resourceVersion"]), dict(self._carried.get(tree_root, {}))
+                            self.namespace, shared_ledger.ledger_object_name(tree_root), tree_root, problem,
+                            self.hold_seconds)
+            return str(metadata["resourceVersion"]), dict(record.carried)
 
     def hold_cause(self, tree_root: str) -> str:
         """What the tree's hold follows from, for refusals (a hold read from the object does not say)."""
         with self._lock:
-            return self._hold_causes.get(tree_root, "was deleted or could not be read")
+            return self._tree(tree_root).hold_cause or "was deleted or could not be read"
 
     def rebuilding(self, tree_root: str) -> bool:
         """Whether the object was found unreadable and this replica has not written it over yet."""
         with self._lock:
-            return tree_root in self._rebuilding
+            return self._tree(tree_root).rebuilding_until is not None
 
-    def newest_pod_version(self) -> int:
-        """The highest resourceVersion of the pods that exist (a consistent, paged list): every watch
-        that has got that far has shown each of them, so it counts every pod whose reservation an
-        unreadable ledger may have dropped."""
-        newest, token = 0, None
-        while True:
-            page = orjson.loads(self.core.list_pod_for_all_namespaces(limit=500, _continue=token,
-                                                                      _preload_content=False).data)
-            for item in page.get("items", []):
-                newest = max(newest, resource_version((item.get("metadata") or {}).get("resourceVersion")))
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return newest
-
-    def _lost(self, tree_root: str, hold_until: float | None = None) -> None:
-        """The object this replica knew is gone: carry what it held, hold the tree (lock held)."""
-        terminating = self._terminating.pop(tree_root, None)
-        if terminating is not None and self.clock() >= terminating[0]:
-            # Gone through its finalizer once everything it held had expired: nothing was lost.
-            self._missing_judged.add(tree_root)
-            self._cache.pop(tree_root, None)
-            self._known.pop(tree_root, None)
-            self._carried.pop(tree_root, None)
-            return
-        self._cache.pop(tree_root, None)
-        known = self._known.pop(tree_root, None)
-        if known is not None:  # noticed now; a tree already found missing keeps its first hold
-            until = hold_until if hold_until is not None else self.clock() + self.hold_seconds
-            self._recovering[tree_root] = max(self._recovering.get(tree_root, 0.0), until)
-            self._hold_causes[tree_root] = "was deleted"
-            self._missing_judged.add(tree_root)
-        if known is not None and known[1]:
-            carried = self._carried.setdefault(tree_root, {})
-            carried.update({key: item for key, item in known[1].items() if key not in carried})
-            log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s was deleted; carrying the %d "
-                        "reservations this replica knew into its next write", self.namespace,
-                        shared_ledger.ledger_object_name(tree_root), tree_root, len(carried))
+    def list_trees(self) -> list[str]:
+        return ledger_trees(self.core, self.namespace)
 
     def recovering_until(self, tree_root: str) -> float:
         """Until when (wall clock) the tree is held after its object was found deleted; 0: not held."""
         with self._lock:
-            return self._recovering.get(tree_root, 0.0)
+            return self._tree(tree_root).held_until
 
     def drop_carried(self, tree_root: str) -> None:
         with self._lock:
-            self._carried.pop(tree_root, None)
+            self._tree(tree_root).carried = {}
 
     def carrying(self, tree_root: str) -> bool:
         """Whether reservations of a deleted object still wait to be written back."""
         with self._lock:
-            return bool(self._carried.get(tree_root))
+            return bool(self._tree(tree_root).carried)
 
     def known_trees(self) -> set[str]:
         """The trees this replica has read or written, whether or not their object still exists."""
         with self._lock:
-            return set(self._known) | set(self._carried) | set(self._cache)
-
-    def pod_uid(self, namespace: str, name: str) -> str | None:
-        """The uid of the pod stored under that name, None when there is none (a consistent read)."""
-        try:
-            response = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise LedgerUnavailable(f"cannot read pod {namespace}/{name}: {error.status} {error.reason}") from None
-        return str(orjson.loads(response.data)["metadata"].get("uid", ""))
+            return {tree for tree, record in self._trees.items()
+                    if record.known is not None or record.carried or record.copy is not None}
 
     def finish_deletion(self, tree_root: str, version: str) -> bool:
         """Once everything a deleted object held has expired, drop its finalizer so the apiserver
         removes it; True when that was tried (the caller reads again, and may create a new one)."""
         with self._lock:
-            terminating = self._terminating.get(tree_root)
+            terminating = self._tree(tree_root).terminating
         if terminating is None or not version or self.clock() < terminating[0]:
             return False
         # Unlisted first: a replica that finds it missing afterwards must take the tree for a new one.
         with _registry_errors():
             self.registry.remove(tree_root)
         with self._lock:
-            self._registered.discard(tree_root)
+            self._tree(tree_root).listed = False
         self.write(tree_root, version, {}, release=True)
         return True
-
-    def check_writable(self) -> None:
-        """Raise LedgerUnavailable unless a ledger could be created in the namespace now (a dry run:
-        the namespace exists, this replica may create ConfigMaps in it, the apiserver answers)."""
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": f"{shared_ledger.LEDGER_NAME_PREFIX}write-check", "namespace": self.namespace}}
-        try:
-            self.core.create_namespaced_config_map(self.namespace, body, dry_run="All", field_manager=FIELD_MANAGER,
-                                                   _request_timeout=LEDGER_CHECK_TIMEOUT_SECONDS,
-                                                   _preload_content=False)
-        except ApiException as error:
-            if error.status == 409:  # a ledger of that name exists: creating is allowed there
-                return
-            raise LedgerUnavailable(f"cannot write ledger ConfigMaps in namespace {self.namespace}: "
-                                    f"{error.status} {error.reason}") from None
-        except Exception as error:  # connection errors of every kind
-            raise LedgerUnavailable(f"cannot reach the apiserver to write ledger ConfigMaps in namespace "
-                                    f"{self.namespace}: {error}") from None
 
     def pods_counted_through(self, tree_root: str) -> int:
         """How far a replica's pod watch must have got to decide on the copy of ``tree_root`` last read."""
         with self._lock:
-            return self._pods_counted_through.get(tree_root, 0)
+            return self._tree(tree_root).pods_counted_through
 
-    def _hold_to_record(self, tree_root: str) -> float:
-        with self._lock:
-            until = self._recovering.get(tree_root, 0.0)
-            return until if until > self.clock() else 0.0
-
-    def list_trees(self) -> list[str]:
-        """The quota trees that have a ledger object, from their label (any replica may have made them)."""
-        listed = orjson.loads(self.core.list_namespaced_config_map(
-            self.namespace, label_selector=MANAGED_SELECTOR, _preload_content=False).data)
-        return sorted(str(item["metadata"]["labels"][TREE_LABEL]) for item in listed.get("items", [])
-                      if TREE_LABEL in (item["metadata"].get("labels") or {}))
-
-    def write(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
-              release: bool = False, pods_counted_through: int = 0) -> bool:
+    def write(self, tree_root: str, version: str, stored: Stored, release: bool = False,
+              pods_counted_through: int = 0) -> bool:
         """Store ``stored`` if the object is still at ``version`` (absent: ""); False on a conflict.
 
         A ledger of a tree the registry does not list is created with nothing new in it (what this
         replica carried, the hold), then the tree is listed, then ``stored`` is written: no ledger holds
         a reservation while a replica that finds it missing could take its tree for a new one.
-        (``_registered`` is what the registry said when the object was last found missing.)
+        (``listed`` is what the registry said when the object was last found missing.)
         """
-        if not version and not release and tree_root not in self._registered:
-            with self._lock:
-                carried = dict(self._carried.get(tree_root, {}))
+        with self._lock:
+            record = self._tree(tree_root)
+            listed, carried = record.listed, dict(record.carried)
+        if not version and not release and not listed:
             if not self._put(tree_root, "", carried, pods_counted_through=pods_counted_through):
                 return False
             self._register(tree_root)
             if stored == carried:
                 return True
             with self._lock:
-                version = self._cache[tree_root][0]
+                copy = self._tree(tree_root).copy
+                assert copy is not None  # the create just stored it
+                version = copy[0]
         return self._put(tree_root, version, stored, release, pods_counted_through)
 
-    def _put(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
-             release: bool = False, pods_counted_through: int = 0) -> bool:
+    def _put(self, tree_root: str, version: str, stored: Stored, release: bool = False,
+             pods_counted_through: int = 0) -> bool:
         """One create or replace of the object (``write``); False on a conflict.
 
         ``pods_counted_through``: the pod resourceVersion of what ``stored`` dropped because this
@@ -388,22 +278,14 @@ class LedgerStore:
         drops the finalizer of a deleted object, which the apiserver then removes.
         """
         name = shared_ledger.ledger_object_name(tree_root)
-        labels = {MANAGED_BY_LABEL: MANAGED_BY}
-        if len(tree_root) <= 63:
-            labels[TREE_LABEL] = tree_root
-        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels,
-                                    "finalizers": [] if release else [LEDGER_FINALIZER]}
         if self.rebuilding(tree_root) and not release:
-            pods_counted_through = max(pods_counted_through, self.newest_pod_version())
+            pods_counted_through = max(pods_counted_through, newest_pod_version(self.core))
         with self._lock:
-            terminating = self._terminating.get(tree_root)
-            counted_through = max(pods_counted_through, self._pods_counted_through.get(tree_root, 0))
-        if terminating is not None:  # a deleted object's deletionTimestamp cannot be taken back
-            metadata["deletionTimestamp"] = terminating[1]
-        body: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
-            "data": shared_ledger.encode(stored.values(), self._hold_to_record(tree_root), counted_through),
-        }
+            record = self._tree(tree_root)
+            terminating, hold = record.terminating, record.hold_to_record(self.clock())
+            counted_through = max(pods_counted_through, record.pods_counted_through)
+        body = ledger_body(self.namespace, tree_root, stored.values(), hold, counted_through, release=release,
+                           deleted_at=terminating[1] if terminating is not None else None)
         try:
             if version:
                 body["metadata"]["resourceVersion"] = version
@@ -414,43 +296,29 @@ class LedgerStore:
                 response = self.core.create_namespaced_config_map(self.namespace, body, field_manager=FIELD_MANAGER,
                                                                   _preload_content=False)
         except ApiException as error:
+            with self._lock:
+                record = self._tree(tree_root)
+                if error.status == 404 and version:
+                    now = self.clock()
+                    self._log_carried(tree_root, record.lost(now, now + self.hold_seconds))
+                # A conflict, or a 5xx (etcd timing out, say), which does not prove the write did not land.
+                record.copy = None
             if error.status == 409 or (error.status == 404 and version):
-                with self._lock:
-                    if error.status == 404:
-                        self._lost(tree_root)
-                    self._cache.pop(tree_root, None)
                 return False
-            with self._lock:  # a 5xx (etcd timing out, say) does not prove the write did not land
-                self._cache.pop(tree_root, None)
             raise LedgerUnavailable(f"cannot write ConfigMap {self.namespace}/{name}: {error.status} "
                                     f"{error.reason}") from None
         except BaseException:  # no answer: the write may have landed, so the cached copy may be stale
             with self._lock:
-                self._cache.pop(tree_root, None)
+                self._tree(tree_root).copy = None
             raise
         written = orjson.loads(response.data)["metadata"]
         with self._lock:
-            if release:  # gone now; a read finds it missing, and _lost knows nothing was lost
-                self._cache.pop(tree_root, None)
-                self._known.pop(tree_root, None)
-                self._rebuilding.pop(tree_root, None)
-                return True
-            # What was carried is in the object now (or was pruned from it on purpose), and it reads.
-            self._carried.pop(tree_root, None)
-            self._rebuilding.pop(tree_root, None)
-            self._missing_judged.discard(tree_root)
-            self._pods_counted_through[tree_root] = counted_through
-            self._known[tree_root] = (str(written.get("uid", "")), stored)
-            self._cache[tree_root] = (str(written["resourceVersion"]), stored)
-            self._cached_at[tree_root] = self.monotonic()
+            record = self._tree(tree_root)
+            if release:  # gone now; a read finds it missing, and ``lost`` knows nothing was lost
+                record.released()
+            else:
+                record.written(str(written.get("uid", "")), str(written["resourceVersion"]), stored, counted_through)
         return True
-
-    def copy_age(self, tree_root: str) -> float:
-        """Seconds since the cached copy of the tree's object was read or written (inf: none cached)."""
-        with self._lock:
-            if tree_root not in self._cache:
-                return float("inf")
-            return self.monotonic() - self._cached_at.get(tree_root, -float("inf"))
 
 
 @contextlib.contextmanager
@@ -460,12 +328,3 @@ def _registry_errors() -> Iterator[None]:
         yield
     except RegistryUnavailable as error:
         raise LedgerUnavailable(str(error)) from None
-
-
-def _created(metadata: dict[str, Any]) -> float:
-    """An object's creationTimestamp in wall-clock seconds, rounded up (it is kept to the second)."""
-    try:
-        stamp = datetime.strptime(str(metadata["creationTimestamp"]), "%Y-%m-%dT%H:%M:%SZ")
-    except (KeyError, ValueError):
-        return time.time()  # unknown: no later than now
-    return stamp.replace(tzinfo=UTC).timestamp() + 1.0

@@ -11,7 +11,8 @@ The Lease picks the writer; it guards nothing. Two replicas that both believe th
 partition, a paused holder that wakes up) are still correct, because the ledger's preconditions
 decide; they only conflict again. So expiry is judged the way client-go's leader election judges it,
 by how long this replica has seen the record unchanged on its own monotonic clock, never by the
-timestamps another host wrote, and a holder that cannot renew keeps deciding its own admissions.
+timestamps another host wrote. A replica that cannot ask the holder decides its own admissions in
+the degraded mode (``accounting.Mode.DEGRADED``), safe by the compare-and-swap alone.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from typing import Any
 import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from webhook.quota import metrics
 
 log = logging.getLogger("gpuquota.quota")
 # How long a holder that stops renewing stays the writer in the others' eyes. Until then they keep
@@ -126,21 +125,15 @@ class WriterLease:
         """Whether ``record`` has stood unchanged for its whole duration by this replica's clock (lock held)."""
         return now >= self._observed_at + record.duration_seconds
 
-    def role(self) -> str:
-        """One of metrics.WRITER_ROLES."""
-        if self.holds():
-            return "writer"
-        return "forwarding" if self.writer_elsewhere() is not None else "deciding_itself"
-
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, after_round: Callable[[], object] = lambda: None) -> None:
+        """Step every RENEW_EVERY_SECONDS until ``stop``; ``after_round``: told after each round (the
+        role gauge, ``forwarding.SingleWriter.report_role``)."""
         while True:
             try:
                 self.step()
             except Exception as error:  # the API down, a bad object: try again next round, never die
                 log.warning("writer lease %s/%s: %s: %s", self.namespace, self.name, type(error).__name__, error)
-            role = self.role()
-            for each in metrics.WRITER_ROLES:
-                metrics.LEDGER_WRITER_ROLE.labels(each).set(1 if each == role else 0)
+            after_round()
             if stop.wait(RENEW_EVERY_SECONDS):
                 return
 

@@ -3,39 +3,36 @@ replicas exactly one of two racing gangs is admitted, and none in part (fake Con
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 
 import pytest
+from fakeledger import LEDGER, QUOTA_LABEL, RATIO, FakeCore, Replica, slow_writes
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
-from tests.quota.test_strict_commit import LEDGER, QUOTA_LABEL, RATIO, FakeCore, Replica
+from webhook.quota.strict.accounting import Mode
+from webhook.quota.strict.withdrawals import Withdrawal, withdraw
 
 GANG = "gang.scheduling.koordinator.sh/"
 
 
-def member(replica: Replica, gang: str, index: int, minimum: int = 8) -> bool:
+def member(replica: Replica, gang: str, index: int, minimum: int = 8, mode: Mode = Mode.WRITER,
+           answer_by: float = math.inf) -> bool:
     return replica.accounting.admit_pod(PodAdmission(
         uid=f"adm-{gang}-{index}", operation="CREATE", namespace="team", name=f"{gang}-{index}",
         pod_uid=f"uid-{gang}-{index}", labels={QUOTA_LABEL: "team-a"}, canonical_requests={RATIO: "100"},
-        gang_annotations={GANG + "name": gang, GANG + "min-available": str(minimum)})).allowed
+        gang_annotations={GANG + "name": gang, GANG + "min-available": str(minimum)}), answer_by, mode).allowed
 
 
-@pytest.fixture
-def clock() -> list[float]:
-    return [1_000_000.0]
-
-
-@pytest.fixture
-def core(clock: list[float]) -> FakeCore:
-    return FakeCore(clock)
-
-
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mode", [Mode.WRITER, Mode.DEGRADED], ids=["writer", "degraded"])
+@pytest.mark.parametrize("seed", range(3))
 def test_two_gangs_racing_across_three_replicas_admit_exactly_one_whole(core: FakeCore, clock: list[float],
-                                                                        seed: int) -> None:
-    # Escrow on: gang members never go through it, so it must not change the outcome.
+                                                                        seed: int, mode: Mode) -> None:
+    # Escrow on: gang members never go through it, so it must not change the outcome. Three deciders
+    # at once (each a writer, as during a hand-over, or each degraded): only the ledger's
+    # preconditions keep them apart.
     replicas = [Replica(core, f"r{n}", clock, room=1000, escrow=32) for n in range(3)]
     order = [(gang, index) for index in range(8) for gang in ("gang-a", "gang-b")]
     rng = random.Random(seed)
@@ -43,7 +40,7 @@ def test_two_gangs_racing_across_three_replicas_admit_exactly_one_whole(core: Fa
     lock = threading.Lock()
 
     def create(gang: str, index: int) -> None:
-        allowed = member(rng.choice(replicas), gang, index)
+        allowed = member(rng.choice(replicas), gang, index, mode=mode)
         with lock:
             results[gang].append(allowed)
 
@@ -76,3 +73,33 @@ def test_a_gang_reservation_is_stored_with_its_opening_member_and_read_back_by_a
     assert second.admit("plain-0", "200").allowed
     assert not second.admit("plain-1").allowed
     assert all(member(second, "gang-a", index) for index in range(1, 8))
+
+
+def test_a_late_opening_members_withdrawal_takes_its_gang_reservation_with_it(core: FakeCore,
+                                                                                clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, room=1000, monotonic=monotonic)
+    assert replica.admit("plain-0").allowed
+    slow_writes(core, monotonic, 3.0)
+    # The opening member's write returns after its worker's deadline: refused, so nothing it wrote
+    # may hold room, its gang's reservation included.
+    assert not member(replica, "gang-a", 0, answer_by=monotonic[0] + 1.75)
+    assert {"team/gang-a-0", "~gang/team/gang-a"} <= set(shared_ledger.decode(core.config_maps[LEDGER]["data"]))
+    replica.settle()
+    assert set(shared_ledger.decode(core.config_maps[LEDGER]["data"])) == {"team/plain-0"}
+
+
+def test_a_gang_reservation_another_member_draws_from_stays_when_its_opener_is_withdrawn(
+        core: FakeCore, clock: list[float]) -> None:
+    monotonic = [500.0]
+    replica = Replica(core, "r1", clock, room=1000, monotonic=monotonic)
+    assert member(replica, "gang-a", 1)  # answered: its "allowed" rests on the gang's reservation
+    stored = shared_ledger.decode(core.config_maps[LEDGER]["data"])
+    keep = dict(stored)
+    opener = keep["team/gang-a-1"].reservation
+    withdraw(keep, [Withdrawal("team/gang-a-1", opener.admission_uid)])
+    assert "~gang/team/gang-a" not in keep  # no other member drew from it
+    assert member(replica, "gang-a", 2)
+    keep = dict(shared_ledger.decode(core.config_maps[LEDGER]["data"]))
+    withdraw(keep, [Withdrawal("team/gang-a-1", opener.admission_uid)])
+    assert "~gang/team/gang-a" in keep and "team/gang-a-2" in keep

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.quota.strict.forwarding import join_address, split_address
+from webhook.quota.strict.peer import join_address, split_address
 from webhook.quota.strict.writer_lease import ADDRESS_ANNOTATION, LEASE_DURATION_SECONDS, LeaseRecord, Step, next_step
 
 

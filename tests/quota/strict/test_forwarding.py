@@ -21,8 +21,10 @@ from controlplane import LOOPBACK
 from webhookproc import generate_certs
 
 from gpuquota_core.pod_admission import PodAdmission, Verdict
-from webhook.quota.strict import forwarding
-from webhook.quota.strict.forwarding import PeerClient, PeerListener, ServingKey, SingleWriter
+from webhook.quota.strict import peer
+from webhook.quota.strict.accounting import Mode
+from webhook.quota.strict.forwarding import SingleWriter
+from webhook.quota.strict.peer import PeerClient, PeerListener, ServingKey, bind_peer_socket
 from webhook.quota.wire import FrameReader, send_frame
 
 ADMISSION = PodAdmission(uid="review-1", operation="CREATE", namespace="team-a", name="trainer-0", pod_uid="",
@@ -31,23 +33,38 @@ ADMISSION = PodAdmission(uid="review-1", operation="CREATE", namespace="team-a",
 
 
 class Recorder:
-    """Decides every admission as ``verdict`` and remembers what it was asked, with the deadline."""
+    """Decides every admission as ``verdict`` and remembers what it was asked, with the deadline and
+    the mode; takes every report of unanswered admissions."""
 
     def __init__(self, verdict: Verdict) -> None:
         self.verdict = verdict
         self.asked: list[tuple[PodAdmission, float]] = []
+        self.modes: list[Mode] = []
+        self.reported: list[PodAdmission] = []
 
-    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict:
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf, mode: Mode = Mode.WRITER) -> Verdict:
         self.asked.append((admission, answer_by))
+        self.modes.append(mode)
         return self.verdict
+
+    def admit_forwarded(self, admission: PodAdmission, answer_by: float) -> Verdict:
+        return self.admit_pod(admission, answer_by)
+
+    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool:
+        self.reported.extend(admissions)
+        return True
 
 
 class FixedLease:
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, holds: bool = False) -> None:
         self.address = address
+        self.held = holds
 
     def writer_elsewhere(self) -> str | None:
         return self.address
+
+    def holds(self) -> bool:
+        return self.held
 
 
 def serving_key(directory: Path) -> ServingKey:
@@ -63,7 +80,7 @@ def key(tmp_path_factory: pytest.TempPathFactory) -> ServingKey:
 @pytest.fixture
 def writer(key: ServingKey) -> Iterator[tuple[PeerListener, Recorder]]:
     decided = Recorder(Verdict(False, "exceeded quota: team-a/team-a", reason="QuotaExceeded"))
-    listener = PeerListener(LOOPBACK, 0, key, decided)
+    listener = PeerListener(bind_peer_socket(LOOPBACK, 0), key, decided)
     listener.start()
     try:
         yield listener, decided
@@ -143,7 +160,7 @@ def test_an_admission_the_writer_reads_after_its_deadline_is_decided_by_the_forw
     # The writer's clock ten seconds on: what a writer paused while the admission waited in its
     # socket sees when it resumes. It must not decide what nobody waits for any more.
     decided = Recorder(Verdict(True))
-    listener = PeerListener(LOOPBACK, 0, key, decided, clock=lambda: time.time() + 10)
+    listener = PeerListener(bind_peer_socket(LOOPBACK, 0), key, decided, clock=lambda: time.time() + 10)
     listener.start()
     try:
         here = Recorder(Verdict(False, "exceeded quota: team-a/team-a", reason="QuotaExceeded"))
@@ -157,10 +174,10 @@ def test_an_admission_the_writer_reads_after_its_deadline_is_decided_by_the_forw
 
 def test_a_connection_that_asks_nothing_is_closed_and_does_not_keep_its_thread(
         key: ServingKey, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forwarding, "FIRST_REQUEST_SECONDS", 0.2)
-    monkeypatch.setattr(forwarding, "MAX_PEER_CONNECTIONS", 1)
+    monkeypatch.setattr(peer, "FIRST_REQUEST_SECONDS", 0.2)
+    monkeypatch.setattr(peer, "MAX_PEER_CONNECTIONS", 1)
     decided = Recorder(Verdict(True))
-    listener = PeerListener(LOOPBACK, 0, key, decided)
+    listener = PeerListener(bind_peer_socket(LOOPBACK, 0), key, decided)
     listener.start()
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
@@ -173,3 +190,36 @@ def test_a_connection_that_asks_nothing_is_closed_and_does_not_keep_its_thread(
         assert forwarding_writer.admit_pod(ADMISSION) == Verdict(True)
     finally:
         listener.close()
+
+
+def test_a_forwarders_report_of_unanswered_admissions_is_written_by_the_writer(
+        key: ServingKey, writer: tuple[PeerListener, Recorder]) -> None:
+    listener, decided = writer
+    here = Recorder(Verdict(True))
+    forwarding = SingleWriter(here, FixedLease(f"{LOOPBACK}:{listener.port}"), PeerClient(key))  # type: ignore[arg-type]
+
+    assert forwarding.withdraw_unanswered([ADMISSION]) is True
+    assert decided.reported == [ADMISSION] and here.reported == []
+
+
+def test_a_replica_that_cannot_ask_the_writer_decides_and_withdraws_here_in_the_degraded_mode(
+        key: ServingKey, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as closed:  # the writer's port is closed: its quota service died
+        closed.bind((LOOPBACK, 0))
+        address = f"{LOOPBACK}:{closed.getsockname()[1]}"
+    here = Recorder(Verdict(True))
+    forwarding = SingleWriter(here, FixedLease(address), PeerClient(key))  # type: ignore[arg-type]
+
+    with caplog.at_level("WARNING", logger="gpuquota.quota"):
+        assert forwarding.admit_pod(ADMISSION) == Verdict(True)
+    assert here.modes == [Mode.DEGRADED] and forwarding.role() == "degraded"
+    assert "entering the degraded mode" in caplog.text
+    assert forwarding.withdraw_unanswered([ADMISSION]) and here.reported == [ADMISSION]
+
+
+def test_the_holder_decides_as_the_writer_and_a_replica_without_a_holder_is_degraded(key: ServingKey) -> None:
+    holder = Recorder(Verdict(True))
+    assert SingleWriter(holder, FixedLease(None, holds=True), PeerClient(key)).admit_pod(ADMISSION)  # type: ignore[arg-type]
+    nobody = Recorder(Verdict(True))
+    assert SingleWriter(nobody, FixedLease(None), PeerClient(key)).admit_pod(ADMISSION)  # type: ignore[arg-type]
+    assert (holder.modes, nobody.modes) == ([Mode.WRITER], [Mode.DEGRADED])

@@ -1,0 +1,107 @@
+"""Withdrawals: taking out of a ledger the room reserved for admissions whose "allowed" never left.
+
+Two paths lead here, and both end in one rule. A late answer: the writer decided an admission, but
+its write ended after the worker's deadline, or failed without saying whether it landed, so the
+worker never got "allowed". An unanswered admission: the worker got no answer at all from its
+quota service (it died or hung with the admission) and refused the pod 503 ``QuotaServiceDown``;
+it reports the admission until a service takes the report (``webhook.quota.client``), and a
+forwarder passes the report on to the writer (``webhook.quota.strict.forwarding``).
+
+Removing a reservation is safe only when no "allowed" ever reached the apiserver for it, so its
+pod cannot be stored on its strength. The rule (:meth:`Withdrawal.matches`): a withdrawal names a
+pod key and the uid of the AdmissionReview that was refused, and it removes the entry under that
+key only while that entry was written for exactly that review, whichever replica wrote it.
+
+That rests on one fact of the apiserver: it never sends a review uid again once it has an answer
+for it. A client that retries a refused create makes a new request, hence a new review with a new
+uid, and the entry written for that one is never taken by the earlier review's withdrawal
+(``tests/quota/strict/test_withdrawals.py`` holds it). A review the apiserver re-sends after a
+broken connection keeps its uid, but then the apiserver never got the earlier answer either.
+
+The committer takes what is queued when it starts a write and puts it back if the write does not
+land, so a withdrawal reported while a write is in flight waits for the next one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
+
+from gpuquota_core import shared_ledger
+from gpuquota_core.ledger import Reservation
+from gpuquota_core.pod_admission import Verdict
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """The entry ``pod_key`` as written for the review ``review_uid`` (an escrow entry: its key and
+    the escrow's marker uid), to be taken out of the ledger by the next write of its tree."""
+
+    pod_key: str
+    review_uid: str
+
+    def matches(self, item: shared_ledger.StoredReservation) -> bool:
+        """The one matching rule (see the module docstring)."""
+        return item.reservation.admission_uid == self.review_uid
+
+
+def withdraw(keep: MutableMapping[str, shared_ledger.StoredReservation], withdrawals: Iterable[Withdrawal]) -> bool:
+    """Take the matching entries out of ``keep``; whether any was still there.
+
+    A gang member's withdrawal also takes the gang reservation that same review opened, while no
+    other member's entry draws from it: room held for a gang whose opening "allowed" never left
+    would otherwise wait for the gang's waiting time. Once another member draws from it, that
+    member's "allowed" rests on it, and it stays.
+    """
+    withdrawn = False
+    for withdrawal in withdrawals:
+        item = keep.get(withdrawal.pod_key)
+        if item is not None and withdrawal.matches(item):
+            del keep[withdrawal.pod_key]
+            withdrawn = True
+            gang = item.reservation.gang
+            opened = keep.get(shared_ledger.gang_key(gang)) if gang else None
+            if opened is not None and withdrawal.matches(opened) and not any(
+                    other.reservation.gang == gang for other in keep.values()):
+                del keep[shared_ledger.gang_key(gang)]
+    return withdrawn
+
+
+def late_answers(answer_by: Sequence[float], results: Sequence[tuple[Verdict, Reservation | None]],
+                 held_before: set[str], finished: float) -> tuple[set[int], list[Withdrawal]]:
+    """Of a written batch (each job's deadline, and its verdict and reservation), the jobs admitted
+    after their worker's deadline (``finished``: when the write returned), and the withdrawals of
+    what was written only for them: never an entry an answered admission shares, one of the same pod
+    earlier in the ledger (``held_before``) or in this batch."""
+    late = {index for index, (deadline, (verdict, _)) in enumerate(zip(answer_by, results, strict=True))
+            if verdict.allowed and finished >= deadline}
+    answered = {r.pod_key for index, (_, r) in enumerate(results) if r is not None and index not in late}
+    return late, [Withdrawal(r.pod_key, r.admission_uid) for index in sorted(late)
+                  if (r := results[index][1]) is not None and r.pod_key not in held_before | answered]
+
+
+class PendingWithdrawals:
+    """The withdrawals of one tree waiting for its next write (any thread may add; the tree's
+    committer takes them, and puts back what a failed write did not store)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[Withdrawal] = []
+
+    def add(self, withdrawals: Iterable[Withdrawal]) -> None:
+        with self._lock:
+            self._pending.extend(withdrawals)
+
+    def take(self) -> list[Withdrawal]:
+        """Everything queued now, removed from the queue in the same step."""
+        with self._lock:
+            taken, self._pending = self._pending, []
+            return taken
+
+    def put_back(self, withdrawals: Iterable[Withdrawal]) -> None:
+        self.add(withdrawals)
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._pending)
