@@ -17,11 +17,11 @@ from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from gpuquota_core.unjudged import why_unjudged
 from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
-from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
+from kubeaccess.manifests import ManifestSource
 
 from . import hints
 from .errors import CommandError
-from .inputs import nothing_read
+from .inputs import readable_manifests
 
 UNSCHEDULABLE_EXIT = 1
 
@@ -46,15 +46,10 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     """
     try:
         config: ConversionConfig = load_conversion_config(config_path)
-        sources = load_sources(paths)
-    except (ConfigFileError, ManifestError) as error:
+    except ConfigFileError as error:
         raise CommandError(str(error)) from None
-    except RecursionError:
-        # PyYAML's constructor recurses: a hostile document nested thousands deep ends here.
-        raise CommandError("input is nested too deeply to read") from None
-    objects = [obj for source in sources for obj in source.objects]
-    if not objects:
-        raise nothing_read(paths, nothing_to="convert")
+    read = readable_manifests(paths, nothing_to="convert")
+    sources, objects = read.sources, read.objects
     nodes = NodeView.from_objects(objects)
     converted: list[ConvertedObject] = []
     # What could not be converted, with its file: said on stderr, left as written in the output; one

@@ -18,7 +18,7 @@ from gpuquota_core.unjudged import ADMISSION_REVIEW
 
 from . import hints
 from .errors import CommandError, cluster_error
-from .inputs import objects_or_fail
+from .inputs import readable_objects
 
 STATE_KINDS = ("Node", "Pod", "ElasticQuota")
 
@@ -76,7 +76,7 @@ def from_files(paths: Iterable[str], nothing_to: str) -> Snapshot:
     """The cluster the files hold; files that hold no object at all are refused (see cli/inputs.py).
     An AdmissionReview is no part of a cluster: left out with a note naming its file, never silently."""
     origins: dict[int, str] = {}
-    objects = objects_or_fail(tuple(paths), nothing_to, origins=origins)
+    objects = readable_objects(tuple(paths), nothing_to, origins=origins)
     notes = [f"{origins.get(id(o), '<input>')}: AdmissionReview left out: {ADMISSION_REVIEW}"
              for o in objects if o.get("kind") == "AdmissionReview"]
     return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False, notes=notes)

@@ -32,13 +32,11 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScala
 from gpuquota_core.jsonpatch import Operation, PatchError, apply_in_place, unescape_pointer_token
 
 from . import library_pins
-from .manifests import ManifestError, ManifestSource, parse_documents
+from .manifests import DOCUMENT_MARKER, ManifestError, ManifestSource, parse_documents, split_documents
 
 # A long annotation value must not be folded onto several lines.
 _NO_WRAP = 1 << 16
 _QUOTED = (DoubleQuotedScalarString, SingleQuotedScalarString)
-# A document start marker line, bare or with a comment.
-_MARKER = re.compile(r"---(\s+#.*)?\s*")
 # "key:" (maybe with a comment) opening a nested block, and the line after it.
 _BLOCK_KEY = re.compile(r"(\s*)(- )?[^#\s][^#]*:\s*(#.*)?")
 
@@ -100,7 +98,7 @@ def _patched(source: ManifestSource, operations: list[list[Operation]], wanted: 
     mapping_indent, offset = guess_indent(source.text)
     pieces: list[str] = []
     position = 0
-    for chunk in _documents(source.text):
+    for chunk in split_documents(source.text):
         try:
             count = len(parse_documents(chunk, source.source))
         except ManifestError:
@@ -120,28 +118,6 @@ def _patched(source: ManifestSource, operations: list[list[Operation]], wanted: 
     if not matches:
         raise RoundTripError("the text written back would not read as the rewritten objects")
     return text
-
-
-def _documents(text: str) -> list[str]:
-    """The text cut before each ``---`` line that follows content: one document per piece.
-
-    A ``---`` at the start of a line is always a document marker (content, even a block scalar's,
-    is indented or cannot start with it), so cutting there never splits a document.
-    """
-    pieces: list[str] = []
-    current: list[str] = []
-    has_content = False
-    for line in text.splitlines(keepends=True):
-        if _MARKER.fullmatch(line.rstrip("\r\n")) and has_content:
-            pieces.append("".join(current))
-            current, has_content = [], False
-        elif line.strip() and not line.startswith(("#", "%")) and not line.lstrip().startswith("#") \
-                and not _MARKER.fullmatch(line.rstrip("\r\n")):
-            has_content = True  # comments and directives (%YAML) belong to the document they precede
-        current.append(line)
-    if current:
-        pieces.append("".join(current))
-    return pieces
 
 
 def _patched_document(chunk: str, operations: list[list[Operation]], mapping_indent: int, offset: int) -> str:
@@ -180,7 +156,7 @@ def _preamble(text: str) -> str:
     lines = text.splitlines(keepends=True)
     for index, line in enumerate(lines):
         stripped = line.strip()
-        if _MARKER.fullmatch(stripped):
+        if DOCUMENT_MARKER.fullmatch(stripped):
             return "".join(lines[: index + 1])
         if stripped and not stripped.startswith("#"):
             return ""
