@@ -293,7 +293,8 @@ def test_objects_given_as_context_are_not_written_out(tmp_path: Path) -> None:
         written = (documents[0]["items"] if output == "json" else documents[0] if output == "patch" else documents)
         assert sorted(d["kind"] + "/" + (d.get("metadata") or d)["name"] for d in written) == [
             "Pod/other", "Pod/trainer"], output
-        assert err.splitlines()[0] == "note: 2 ElasticQuotas, 2 Nodes read to decide as the webhook does, not written out"
+        assert err.splitlines()[0] == ("note: 2 ElasticQuotas, 2 Nodes read to decide as the webhook does, "
+                                       "not written out")
 
 
 def test_input_of_context_objects_only_is_nothing_to_convert(tmp_path: Path) -> None:
