@@ -18,6 +18,7 @@ from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from gpuquota_core.unjudged import why_unjudged
+from kubeaccess import collector
 from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
 from kubeaccess.manifests import ManifestSource, parse_documents, split_documents
 
@@ -38,6 +39,7 @@ CONTEXT_KINDS = ("ElasticQuota", "Node")
               help="The rewritten objects, or the RFC 6902 patch of each.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML conversion table; the built-in defaults without it.")
+@collector.paused()  # see kubeaccess/collector.py
 def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> None:
     """Print manifests with GPU requests in the canonical form the webhook stores.
 

@@ -26,7 +26,7 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # far faster, since the pure-Python loader builds its node graph in Python for every scalar and a
 # large ``kubectl get -o yaml`` snapshot is mostly scalars (see docs/benchmarks.md, "Mechanisms
 # kept"). PyYAML wheels ship it; a source build without libyaml falls back.
-_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # libyaml stops at its own depth bound (1,000 levels) with this problem text, where the Python
 # loader would hit RecursionError; both mean the same to the user.
 _LIBYAML_DEPTH_PROBLEM = "exceeded maximum nesting depth"
@@ -293,7 +293,7 @@ def load_yaml_documents(text: str, source: str, first_line: int = 1) -> list[Any
     make a document contain itself (a walk would never end).
     """
     try:
-        documents = list(yaml.load_all(text, Loader=_YAML_LOADER))
+        documents = list(yaml.load_all(text, Loader=YAML_LOADER))
     except yaml.MarkedYAMLError as error:
         if error.problem == _LIBYAML_DEPTH_PROBLEM:
             raise _too_deep(source) from None
@@ -307,7 +307,7 @@ def load_yaml_documents(text: str, source: str, first_line: int = 1) -> list[Any
         raise ManifestError(f"{source}: not valid YAML: {' '.join(str(error).split())}") from None
     except RecursionError:
         raise _too_deep(source) from None
-    if _may_share_nodes(text):
+    if may_share_nodes(text):
         for index, document in enumerate(documents):
             _check_aliases(document, f"{source} (document {index + 1})")
     return documents
@@ -318,7 +318,7 @@ def load_yaml_documents(text: str, source: str, first_line: int = 1) -> list[Any
 _ALIAS_TOKEN = re.compile(r"(?:^|[\s\[{,:])\*[^\s,\[\]{}\"']", re.MULTILINE)
 
 
-def _may_share_nodes(text: str) -> bool:
+def may_share_nodes(text: str) -> bool:
     """False when the text holds no alias, so nothing is shared and the alias walk can be skipped
     (it would visit every node of a large ``kubectl get -o yaml`` snapshot)."""
     return "*" in text and "&" in text and _ALIAS_TOKEN.search(text) is not None

@@ -150,8 +150,10 @@ def test_workload_template_and_untouched_objects_exact_yaml(tmp_path: Path) -> N
     code, out, err = run("-f", str(tmp_path / "d.yaml"))
 
     assert code == 0
-    # The input's flow style stays: only the resources and the annotation change.
-    assert out == """apiVersion: apps/v1
+    # The input's flow style stays: only the resources and the annotation change (its first, blank
+    # line too: only the lines of the rewritten mappings are written anew).
+    assert out == """
+apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web, namespace: ns}
 spec:
