@@ -233,6 +233,8 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
     if kind == "Job":
         replicas = spec.get("parallelism", 1)
+    elif kind == "CronJob":  # each run is a Job of the jobTemplate: its pods at once, as for a Job
+        replicas = mapping_or_empty(mapping_or_empty(spec.get("jobTemplate")).get("spec")).get("parallelism", 1)
     return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod,
                     replicas if isinstance(replicas, int) else None)]
 

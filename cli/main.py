@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import click
 
+from .completion import COMPLETE_VAR
 from .inputs import exit_status
 
 # (module, attribute) of every subcommand, in the order ``--help`` lists them.
@@ -190,4 +191,6 @@ def main() -> None:
     sys.stdout, sys.stderr = _whole_writes(sys.stdout), _whole_writes(sys.stderr)
     # As a kubectl plugin, help and usage errors name the command the user typed.
     plugin = Path(sys.argv[0]).name == "kubectl-gpuquota"
-    cli(prog_name="kubectl gpuquota" if plugin else "gpuquota")
+    # One completion variable for both names (cli/completion.py): click would derive another from
+    # "kubectl gpuquota", which no completion script sets.
+    cli(prog_name="kubectl gpuquota" if plugin else "gpuquota", complete_var=COMPLETE_VAR)

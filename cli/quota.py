@@ -98,6 +98,7 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         if not no_headers:
             click.echo(f"No ElasticQuotas{f' in namespace {namespace}' if namespace else ''}"
                        f"{f' matching {selector}' if selector is not None else ''}.")
+        _say_notes(view, state)  # why there is nothing, where a file held an AdmissionReview
         _end(view)
     coloured = output.use_colour(colour)
     # Only a terminal's width is fitted to: piped (`--color always | less -R`) nothing is cut.
@@ -109,11 +110,15 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         click.echo(render_pods(view))
     elif with_pods and any(quota_view.pods for quota_view in view.quotas):
         click.echo(_without_header(render_pods(view)))
+    _say_notes(view, state)
+    _end(view)
+
+
+def _say_notes(view: TreeView, state: snapshot.Snapshot) -> None:
     for note in [*view.notes, *state.notes, *(f"unreadable pod not counted: {p}" for p in view.unreadable_pods)]:
         click.echo(f"note: {note}", err=True)
     for message in view.problem_messages():
         click.echo(f"error: {message}", err=True)
-    _end(view)
 
 
 def _end(view: TreeView) -> NoReturn:

@@ -244,3 +244,14 @@ def test_colour_into_a_pipe_keeps_every_column(fmt: str) -> None:
     bars = re.compile(r"[█░]+ ")
     assert [bars.sub("", ANSI.sub("", line), count=1) for line in coloured.splitlines()] == plain.splitlines()
     assert "(4 cards)" in coloured
+
+
+def test_a_file_of_only_an_admission_review_gets_the_note_docs_promise(tmp_path: Path) -> None:
+    review = tmp_path / "review.json"
+    review.write_text((Path(EXAMPLE).parent / "requests" / "mutate-pod.json").read_text())
+
+    code, out, err = run("-f", str(review))
+
+    assert (code, out) == (0, "No ElasticQuotas.\n")
+    assert err == (f"note: {review}: AdmissionReview left out: an AdmissionReview is a request to the webhook, not "
+                   "an object of the cluster; `gpuquota explain -f FILE` answers it as the webhook would\n")
