@@ -112,31 +112,37 @@ def read_manifests(paths: Iterable[str | Path]) -> ManifestRead:
     ``convert`` writes back holds nothing that was left out.
     """
     read = ManifestRead([], [])
+    characters = 0
     with collector.paused():
         for path in paths:
             for source, text in _read_sources(str(path), lenient=True):
                 if isinstance(text, ManifestError):
                     read.skipped.append(str(text))
                     continue
+                characters += len(text)
                 try:
                     read.sources.append(ManifestSource(source, text, parse_documents(text, source)))
                     continue
                 except ManifestError as error:
-                    if _is_json(text, source):
+                    if source.endswith(".json"):
                         read.skipped.append(str(error))
                         continue
+                # Read one document at a time, as YAML: a file that only looked like JSON (a Helm
+                # template opens with "{{") is named by its YAML problem, not a JSON one.
                 kept: list[str] = []
                 objects: list[dict[str, Any]] = []
                 line = 1
                 for chunk in split_documents(text):
                     try:
-                        objects += parse_documents(chunk, source, first_line=line)
+                        objects += parse_documents(chunk, source, first_line=line, as_yaml=True)
                         kept.append(chunk)
                     except ManifestError as error:
                         read.skipped.append(str(error))
                     line += chunk.count("\n")
                 if objects:
                     read.sources.append(ManifestSource(source, "".join(kept), objects))
+        if characters > _FREEZE_ABOVE:
+            gc.freeze()  # as load_objects does, for the same reason
     return read
 
 
@@ -255,12 +261,14 @@ def _is_json(text: str, source: str) -> bool:
     return source.endswith(".json") or text.lstrip().startswith(("{", "["))
 
 
-def parse_documents(text: str, source: str = "<input>", first_line: int = 1) -> list[dict[str, Any]]:
+def parse_documents(text: str, source: str = "<input>", first_line: int = 1,
+                    as_yaml: bool = False) -> list[dict[str, Any]]:
     """Objects in one file's text: JSON, or YAML with ``---`` separated documents.
 
-    ``first_line``: where ``text`` begins in its file (a document read on its own), for positions.
+    ``first_line``: where ``text`` begins in its file (a document read on its own), for positions;
+    ``as_yaml``: read as YAML even where the text looks like JSON.
     """
-    if _is_json(text, source):
+    if not as_yaml and _is_json(text, source):
         try:
             # Not orjson: it reads integers beyond 64 bits as floats, which would change a quantity.
             loaded = json.loads(text)

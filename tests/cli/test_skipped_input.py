@@ -125,3 +125,15 @@ def test_a_command_that_writes_what_it_reads_refuses_the_whole_input(folder: Pat
 
     assert (status, stdout) == (2, "")
     assert stderr.startswith("Error: ") and len(stderr.splitlines()) == 1
+
+
+def test_a_helm_template_is_named_by_its_yaml_problem_not_as_broken_json(folder: Path) -> None:
+    """It opens with "{{", as JSON does; it is a YAML file of a chart, left out with its YAML problem."""
+    (folder / "deployment.yaml").write_text("{{- if .Values.enabled }}\napiVersion: apps/v1\nkind: Deployment\n"
+                                            "{{- end }}\n")
+
+    status, _, stderr = run("audit", "--fail-on", "none", "-f", str(folder), "-f", str(EXAMPLE_CLUSTER))
+
+    assert status == 3
+    [line] = [line for line in skipped(stderr) if "deployment.yaml" in line]
+    assert line.startswith(f"skipped: {folder}/deployment.yaml:1:") and "not valid YAML" in line, line
