@@ -150,7 +150,10 @@ def _appendable(root: Node, target: Path, operation: Operation, lines: list[str]
         return False
     parent = _node_at(root, target[:-1])
     return (isinstance(parent, MappingNode) and not parent.flow_style and bool(parent.value)
-            and len(target) > 1 and _stands_alone(parent, lines) and _node_at(parent, target[-1:]) is None)
+            and len(target) > 1 and _stands_alone(parent, lines) and _node_at(parent, target[-1:]) is None
+            # A block scalar last ("|+" keeps the blank lines after it): lines written after it
+            # would change it, and only the new lines are read back.
+            and not _is_block_scalar(_last_node(parent)))
 
 
 def composed(chunk: str) -> tuple[Node | None, int] | None:
@@ -215,11 +218,21 @@ def _stands_alone(node: MappingNode, lines: list[str]) -> bool:
     return True
 
 
-def _last_line(node: Node) -> int:
-    """The line of a node's last character (its trailing comment lines belong to what follows)."""
+def _is_block_scalar(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.style in ("|", ">")
+
+
+def _last_node(node: Node) -> Node:
+    """The node a block collection ends with (itself for a scalar or a flow collection)."""
     while isinstance(node, MappingNode | SequenceNode) and not node.flow_style and node.value:
         last: Any = node.value[-1]
         node = last[1] if isinstance(node, MappingNode) else last
+    return node
+
+
+def _last_line(node: Node) -> int:
+    """The line of a node's last character (its trailing comment lines belong to what follows)."""
+    node = _last_node(node)
     end = node.end_mark
     # A block scalar (and a plain one at a line's end) ends at the start of the next line.
     return end.line - 1 if end.column == 0 and end.line > node.start_mark.line else end.line

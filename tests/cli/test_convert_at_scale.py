@@ -117,3 +117,15 @@ def test_a_comment_left_of_a_mapping_falls_back_to_the_whole_document(tmp_path: 
     assert "# a comment at column 0" in out
     assert yaml.safe_load(out)["spec"]["containers"][0]["resources"]["limits"] == {
         "koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory-ratio": "100"}
+
+
+def test_lines_are_never_added_after_a_block_scalar_that_keeps_its_blank_lines(tmp_path: Path) -> None:
+    text = ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: k\n  generateName: |+\n    line\n\nspec:\n  containers:\n"
+            "  - name: main\n    resources:\n      limits:\n        nvidia.com/gpu: 1\n")
+    path = tmp_path / "pod.yaml"
+    path.write_text(text)
+
+    code, out = convert(path)
+
+    assert code == 0
+    assert yaml.safe_load(out)["metadata"]["generateName"] == "line\n\n"
