@@ -2,11 +2,12 @@
 
 GitOps repositories review the output of ``convert`` as a diff: it must show the resource change
 and nothing else. The rewrite is the core's (its JSON patch per object); this module only applies
-those operations to a round-trip parse of the file (ruamel.yaml keeps comments, key order, flow or
-block style and quoting) and writes it back. The result is read again the way every manifest is
-read (:func:`manifests.parse_documents`) and must equal the core's objects exactly; when it does
-not (anchors shared by two rewritten containers, YAML 1.1 spellings the round-trip parser reads
-differently) the objects are written plainly instead, with a note saying so.
+those operations to a round-trip parse (ruamel.yaml keeps comments, key order, flow or block style
+and quoting) of the mappings they touch (:mod:`roundtrip_narrow`), or of the whole document where
+those cannot be cut out, and writes it back. What is written anew is read again the way every
+manifest is read (:func:`manifests.parse_documents`) and must equal the core's objects exactly;
+when it does not (anchors shared by two rewritten containers, YAML 1.1 spellings the round-trip
+parser reads differently) the objects are written plainly instead, with a note saying so.
 
 The comments are moved through ruamel's comment table, which is not public API. An installed
 ruamel.yaml that is not a tested release (:data:`kubeaccess.library_pins.RUAMEL_YAML`) is not
