@@ -1,7 +1,9 @@
-"""The CLI on a large offline snapshot: ``gpuquota audit all`` and ``gpuquota migrate plan``.
+"""The CLI on a large offline snapshot: ``gpuquota audit all``, ``gpuquota migrate plan`` and
+``gpuquota convert`` (``-o yaml`` against ``-o json`` on the same pods file).
 
     .venv/bin/python bench/cli_scale.py [--nodes 5000] [--quotas 2000] [--pods 100000] [--repeat 3]
                                         [--format yaml|json|both] [--keep DIR]
+                                        [--commands audit,migrate,convert]
 
 Writes a snapshot the way ``kubectl get ... -o yaml`` (or ``-o json``) would (one ``kind: List``
 file per kind) into a temporary directory under /tmp, then runs each command ``--repeat`` times as
@@ -124,12 +126,13 @@ def write_snapshot(directory: Path, fmt: str, nodes: int, quota_count: int, pods
 def timed(command: list[str]) -> dict[str, float]:
     """Wall seconds and this child's own peak RSS (ru_maxrss is KiB on Linux)."""
     started = time.monotonic()
-    with Path(os.devnull).open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.PIPE)
-        assert process.stderr is not None
+    # stderr to a file, not a pipe: convert writes a line per rewritten pod, more than a pipe holds
+    # while nobody reads it before the child has ended.
+    with Path(os.devnull).open("wb") as sink, tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen(command, stdout=sink, stderr=errors)
         _, status, usage = os.wait4(process.pid, 0)
-        stderr = process.stderr.read().decode(errors="replace")
-        process.stderr.close()
+        errors.seek(0)
+        stderr = errors.read().decode(errors="replace")
         process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.monotonic() - started
     if process.returncode not in (0, 1):  # 1: findings at or above --fail-on, which is expected here
@@ -146,7 +149,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each command; 0 only writes the snapshot")
     parser.add_argument("--format", choices=("yaml", "json", "both"), default="both")
     parser.add_argument("--keep", type=Path, help="write the snapshot here and keep it (default: a temp dir)")
+    parser.add_argument("--commands", default="audit,migrate",
+                        help="which to run, joined by commas: audit, migrate, convert (the pods file, -o yaml "
+                             "and -o json)")
     args = parser.parse_args()
+    wanted = set(args.commands.split(","))
+    if not wanted <= {"audit", "migrate", "convert"}:
+        parser.error(f"--commands: unknown {', '.join(sorted(wanted - {'audit', 'migrate', 'convert'}))}")
     work = args.keep or Path(tempfile.mkdtemp(prefix="gpuquota-cli-bench-"))
     rows: list[str] = []
     try:
@@ -165,9 +174,14 @@ def main() -> None:
             size = sum(f.stat().st_size for f in directory.iterdir()) / 2**20
             print(f"{fmt}: {args.nodes} nodes, {args.quotas} quotas, {args.pods} pods, {size:.0f} MiB, "
                   f"written in {seconds:.0f}s", file=sys.stderr, flush=True)
+            pods_file = str(directory / f"pods.{fmt}")
             commands = {"audit all": [str(GPUQUOTA), "audit", "all", "-f", str(directory), "-o", "json"],
-                        "migrate plan": [str(GPUQUOTA), "migrate", "plan", "-f", str(directory), "-o", "json"]}
+                        "migrate plan": [str(GPUQUOTA), "migrate", "plan", "-f", str(directory), "-o", "json"],
+                        "convert -o json": [str(GPUQUOTA), "convert", "-f", pods_file, "-o", "json"],
+                        "convert -o yaml": [str(GPUQUOTA), "convert", "-f", pods_file, "-o", "yaml"]}
             for label, command in commands.items():
+                if label.split()[0] not in wanted:
+                    continue
                 runs = []
                 for attempt in range(args.repeat):
                     run = timed(command)

@@ -19,7 +19,7 @@ from webhook.admission.status import status_of
 
 from . import hints, output
 from .errors import CommandError, cluster_error
-from .inputs import objects_or_fail
+from .inputs import SKIPPED_EXIT, exit_status, readable_objects
 from .options import colour_option, no_headers_option, selector_option
 from .output import FORMATS, document
 
@@ -106,13 +106,13 @@ def audit(scope: tuple[str, ...], paths: tuple[str, ...], namespace: str | None,
         objects = _live_objects(kubeconfig, context, namespace, chunk_size)
     else:
         # "No findings." would read as a clean bill of health for files that hold nothing.
-        objects = objects_or_fail(paths, nothing_to="audit", origins=origins)
+        objects = readable_objects(paths, nothing_to="audit", origins=origins)
     # -n and -l choose what is shown; everything read is judged (a quota's parents live elsewhere).
     report = audit_objects(objects, scope, shared_label=gpu_shared_label, namespace=namespace or None,
                            selector=selector, origin=lambda obj: origins.get(id(obj)))
     report.findings[:] = [_with_status(finding) for finding in report.findings]
     failing = fail_on != "none" and (worst := report.worst()) is not None and worst >= Severity[fail_on.upper()]
-    exit_code = 1 if failing else 0
+    exit_code = exit_status(1 if failing else 0)
     if fmt == "policyreport":
         _echo_policy_reports(report)
     elif fmt in ("json", "yaml"):
@@ -245,7 +245,8 @@ def summary_line(findings: Sequence[Finding], fail_on: str, exit_code: int, colo
         text = f"{count} {noun}"
         counts.append(click.style(text, fg=SEVERITY_COLOURS[severity]) if coloured and count else text)
     total = f"{len(findings)} finding{'' if len(findings) == 1 else 's'}"
-    exit_status = f"exit status {exit_code} (--fail-on {fail_on})"
+    why = "input left out" if exit_code == SKIPPED_EXIT else f"--fail-on {fail_on}"
+    exit_status = f"exit status {exit_code} ({why})"
     plain_length = len(f"{total}: ; {exit_status}") + len(", ".join(click.unstyle(c) for c in counts))
     separator = "\n" if width is not None and plain_length > width else " "
     return f"{total}: {', '.join(counts)};{separator}{exit_status}"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from gpuquota_core.audit import Severity
 from gpuquota_core.conversion import ConversionConfig
@@ -16,14 +18,18 @@ from gpuquota_core.placement import NodeView, RewritePolicy
 from gpuquota_core.podspec import PodShapeError
 from gpuquota_core.quantity import QuantityError
 from gpuquota_core.unjudged import why_unjudged
+from kubeaccess import collector
 from kubeaccess.conversion_config import ConfigFileError, load_conversion_config
-from kubeaccess.manifests import ManifestError, ManifestSource, load_sources
+from kubeaccess.manifests import ManifestSource, parse_documents, split_documents
 
 from . import hints
-from .errors import CommandError
-from .inputs import nothing_read
+from .errors import CommandError, input_names
+from .inputs import readable_manifests
 
 UNSCHEDULABLE_EXIT = 1
+# Read to decide as the webhook does (which nodes a pod can reach; the quotas it counts against),
+# never written out: `convert -f pods.yaml -f nodes.yaml > deploy.yaml` must not put Nodes in a manifest.
+CONTEXT_KINDS = ("ElasticQuota", "Node")
 
 
 @click.command()
@@ -33,6 +39,7 @@ UNSCHEDULABLE_EXIT = 1
               help="The rewritten objects, or the RFC 6902 patch of each.")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML conversion table; the built-in defaults without it.")
+@collector.paused()  # see kubeaccess/collector.py
 def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> None:
     """Print manifests with GPU requests in the canonical form the webhook stores.
 
@@ -46,16 +53,18 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
     """
     try:
         config: ConversionConfig = load_conversion_config(config_path)
-        sources = load_sources(paths)
-    except (ConfigFileError, ManifestError) as error:
+    except ConfigFileError as error:
         raise CommandError(str(error)) from None
-    except RecursionError:
-        # PyYAML's constructor recurses: a hostile document nested thousands deep ends here.
-        raise CommandError("input is nested too deeply to read") from None
-    objects = [obj for source in sources for obj in source.objects]
-    if not objects:
-        raise nothing_read(paths, nothing_to="convert")
-    nodes = NodeView.from_objects(objects)
+    read = readable_manifests(paths, nothing_to="convert")
+    nodes = NodeView.from_objects(read.objects)
+    sources, context = _without_context(read.sources)
+    if context:
+        counts = Counter(obj.get("kind") for obj in context)
+        read_as = ", ".join(f"{count} {kind}{'' if count == 1 else 's'}" for kind, count in sorted(counts.items()))
+        click.echo(f"note: {read_as} read to decide as the webhook does, not written out", err=True)
+    if not sources:
+        raise CommandError(f"nothing to convert in {input_names(paths)}: it holds only "
+                           f"{' and '.join(f'{kind}s' for kind in CONTEXT_KINDS)}, which are read as context")
     converted: list[ConvertedObject] = []
     # What could not be converted, with its file: said on stderr, left as written in the output; one
     # such object never stops the others.
@@ -94,6 +103,39 @@ def convert(paths: tuple[str, ...], output: str, config_path: Path | None) -> No
         click.echo(f"{item.ref}: would be refused by /validate-pods: {reasons}", err=True)
     if refused or any(severity is Severity.ERROR for _, _, severity in not_converted):
         sys.exit(UNSCHEDULABLE_EXIT)
+
+
+def _without_context(sources: list[ManifestSource]) -> tuple[list[ManifestSource], list[dict[str, Any]]]:
+    """The sources with the context objects taken out of their text and objects, and those objects.
+
+    A document of context objects only is dropped whole; a ``kind: List`` that mixes them with
+    objects to convert is written back as plain YAML of the others.
+    """
+    written: list[ManifestSource] = []
+    context: list[dict[str, Any]] = []
+    for source in sources:
+        if not any(_is_context(obj) for obj in source.objects):
+            written.append(source)
+            continue
+        context += [obj for obj in source.objects if _is_context(obj)]
+        if all(_is_context(obj) for obj in source.objects):
+            continue
+        chunks: list[str] = []
+        objects: list[dict[str, Any]] = []
+        for chunk in split_documents(source.text):
+            chunk_objects = parse_documents(chunk, source.source)
+            kept = [obj for obj in chunk_objects if not _is_context(obj)]
+            if kept and len(kept) < len(chunk_objects):
+                chunk = yaml.safe_dump_all(kept, sort_keys=False)
+            if kept:
+                chunks.append(chunk)
+                objects += kept
+        written.append(ManifestSource(source.source, "".join(chunks), objects))
+    return written, context
+
+
+def _is_context(obj: dict[str, Any]) -> bool:
+    return obj.get("kind") in CONTEXT_KINDS
 
 
 def _ref(obj: dict[str, Any]) -> str:

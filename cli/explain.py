@@ -31,10 +31,10 @@ from gpuquota_core.quota_objects import POD_QUOTA_LABEL
 from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
 from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.unjudged import why_unjudged
-from kubeaccess.manifests import ManifestError, load_objects
 
 from . import hints, snapshot
 from .errors import CommandError
+from .inputs import readable_objects
 from .output import document, table
 
 if TYPE_CHECKING:
@@ -163,10 +163,7 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     if state_paths and (kubeconfig or context):
         raise CommandError(hints.STATE_OR_CLUSTER())
     origins: dict[int, str] = {}
-    try:
-        given = load_objects(list(paths), origins)
-    except ManifestError as error:
-        raise CommandError(str(error)) from None
+    given = readable_objects(paths, nothing_to="explain", origins=origins)
     state_snapshot = (snapshot.from_files(state_paths, "explain against") if state_paths
                       else snapshot.from_cluster(kubeconfig, context))
     if namespace is None:
@@ -238,6 +235,8 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
     replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
     if kind == "Job":
         replicas = spec.get("parallelism", 1)
+    elif kind == "CronJob":  # each run is a Job of the jobTemplate: its pods at once, as for a Job
+        replicas = mapping_or_empty(mapping_or_empty(spec.get("jobTemplate")).get("spec")).get("parallelism", 1)
     return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod,
                     replicas if isinstance(replicas, int) else None)]
 

@@ -19,6 +19,9 @@ from typing import Any, NoReturn
 
 import click
 
+from .completion import COMPLETE_VAR
+from .inputs import exit_status
+
 # (module, attribute) of every subcommand, in the order ``--help`` lists them.
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("cli.serve", "serve"),
@@ -110,11 +113,19 @@ class KubectlStyleGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with _ends_as_signalled():
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
         except click.UsageError as error:
             if isinstance(error, _HELP_INSTEAD):
                 raise
             raise BriefUsageError(error) from None
+        except SystemExit as end:
+            # A command that left part of its input out says so in its status (cli/inputs.py).
+            if isinstance(end.code, int) and exit_status(end.code) != end.code:
+                raise SystemExit(exit_status(end.code)) from None
+            raise
+        if exit_status(0):
+            raise SystemExit(exit_status(0))
+        return result
 
 
 @click.group(cls=KubectlStyleGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -180,4 +191,6 @@ def main() -> None:
     sys.stdout, sys.stderr = _whole_writes(sys.stdout), _whole_writes(sys.stderr)
     # As a kubectl plugin, help and usage errors name the command the user typed.
     plugin = Path(sys.argv[0]).name == "kubectl-gpuquota"
-    cli(prog_name="kubectl gpuquota" if plugin else "gpuquota")
+    # One completion variable for both names (cli/completion.py): click would derive another from
+    # "kubectl gpuquota", which no completion script sets.
+    cli(prog_name="kubectl gpuquota" if plugin else "gpuquota", complete_var=COMPLETE_VAR)

@@ -37,7 +37,7 @@ from kubeaccess.manifests import ManifestError, load_objects
 
 from . import hints
 from .errors import CommandError, cluster_error
-from .inputs import objects_or_fail
+from .inputs import readable_objects
 from .output import document
 
 ALL_AT_ONCE_HELP = ("ElasticQuotaEnableUpdateResourceKey is off: migrate multi-level trees in one maintenance "
@@ -67,7 +67,7 @@ def plan(paths: tuple[str, ...], kubeconfig: str | None, context: str | None, fm
     """
     _check_modes(update_resource_key_gate, all_at_once)
     origins: dict[int, str] = {}
-    objects = (objects_or_fail(paths, nothing_to="plan", origins=origins) if paths
+    objects = (readable_objects(paths, nothing_to="plan", origins=origins) if paths
                else _live_objects(kubeconfig, context))
     result = _plan(objects, update_resource_key_gate, all_at_once, lambda obj: origins.get(id(obj)))
     nothing = _nothing_to_migrate(result, objects, "the input" if paths else "the cluster")

@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import NoReturn
 
 import click
 
@@ -33,6 +34,7 @@ from .output import FORMATS, document, table
 STATE_COLOURS = {"ok": "green", "near-full": "yellow", "full": "red", "over": "red"}
 BAR_MIN, BAR_MAX = 5, 20
 INDENT = "  "
+BROKEN_TREE_EXIT = 1
 
 
 def short(resource: str) -> str:
@@ -76,26 +78,28 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
     if name is not None and name not in tree.quotas:
         raise CommandError(f"no ElasticQuota named {name!r}")
     view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,
-                      ledger_trees=state.ledger_trees, now=time.time())
+                      ledger_trees=state.ledger_trees, now=time.time(), problems=state.tree_problems)
     labelled = None if selector is None else {
         str((obj.get("metadata") or {}).get("name")) for obj in state.of_kind("ElasticQuota")
         if selector.matches_object(obj)}
     if fmt == "name":  # what was asked for, without the ancestors the table shows around it
-        for quota_view in view.select(name, namespace, labelled, with_ancestors=False).quotas:
+        asked = view.select(name, namespace, labelled, with_ancestors=False)
+        for quota_view in asked.quotas:
             click.echo(output.object_name("ElasticQuota", quota_view.quota.name))
-        return
+        _end(asked)
     view = view.select(name, namespace, labelled)
     if fmt in ("json", "yaml"):
         data = view.as_dict(with_pods)
         data["source"] = "live" if state.live else "files"
         data["notes"] = [*data["notes"], *state.notes]
         click.echo(document(data, fmt, plain=True))
-        return
+        _end(view)
     if not view.quotas:
         if not no_headers:
             click.echo(f"No ElasticQuotas{f' in namespace {namespace}' if namespace else ''}"
                        f"{f' matching {selector}' if selector is not None else ''}.")
-        return
+        _say_notes(view, state)  # why there is nothing, where a file held an AdmissionReview
+        _end(view)
     coloured = output.use_colour(colour)
     # Only a terminal's width is fitted to: piped (`--color always | less -R`) nothing is cut.
     width = shutil.get_terminal_size().columns if output.on_terminal() else None
@@ -106,8 +110,20 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         click.echo(render_pods(view))
     elif with_pods and any(quota_view.pods for quota_view in view.quotas):
         click.echo(_without_header(render_pods(view)))
+    _say_notes(view, state)
+    _end(view)
+
+
+def _say_notes(view: TreeView, state: snapshot.Snapshot) -> None:
     for note in [*view.notes, *state.notes, *(f"unreadable pod not counted: {p}" for p in view.unreadable_pods)]:
         click.echo(f"note: {note}", err=True)
+    for message in view.problem_messages():
+        click.echo(f"error: {message}", err=True)
+
+
+def _end(view: TreeView) -> NoReturn:
+    """Exit 1 where the quotas shown do not form a tree (the audit's errors for them), else 0."""
+    raise SystemExit(BROKEN_TREE_EXIT if view.broken else 0)
 
 
 def _without_header(text: str) -> str:
@@ -143,6 +159,8 @@ def _rows(view: TreeView, columns: Sequence[str], cards: bool,
     resources: list[ResourceView | None] = []
     for quota_view in view.quotas:
         label = INDENT * quota_view.depth + quota_view.quota.name
+        if quota_view.broken:
+            label += f" (broken: {quota_view.broken_because})"
         if not quota_view.resources:
             rows.append([label if column == "QUOTA" else "" for column in columns])
             resources.append(None)

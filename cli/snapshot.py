@@ -11,14 +11,14 @@ from typing import Any
 from gpuquota_core import shared_ledger
 from gpuquota_core.conversion import DEFAULT_CONFIG, ConversionConfig
 from gpuquota_core.podspec import PodShapeError
-from gpuquota_core.quota_integrity import unreadable_parent_message
+from gpuquota_core.quota_integrity import TreeProblem, tree_problems
 from gpuquota_core.quota_objects import QuotaShapeError, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.unjudged import ADMISSION_REVIEW
 
 from . import hints
 from .errors import CommandError, cluster_error
-from .inputs import objects_or_fail
+from .inputs import readable_objects
 
 STATE_KINDS = ("Node", "Pod", "ElasticQuota")
 
@@ -32,6 +32,9 @@ class Snapshot:
     reservations: dict[str, shared_ledger.StoredReservation] = field(default_factory=dict)
     ledger_trees: set[str] | None = None
     notes: list[str] = field(default_factory=list)
+    # Set by readable_tree: the quotas that do not form a tree (repeated names, missing or unreadable
+    # parents, cycles), as the audit reports them.
+    tree_problems: list[TreeProblem] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [obj for obj in self.objects if obj.get("kind") == kind]
@@ -45,7 +48,8 @@ class Snapshot:
 
     def readable_tree(self, config: ConversionConfig = DEFAULT_CONFIG) -> QuotaTree:
         """The quota tree without the ElasticQuotas that cannot be read, as the audit judges with
-        (gpuquota_core.audit.quota_tree); each one left out is a note: one bad quota never hides the others."""
+        (gpuquota_core.audit.quota_tree); each one left out is a note: one bad quota never hides the others.
+        Where the quotas do not form a tree, :attr:`tree_problems` says why."""
         readable = []
         unreadable: set[str] = set()
         for obj in self.of_kind("ElasticQuota"):
@@ -56,10 +60,9 @@ class Snapshot:
                 metadata = obj.get("metadata")
                 if isinstance(metadata, Mapping) and metadata.get("name"):
                     unreadable.add(str(metadata["name"]))
-        # Its children are shown without it (as if at the top): say why, as the audit does.
-        names = {quota.name for quota in readable}
-        self.notes.extend(unreadable_parent_message(quota) for quota in readable
-                          if quota.parent in unreadable and quota.parent not in names)
+        # A child of one left out is shown without it (as if at the top): a problem of the tree, as
+        # the audit reports it, not a missing parent.
+        self.tree_problems = tree_problems(readable, unreadable)
         return QuotaTree.build(readable, config)
 
 
@@ -76,7 +79,7 @@ def from_files(paths: Iterable[str], nothing_to: str) -> Snapshot:
     """The cluster the files hold; files that hold no object at all are refused (see cli/inputs.py).
     An AdmissionReview is no part of a cluster: left out with a note naming its file, never silently."""
     origins: dict[int, str] = {}
-    objects = objects_or_fail(tuple(paths), nothing_to, origins=origins)
+    objects = readable_objects(tuple(paths), nothing_to, origins=origins)
     notes = [f"{origins.get(id(o), '<input>')}: AdmissionReview left out: {ADMISSION_REVIEW}"
              for o in objects if o.get("kind") == "AdmissionReview"]
     return Snapshot([o for o in objects if o.get("kind") in STATE_KINDS], live=False, notes=notes)

@@ -291,6 +291,10 @@ def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFI
             container = as_mapping(entry, where)
             name, label = _container_label(kind, container, index)
             resources = dict(as_mapping(container.get("resources"), f"{where}.resources"))
+            unequal = _requests_unlike_limits(resources, f"{where}.resources", config)
+            if unequal is not None:
+                notes.append(unequal)
+                continue
             changed = False
             for field_name in RESOURCE_FIELDS:
                 if field_name not in resources:
@@ -321,6 +325,25 @@ def canonicalize_pod_spec(spec: object, config: ConversionConfig = DEFAULT_CONFI
         if reason is not None:
             return dict(spec), [], [*notes, reason], {}
     return new_spec, rewrites, notes, originals
+
+
+def _requests_unlike_limits(resources: Mapping[str, Any], path: str, config: ConversionConfig) -> str | None:
+    """Why a container whose requests and limits of a name the table converts differ is left as
+    written, or None. Rewritten, each side would be converted on its own and validation would refuse
+    koordinator.sh/gpu-core, a name the user never wrote; as written, it names theirs."""
+    requests, limits = resources.get("requests"), resources.get("limits")
+    if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
+        return None
+    try:
+        asked = parse_resource_list(requests, f"{path}.requests")
+        capped = parse_resource_list(limits, f"{path}.limits")
+    except PodShapeError:
+        return None  # unreadable: the map's own rewrite says why
+    for name in sorted(set(asked) & set(capped) & config.input_names):
+        if asked[name] != capped[name]:
+            return (f"{path}: {name} requests ({asked[name].as_written()}) and limits "
+                    f"({capped[name].as_written()}) differ; left as is for validation to refuse")
+    return None
 
 
 def _why_left_as_written(spec: Mapping[str, Any], new_spec: Mapping[str, Any], config: ConversionConfig,

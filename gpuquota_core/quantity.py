@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
 from functools import lru_cache, total_ordering
@@ -55,6 +55,13 @@ class Quantity:
 
     amount: Fraction
     format: QuantityFormat = QuantityFormat.DECIMAL_SI
+    # The text it was parsed from, for messages that quote the user ("1.5", not "1500m"); never
+    # part of its value, and not kept through arithmetic.
+    written: str | None = field(default=None, compare=False, hash=False)
+
+    def as_written(self) -> str:
+        """The text the user wrote, else the canonical text."""
+        return self.written if self.written is not None else str(self)
 
     @classmethod
     def parse(cls, text: str | int | float) -> Quantity:
@@ -141,7 +148,7 @@ def parse_quantity(text: str | int | float) -> Quantity:
         if abs(text) >= 10**MAX_DECIMAL_EXPONENT:
             # Never format the int itself: a hostile 5,000-digit number exceeds Python's str() limit.
             raise QuantityError(f"quantity {text.bit_length()}-bit integer is out of range")
-        return Quantity(Fraction(text))
+        return Quantity(Fraction(text), written=str(text))
     if isinstance(text, float):
         text = repr(text)
     if not isinstance(text, str):
@@ -155,10 +162,10 @@ def parse_quantity(text: str | int | float) -> Quantity:
 # the bound keeps a stream of distinct hostile texts from growing memory.
 @lru_cache(maxsize=4096)
 def _parse_text(text: str) -> Quantity:
-    plain = _parse_plain(text)
-    if plain is not None:
-        return plain
-    return _parse_general(text)
+    parsed = _parse_plain(text)
+    if parsed is None:
+        parsed = _parse_general(text)
+    return Quantity(parsed.amount, parsed.format, text)
 
 
 def _parse_plain(text: str) -> Quantity | None:

@@ -34,11 +34,12 @@ def review_quota(quota: QuotaInfo, tree: QuotaTree, used: Mapping[str, Quantity]
             problems.append(f"{field_name} of {quota.ref} has negative values: {', '.join(negative)}")
         if names_both_families(resources) and migrating:
             warnings.append(f"{field_name} of {quota.ref} names both GPU families while its migration is in "
-                            f"progress; the next 'gpuquota migrate apply' step drops the legacy keys")
+                            "progress; the next step of 'gpuquota migrate apply --all-at-once --backup NEW_FILE' "
+                            "drops the legacy keys")
         elif names_both_families(resources):
             problems.append(f"{field_name} of {quota.ref} names both nvidia.com/gpu and koordinator.sh/gpu-* "
                             f"resources; migrate it to koordinator.sh/gpu-core and gpu-memory-ratio "
-                            f"(nvidia.com/gpu: N becomes N*100 of each): see 'gpuquota migrate'")
+                            f"(nvidia.com/gpu: N becomes N*100 of each): see 'gpuquota migrate plan'")
     maximum, _ = canonical_resource_list(quota.max, tree.config, quota.name)
     over = _min_above_max(canonical_spellings(quota.min, tree.config), maximum)
     if over:
@@ -46,7 +47,7 @@ def review_quota(quota: QuotaInfo, tree: QuotaTree, used: Mapping[str, Quantity]
     legacy = legacy_gpu_names(quota.max)
     if legacy and not names_both_families(quota.max):
         warnings.append(f"{quota.ref} limits legacy {', '.join(legacy)}; it is enforced as "
-                        f"koordinator.sh/gpu-core and gpu-memory-ratio (x100): consider 'gpuquota migrate'")
+                        f"koordinator.sh/gpu-core and gpu-memory-ratio (x100): consider 'gpuquota migrate plan'")
     below = _below_usage(maximum, used)
     if below:
         warnings.append(f"new spec.max of {quota.ref} is below current usage for: " +

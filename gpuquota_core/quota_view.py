@@ -19,6 +19,7 @@ from .pod_records import pod_is_counted, pod_record
 from .podspec import CONTAINER_KINDS, mapping_or_empty
 from .quantity import ZERO, Quantity
 from .quota_check import charges_for_chain
+from .quota_integrity import DUPLICATE_NAME, PARENT_CYCLE, PARENT_MISSING, PARENT_UNREADABLE, TreeProblem
 from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo, canonical_resource_list
 from .quota_tree import QuotaTree, Resolution
 from .resources import (
@@ -175,15 +176,33 @@ class QuotaView:
     limit_source: str  # "admission" (the annotation overrides max) or "max"
     resources: tuple[ResourceView, ...]
     pods: tuple[ChargedPod, ...]  # charged to this quota as their leaf, largest first
+    # Why this quota does not fit in the tree (quota_integrity's checks): its figures above its own
+    # limit are not what Koordinator enforces. Empty for a quota in an intact tree.
+    broken: tuple[TreeProblem, ...] = ()
+
+    @property
+    def broken_because(self) -> str:
+        """A few words for the table beside the quota's name (the full messages are the view's notes)."""
+        return "; ".join(dict.fromkeys(_BROKEN_WORDS[p.check].format(parent=p.quota.parent) for p in self.broken))
 
     def as_dict(self, with_pods: bool) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.quota.name, "namespace": self.quota.namespace,
                                 "parent": self.quota.parent or None, "depth": self.depth,
                                 "isParent": self.quota.is_parent, "limitSource": self.limit_source,
                                 "resources": [r.as_dict() for r in self.resources]}
+        if self.broken:
+            data["broken"] = [{"check": p.check, "message": p.message} for p in self.broken]
         if with_pods:
             data["pods"] = [p.as_dict() for p in self.pods]
         return data
+
+
+_BROKEN_WORDS = {
+    DUPLICATE_NAME: "name used twice",
+    PARENT_MISSING: "parent {parent} missing",
+    PARENT_UNREADABLE: "parent {parent} unreadable",
+    PARENT_CYCLE: "in a parent cycle",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +210,17 @@ class TreeView:
     quotas: tuple[QuotaView, ...]
     unreadable_pods: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # Every quota that does not fit in the tree, as the audit reports it (errors there): the view is
+    # then not the tree Koordinator enforces, and ``gpuquota quota`` says so and ends 1.
+    problems: tuple[TreeProblem, ...] = ()
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.problems)
+
+    def problem_messages(self) -> list[str]:
+        """Each distinct message once (a cycle or a repeated name is one message for all its members)."""
+        return list(dict.fromkeys(problem.message for problem in self.problems))
 
     def select(self, name: str | None = None, namespace: str | None = None,
                among: Collection[str] | None = None, with_ancestors: bool = True) -> TreeView:
@@ -215,12 +245,15 @@ class TreeView:
                     wanted.add(view.quota.name)
         for quota_name in list(wanted) if with_ancestors else []:
             wanted |= _ancestors(by_name[quota_name].quota, by_name)
-        return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes)
+        return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes,
+                        tuple(p for p in self.problems if p.quota.name in wanted))
 
     def as_dict(self, with_pods: bool = False) -> dict[str, Any]:
         return {"schemaVersion": SCHEMA_VERSION, "kind": "QuotaUsage",
                 "quotas": [view.as_dict(with_pods) for view in self.quotas],
-                "unreadablePods": list(self.unreadable_pods), "notes": list(self.notes)}
+                "unreadablePods": list(self.unreadable_pods), "notes": list(self.notes),
+                "treeProblems": [{"check": p.check, "namespace": p.quota.namespace, "name": p.quota.name,
+                                  "message": p.message} for p in self.problems]}
 
 
 def _ancestors(quota: QuotaInfo, by_name: Mapping[str, QuotaView]) -> set[str]:
@@ -248,21 +281,42 @@ def tree_order(tree: QuotaTree) -> list[tuple[QuotaInfo, int]]:
     roots = sorted(q.name for q in tree if not q.parent or q.parent not in tree.quotas)
     for root in roots:
         visit(root, 0)
-    for name in sorted(tree.quotas):  # quotas in a parent cycle: no root reaches them
-        visit(name, 0)
+    # What no root reaches is a parent cycle and the quotas below it. The members are drawn side by
+    # side at the top, never as parent and child: none of them is the other's parent in any tree.
+    in_cycle = {name for name in tree.quotas if name not in seen and _on_cycle(tree, name)}
+    seen |= in_cycle
+    for name in sorted(in_cycle):
+        ordered.append((tree.quotas[name], 0))
+        for child in sorted(set(tree.children(name)) - in_cycle):
+            visit(child, 1)
     return ordered
+
+
+def _on_cycle(tree: QuotaTree, name: str) -> bool:
+    """Whether following parent labels from ``name`` comes back to it."""
+    walked: set[str] = set()
+    current = tree.quotas[name].parent
+    while current in tree.quotas and current not in walked:
+        if current == name:
+            return True
+        walked.add(current)
+        current = tree.quotas[current].parent
+    return False
 
 
 def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                reservations: Mapping[str, StoredReservation] | None = None,
                ledger_trees: Iterable[str] | None = None, now: float = 0.0,
-               config: ConversionConfig = DEFAULT_CONFIG) -> TreeView:
+               config: ConversionConfig = DEFAULT_CONFIG, problems: Iterable[TreeProblem] = ()) -> TreeView:
     """The usage view of ``tree`` with ``pods`` charged as the webhook's usage index charges them.
 
     ``reservations``: the strict-accounting ledgers' entries (``shared_ledger.decode``) with
     ``ledger_trees`` the tree roots whose ledger object was read; reserved is unknown (None) for the
     other trees. Without ``ledger_trees`` every tree is known (offline: nothing is reserved).
+    ``problems``: :func:`quota_integrity.tree_problems` of the quotas the tree was built from (the
+    tree itself keeps one copy of a repeated name, so it cannot find them all).
     """
+    problems = tuple(problems)
     usage = UsageIndex(tree)
     # By pod key: a pod listed twice counts once, as its later version (UsageIndex.upsert's rule).
     charged: dict[str, ChargedPod] = {}
@@ -324,10 +378,16 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                 binds_first=binds, chain_free=least))
         own_pods = sorted(by_leaf.get(quota.name, ()), key=_size_key)
         views.append(QuotaView(quota, depth, "admission" if quota.admission is not None else "max",
-                               tuple(resources), tuple(own_pods)))
+                               tuple(resources), tuple(own_pods),
+                               _problems_of(quota.name, problems)))
     notes = tuple(sorted({note.message for quota in tree if quota.name not in UNCHECKED_QUOTAS
                           for note in tree.limit(quota.name)[1]}))
-    return TreeView(tuple(views), tuple(unreadable), notes)
+    return TreeView(tuple(views), tuple(unreadable), notes, problems)
+
+
+def _problems_of(name: str, problems: Iterable[TreeProblem]) -> tuple[TreeProblem, ...]:
+    """The problems of a quota's name, each once (both copies of a repeated name have the same)."""
+    return tuple({(p.check, p.message): p for p in problems if p.quota.name == name}.values())
 
 
 def _own_limit(tree: QuotaTree, quota: QuotaInfo) -> ResourceList:

@@ -43,7 +43,7 @@ class Spelling:
     reads: Mapping[str, Fraction]
 
     def describe(self, output: str) -> str:
-        written = f"{self.name}: {self.quantity}"
+        written = f"{self.name}: {self.quantity.as_written()}"
         if output == self.name:
             return written
         return f"{written} (read as {output}: {Quantity.of(self.reads[output])})"
@@ -93,17 +93,18 @@ def read_list(values: Mapping[str, Quantity], config: ConversionConfig,
         if quantity.is_zero():
             continue  # asks for nothing; left as written (harmless: the scheduler drops zeros)
         if quantity.amount < 0:
-            reading.skipped.append((name, f"negative value {quantity} left for validation to refuse"))
+            reading.skipped.append((name, f"negative value {quantity.as_written()} left for validation to refuse"))
             continue
         if rule.whole_units_only and not quantity.is_integer():
-            reading.skipped.append((name, f"{quantity} is not a whole number of cards; left as is"))
+            reading.skipped.append((name, f"{quantity.as_written()} is not a whole number of cards; left as is"))
             continue
         spelling = Spelling(name, quantity, _reads(quantity, rule))
         past = sorted(output for output, amount in spelling.reads.items() if not in_range(amount))
         if past:
             reading.out_of_range.append((spelling, past[0]))
-            reading.skipped.append((name, f"{quantity} reads as {past[0]}: {Quantity.of(spelling.reads[past[0]])}, "
-                                          f"larger than {MAX_GPU_AMOUNT}; left as is"))
+            reading.skipped.append((name, f"{quantity.as_written()} reads as {past[0]}: "
+                                          f"{Quantity.of(spelling.reads[past[0]])}, larger than {MAX_GPU_AMOUNT}; "
+                                          "left as is"))
             continue
         reading.inputs.append(spelling)
     reading.vendors = sorted(s.name for s in reading.inputs if s.name in VENDOR_WHOLE_GPU_NAMES)

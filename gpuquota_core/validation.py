@@ -185,16 +185,16 @@ def validate_container_values(container: ContainerResources,
         for name, quantity in sorted(gpu_subset(resources).items()):
             where = f"{container.label} resources.{field}[{name}]"
             if quantity.amount < 0:
-                problems.append(GpuRequestProblem("negative", f"{where}: {quantity} must not be negative",
+                problems.append(GpuRequestProblem("negative", f"{where}: {quantity.as_written()} must not be negative",
                                                   (name,), container.name))
             elif not in_range(quantity.amount):
                 problems.append(GpuRequestProblem(
-                    "out-of-range", f"{where}: {quantity} is larger than {MAX_GPU_AMOUNT}, beyond what the "
-                                    f"scheduler can count", (name,), container.name))
+                    "out-of-range", f"{where}: {quantity.as_written()} is larger than {MAX_GPU_AMOUNT}, beyond what "
+                                    "the scheduler can count", (name,), container.name))
             elif not quantity.is_integer():
                 problems.append(GpuRequestProblem(
                     "not-integer",
-                    f"{where}: {quantity} must be a whole number (GPU resources are counted in whole "
+                    f"{where}: {quantity.as_written()} must be a whole number (GPU resources are counted in whole "
                     f"units; for a share of a card ask for {GPU_CORE} and {GPU_MEMORY_RATIO} in percent)",
                     (name,), container.name))
         for old, new in sorted(DEPRECATED_RENAMES.items()):
@@ -209,8 +209,8 @@ def validate_container_values(container: ContainerResources,
         if container.requests[name] != container.limits[name]:
             problems.append(GpuRequestProblem(
                 "requests-limits",
-                f"{container.label}: {name} requests ({container.requests[name]}) and limits "
-                f"({container.limits[name]}) must be equal for extended resources",
+                f"{container.label}: {name} requests ({container.requests[name].as_written()}) and limits "
+                f"({container.limits[name].as_written()}) must be equal for extended resources",
                 (name,), container.name))
     return problems
 

@@ -51,8 +51,17 @@ tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owne
   kubectl-gpuquota | gzip -n -9 >"$dist/$archive"
 
 sha256="$(sha256sum "$dist/$archive" | cut -d' ' -f1)"
-sed -e "s|\${DIST_URL}|$dist_url|g" -e "s|\${SHA256_LINUX_AMD64}|$sha256|g" -e "s|\${PYTHON_MINOR}|$python_minor|g" \
-  "$root/manifests/krew/gpuquota.yaml" >"$dist/gpuquota.yaml"
+# The template's header comment explains the placeholders; filled in, its sentences would read as
+# nonsense ("https://... becomes where the archive is served"), so the built manifest gets a header
+# of its own and the template's is left out (everything before its first line that is not a comment).
+{
+  echo "# krew plugin manifest for \`kubectl gpuquota\`, made by \`make dist\` (hack/dist.sh) from the template"
+  echo "# manifests/krew/gpuquota.yaml for the archive beside it, $archive: a zipapp for"
+  echo "# linux/amd64 with CPython $python_minor (its compiled dependencies are those of the machine that built it)."
+  echo "# Install: kubectl krew install --manifest=gpuquota.yaml --archive=$archive"
+  sed -e '/^[^#]/,$!d' -e "s|\${DIST_URL}|$dist_url|g" -e "s|\${SHA256_LINUX_AMD64}|$sha256|g" \
+    -e "s|\${PYTHON_MINOR}|$python_minor|g" "$root/manifests/krew/gpuquota.yaml"
+} >"$dist/gpuquota.yaml"
 if grep -n '\${' "$dist/gpuquota.yaml" >&2; then
   echo "$PROG: placeholders left in $dist/gpuquota.yaml" >&2
   exit 1

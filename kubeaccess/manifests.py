@@ -26,7 +26,7 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # far faster, since the pure-Python loader builds its node graph in Python for every scalar and a
 # large ``kubectl get -o yaml`` snapshot is mostly scalars (see docs/benchmarks.md, "Mechanisms
 # kept"). PyYAML wheels ship it; a source build without libyaml falls back.
-_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # libyaml stops at its own depth bound (1,000 levels) with this problem text, where the Python
 # loader would hit RecursionError; both mean the same to the user.
 _LIBYAML_DEPTH_PROBLEM = "exceeded maximum nesting depth"
@@ -55,6 +55,7 @@ def load_objects(paths: str | Path | Iterable[str | Path], origins: dict[int, st
     with collector.paused():
         for path in paths:
             for source, text in _read_sources(str(path)):
+                assert isinstance(text, str)  # not lenient: an unreadable file raised
                 read += len(text)
                 parsed = parse_documents(text, source)
                 if origins is not None:
@@ -82,19 +83,117 @@ class ManifestSource:
 def load_sources(paths: Iterable[str | Path]) -> list[ManifestSource]:
     """Like :func:`load_objects`, keeping each file's text (``gpuquota convert`` writes it back)."""
     return [ManifestSource(source, text, parse_documents(text, source))
-            for path in paths for source, text in _read_sources(str(path))]
+            for path in paths for source, text in _read_sources(str(path)) if isinstance(text, str)]
+
+
+@dataclass
+class ManifestRead:
+    """What the files held that reads as Kubernetes objects, and each document or file left out.
+
+    A GitOps folder holds more than Kubernetes objects (a Helm ``values.yaml``, a half-edited file):
+    as ``kubectl apply -f DIR`` does, the commands that judge manifests read every other document and
+    name each one left out, so one stray file never hides the verdict on the rest.
+    """
+
+    sources: list[ManifestSource]
+    skipped: list[str]  # why each file or document was left out, naming it as FILE:LINE:COLUMN
+
+    @property
+    def objects(self) -> list[dict[str, Any]]:
+        return [obj for source in self.sources for obj in source.objects]
+
+
+def read_manifests(paths: Iterable[str | Path]) -> ManifestRead:
+    """Like :func:`load_sources`, leaving out what cannot be read instead of refusing the whole input.
+
+    Still raises :class:`ManifestError` for a path that does not exist or a directory without
+    manifests: nothing was given to read there. A file that cannot be read as a whole is read one
+    document at a time; a source keeps only the text of its documents that were read, so what
+    ``convert`` writes back holds nothing that was left out.
+    """
+    read = ManifestRead([], [])
+    characters = 0
+    with collector.paused():
+        for path in paths:
+            for source, text in _read_sources(str(path), lenient=True):
+                if isinstance(text, ManifestError):
+                    read.skipped.append(str(text))
+                    continue
+                characters += len(text)
+                try:
+                    read.sources.append(ManifestSource(source, text, parse_documents(text, source)))
+                    continue
+                except ManifestError as error:
+                    if source.endswith(".json"):
+                        read.skipped.append(str(error))
+                        continue
+                # Read one document at a time, as YAML: a file that only looked like JSON (a Helm
+                # template opens with "{{") is named by its YAML problem, not a JSON one.
+                kept: list[str] = []
+                objects: list[dict[str, Any]] = []
+                line = 1
+                for chunk in split_documents(text):
+                    try:
+                        objects += parse_documents(chunk, source, first_line=line, as_yaml=True)
+                        kept.append(chunk)
+                    except ManifestError as error:
+                        read.skipped.append(str(error))
+                    line += chunk.count("\n")
+                if objects:
+                    read.sources.append(ManifestSource(source, "".join(kept), objects))
+        if characters > _FREEZE_ABOVE:
+            gc.freeze()  # as load_objects does, for the same reason
+    return read
+
+
+# A document start marker line, bare or with a comment.
+DOCUMENT_MARKER = re.compile(r"---(\s+#.*)?\s*")
+
+
+def split_documents(text: str) -> list[str]:
+    """The text cut before each ``---`` line that follows content: one document per piece.
+
+    A ``---`` at the start of a line is always a document marker (content, even a block scalar's,
+    is indented or cannot start with it), so cutting there never splits a document.
+    """
+    pieces: list[str] = []
+    current: list[str] = []
+    has_content = False
+    for line in text.splitlines(keepends=True):
+        if DOCUMENT_MARKER.fullmatch(line.rstrip("\r\n")) and has_content:
+            pieces.append("".join(current))
+            current, has_content = [], False
+        elif line.strip() and not line.startswith(("#", "%")) and not line.lstrip().startswith("#") \
+                and not DOCUMENT_MARKER.fullmatch(line.rstrip("\r\n")):
+            has_content = True  # comments and directives (%YAML) belong to the document they precede
+        current.append(line)
+    if current:
+        pieces.append("".join(current))
+    return pieces
+
+
+def _first_content_line(text: str) -> int:
+    """The line (from 1) of a document's first content, past comments, directives and its marker."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith(("#", "%")) and not DOCUMENT_MARKER.fullmatch(stripped):
+            return number
+    return 1
 
 
 # Characters read above which the parsed objects are frozen (see load_objects).
 _FREEZE_ABOVE = 16 << 20
 
 
-def _read_sources(path: str) -> Iterator[tuple[str, str]]:
+def _read_sources(path: str, lenient: bool = False) -> Iterator[tuple[str, str | ManifestError]]:
+    """Each file's text; ``lenient``: a file that cannot be read as text is yielded as its error."""
     if path == "-":
         try:
             yield "<stdin>", _read_stdin()
         except UnicodeDecodeError as error:
-            raise ManifestError(f"<stdin>: {not_text(error)}") from None
+            if not lenient:
+                raise ManifestError(f"<stdin>: {not_text(error)}") from None
+            yield "<stdin>", ManifestError(f"<stdin>: {not_text(error)}")
         return
     target = Path(path)
     if target.is_dir():
@@ -109,11 +208,17 @@ def _read_sources(path: str) -> Iterator[tuple[str, str]]:
         raise ManifestError(f"{path}: no such file or directory")
     for file in files:
         try:
-            yield str(file), _read_text(file)
+            text = _read_text(file)
         except UnicodeDecodeError as error:
-            raise ManifestError(f"{file}: {not_text(error)}") from None
+            failure = ManifestError(f"{file}: {not_text(error)}")
         except OSError as error:
-            raise ManifestError(f"{file}: cannot read: {error.strerror or error}") from None
+            failure = ManifestError(f"{file}: cannot read: {error.strerror or error}")
+        else:
+            yield str(file), text
+            continue
+        if not lenient:
+            raise failure
+        yield str(file), failure
 
 
 def _read_stdin() -> str:
@@ -152,9 +257,18 @@ def _read_text(file: Path) -> str:
     return text
 
 
-def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
-    """Objects in one file's text: JSON, or YAML with ``---`` separated documents."""
-    if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
+def _is_json(text: str, source: str) -> bool:
+    return source.endswith(".json") or text.lstrip().startswith(("{", "["))
+
+
+def parse_documents(text: str, source: str = "<input>", first_line: int = 1,
+                    as_yaml: bool = False) -> list[dict[str, Any]]:
+    """Objects in one file's text: JSON, or YAML with ``---`` separated documents.
+
+    ``first_line``: where ``text`` begins in its file (a document read on its own), for positions;
+    ``as_yaml``: read as YAML even where the text looks like JSON.
+    """
+    if not as_yaml and _is_json(text, source):
         try:
             # Not orjson: it reads integers beyond 64 bits as floats, which would change a quantity.
             loaded = json.loads(text)
@@ -167,16 +281,19 @@ def parse_documents(text: str, source: str = "<input>") -> list[dict[str, Any]]:
             raise _too_deep(source) from None
         documents: list[Any] = loaded if isinstance(loaded, list) else [loaded]
     else:
-        documents = load_yaml_documents(text, source)
+        documents = load_yaml_documents(text, source, first_line)
     objects: list[dict[str, Any]] = []
     for index, document in enumerate(documents):
         if document is None:
             continue
-        objects.extend(_flatten(document, f"{source} (document {index + 1})"))
+        # One document read on its own is named by where it starts; in a whole file, by its number.
+        where = (f"{source}:{first_line - 1 + _first_content_line(text)}:1" if len(documents) == 1
+                 else f"{source} (document {index + 1})")
+        objects.extend(_flatten(document, where))
     return objects
 
 
-def load_yaml_documents(text: str, source: str) -> list[Any]:
+def load_yaml_documents(text: str, source: str, first_line: int = 1) -> list[Any]:
     """Every YAML document in ``text``, refused with file, line and column when it cannot be read.
 
     Also refused: aliases that expand a document far beyond what is written (the "billion laughs":
@@ -184,21 +301,21 @@ def load_yaml_documents(text: str, source: str) -> list[Any]:
     make a document contain itself (a walk would never end).
     """
     try:
-        documents = list(yaml.load_all(text, Loader=_YAML_LOADER))
+        documents = list(yaml.load_all(text, Loader=YAML_LOADER))
     except yaml.MarkedYAMLError as error:
         if error.problem == _LIBYAML_DEPTH_PROBLEM:
             raise _too_deep(source) from None
-        raise ManifestError(f"{source}:{_yaml_position(error)}") from None
+        raise ManifestError(f"{source}:{_yaml_position(error, first_line - 1)}") from None
     except yaml.reader.ReaderError as error:
         before = text[: error.position]
-        line, column = before.count("\n") + 1, error.position - (before.rfind("\n") + 1) + 1
+        line, column = before.count("\n") + first_line, error.position - (before.rfind("\n") + 1) + 1
         raise ManifestError(f"{source}:{line}:{column}: not YAML text: {error.reason} "
                             f"(character {_printable(error.character)})") from None
     except yaml.YAMLError as error:
         raise ManifestError(f"{source}: not valid YAML: {' '.join(str(error).split())}") from None
     except RecursionError:
         raise _too_deep(source) from None
-    if _may_share_nodes(text):
+    if may_share_nodes(text):
         for index, document in enumerate(documents):
             _check_aliases(document, f"{source} (document {index + 1})")
     return documents
@@ -209,20 +326,20 @@ def load_yaml_documents(text: str, source: str) -> list[Any]:
 _ALIAS_TOKEN = re.compile(r"(?:^|[\s\[{,:])\*[^\s,\[\]{}\"']", re.MULTILINE)
 
 
-def _may_share_nodes(text: str) -> bool:
+def may_share_nodes(text: str) -> bool:
     """False when the text holds no alias, so nothing is shared and the alias walk can be skipped
     (it would visit every node of a large ``kubectl get -o yaml`` snapshot)."""
     return "*" in text and "&" in text and _ALIAS_TOKEN.search(text) is not None
 
 
-def _yaml_position(error: yaml.MarkedYAMLError) -> str:
+def _yaml_position(error: yaml.MarkedYAMLError, lines_before: int = 0) -> str:
     """``LINE:COLUMN: not valid YAML: problem`` (1-based, as editors count), with where the enclosing
-    construct began."""
+    construct began; ``lines_before``: lines of the file above the text that was parsed."""
     mark = error.problem_mark or error.context_mark
-    where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else " "
+    where = f"{lines_before + mark.line + 1}:{mark.column + 1}: " if mark is not None else " "
     message = f"{where}not valid YAML: {error.problem or error.context or 'unreadable'}"
     if error.context and error.problem and error.context_mark is not None:
-        message += (f" ({error.context} started at line {error.context_mark.line + 1}, "
+        message += (f" ({error.context} started at line {lines_before + error.context_mark.line + 1}, "
                     f"column {error.context_mark.column + 1})")
     return message
 
@@ -282,10 +399,10 @@ def _too_deep(source: str) -> ManifestError:
 
 def _flatten(document: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(document, dict):
-        raise ManifestError(f"{where}: expected a Kubernetes object, got {type(document).__name__}")
+        raise ManifestError(f"{where}: not a Kubernetes object: expected a mapping, got {type(document).__name__}")
     kind = document.get("kind")
     if not isinstance(kind, str) or not kind:
-        raise ManifestError(f"{where}: object has no kind")
+        raise ManifestError(f"{where}: not a Kubernetes object: it has no kind")
     if kind == "List" or (kind.endswith("List") and isinstance(document.get("items"), list)):
         items = document.get("items")
         if not isinstance(items, list):

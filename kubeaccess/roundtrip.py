@@ -2,11 +2,12 @@
 
 GitOps repositories review the output of ``convert`` as a diff: it must show the resource change
 and nothing else. The rewrite is the core's (its JSON patch per object); this module only applies
-those operations to a round-trip parse of the file (ruamel.yaml keeps comments, key order, flow or
-block style and quoting) and writes it back. The result is read again the way every manifest is
-read (:func:`manifests.parse_documents`) and must equal the core's objects exactly; when it does
-not (anchors shared by two rewritten containers, YAML 1.1 spellings the round-trip parser reads
-differently) the objects are written plainly instead, with a note saying so.
+those operations to a round-trip parse (ruamel.yaml keeps comments, key order, flow or block style
+and quoting) of the mappings they touch (:mod:`roundtrip_narrow`), or of the whole document where
+those cannot be cut out, and writes it back. What is written anew is read again the way every
+manifest is read (:func:`manifests.parse_documents`) and must equal the core's objects exactly;
+when it does not (anchors shared by two rewritten containers, YAML 1.1 spellings the round-trip
+parser reads differently) the objects are written plainly instead, with a note saying so.
 
 The comments are moved through ruamel's comment table, which is not public API. An installed
 ruamel.yaml that is not a tested release (:data:`kubeaccess.library_pins.RUAMEL_YAML`) is not
@@ -28,17 +29,17 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError as RoundTripYAMLError
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
+from yaml.nodes import Node
 
 from gpuquota_core.jsonpatch import Operation, PatchError, apply_in_place, unescape_pointer_token
 
 from . import library_pins
-from .manifests import ManifestError, ManifestSource, parse_documents
+from .manifests import DOCUMENT_MARKER, ManifestError, ManifestSource, parse_documents, split_documents
+from .roundtrip_narrow import composed, patched_lines
 
 # A long annotation value must not be folded onto several lines.
 _NO_WRAP = 1 << 16
 _QUOTED = (DoubleQuotedScalarString, SingleQuotedScalarString)
-# A document start marker line, bare or with a comment.
-_MARKER = re.compile(r"---(\s+#.*)?\s*")
 # "key:" (maybe with a comment) opening a nested block, and the line after it.
 _BLOCK_KEY = re.compile(r"(\s*)(- )?[^#\s][^#]*:\s*(#.*)?")
 
@@ -100,19 +101,26 @@ def _patched(source: ManifestSource, operations: list[list[Operation]], wanted: 
     mapping_indent, offset = guess_indent(source.text)
     pieces: list[str] = []
     position = 0
-    for chunk in _documents(source.text):
-        try:
-            count = len(parse_documents(chunk, source.source))
-        except ManifestError:
-            raise RoundTripError("its documents cannot be read one at a time") from None
+    # Whether every document is known to read as wanted: unchanged ones are the text that was read,
+    # each patched one is read back on its own; else the whole text is read back at the end.
+    verified = True
+    for chunk in split_documents(source.text):
+        tree = composed(chunk)  # by libyaml: no objects built to count them
+        if tree is None:
+            raise RoundTripError("its documents cannot be read one at a time")
+        node, count = tree
         chunk_operations = operations[position:position + count]
+        chunk_wanted = wanted[position:position + count]
         position += count
-        if any(chunk_operations):
-            chunk = _patched_document(chunk, chunk_operations, mapping_indent, offset)
+        if any(chunk_operations) and node is not None:
+            chunk, checked = _patched_chunk(chunk, node, chunk_operations, chunk_wanted, mapping_indent, offset)
+            verified = verified and checked
         pieces.append(chunk)
     if position != len(operations):
         raise RoundTripError("its documents do not line up with the objects read")
     text = "".join(pieces)
+    if verified:
+        return text
     try:
         matches = parse_documents(text, source.source) == wanted
     except ManifestError:
@@ -122,33 +130,34 @@ def _patched(source: ManifestSource, operations: list[list[Operation]], wanted: 
     return text
 
 
-def _documents(text: str) -> list[str]:
-    """The text cut before each ``---`` line that follows content: one document per piece.
+def _patched_chunk(chunk: str, node: Node, operations: list[list[Operation]], wanted: list[dict[str, Any]],
+                   mapping_indent: int, offset: int) -> tuple[str, bool]:
+    """One document patched: only the lines the operations touch where they can be cut out
+    (:mod:`roundtrip_narrow`) and the result reads as ``wanted``; else the whole document. And
+    whether the result was read back."""
+    round_trip = _round_trip(mapping_indent, offset)
 
-    A ``---`` at the start of a line is always a document marker (content, even a block scalar's,
-    is indented or cannot start with it), so cutting there never splits a document.
-    """
-    pieces: list[str] = []
-    current: list[str] = []
-    has_content = False
-    for line in text.splitlines(keepends=True):
-        if _MARKER.fullmatch(line.rstrip("\r\n")) and has_content:
-            pieces.append("".join(current))
-            current, has_content = [], False
-        elif line.strip() and not line.startswith(("#", "%")) and not line.lstrip().startswith("#") \
-                and not _MARKER.fullmatch(line.rstrip("\r\n")):
-            has_content = True  # comments and directives (%YAML) belong to the document they precede
-        current.append(line)
-    if current:
-        pieces.append("".join(current))
-    return pieces
+    def patch_mapping(text: str, mapping_operations: list[Operation]) -> str:
+        return _patched_document(text, [mapping_operations], round_trip)
+
+    try:
+        narrow = patched_lines(chunk, node, operations, wanted, patch_mapping, mapping_indent)
+    except RoundTripError:
+        narrow = None
+    if narrow is not None:
+        return narrow, True  # each mapping written anew was read back (roundtrip_narrow.patched_lines)
+    return _patched_document(chunk, operations, round_trip), False
 
 
-def _patched_document(chunk: str, operations: list[list[Operation]], mapping_indent: int, offset: int) -> str:
+def _round_trip(mapping_indent: int, offset: int) -> YAML:
     round_trip = YAML(typ="rt")
     round_trip.preserve_quotes = True
     round_trip.width = _NO_WRAP
     round_trip.indent(mapping=mapping_indent, sequence=offset + 2, offset=offset)
+    return round_trip
+
+
+def _patched_document(chunk: str, operations: list[list[Operation]], round_trip: YAML) -> str:
     # ruamel drops what comes before the document's "---" (a file's header comment): kept here instead.
     preamble = _preamble(chunk)
     # The preamble carries the marker line's comment; parsed too, ruamel would write it a second time.
@@ -180,7 +189,7 @@ def _preamble(text: str) -> str:
     lines = text.splitlines(keepends=True)
     for index, line in enumerate(lines):
         stripped = line.strip()
-        if _MARKER.fullmatch(stripped):
+        if DOCUMENT_MARKER.fullmatch(stripped):
             return "".join(lines[: index + 1])
         if stripped and not stripped.startswith("#"):
             return ""

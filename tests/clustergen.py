@@ -137,6 +137,27 @@ def quotas(draw: st.DrawFn) -> list[dict[str, Any]]:
     return result
 
 
+@st.composite
+def broken_quota_trees(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Quotas that may not form a tree: names repeated in another namespace, parents that do not
+    exist, parent cycles, a parent that cannot be read (what ``serve --state`` refuses, or the audit
+    reports, and ``gpuquota quota`` must show as broken)."""
+    names = draw(st.lists(st.sampled_from(QUOTA_NAMES[:4]), min_size=1, max_size=6))
+    result = []
+    for name in names:
+        labels = {PREFIX + "is-parent": "true"}
+        parent = draw(st.sampled_from(["", *QUOTA_NAMES[:4], "gone"]))
+        if parent:
+            labels[PREFIX + "parent"] = parent
+        spec: dict[str, Any] = {"max": draw(canonical_limits)}
+        if draw(st.integers(0, 7)) == 0:
+            spec = {"max": {CORE: "lots"}}  # cannot be read: left out, its children's parent "unreadable"
+        result.append({"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "ElasticQuota",
+                       "metadata": {"name": name, "namespace": draw(st.sampled_from(NAMESPACES)), "labels": labels},
+                       "spec": spec})
+    return result
+
+
 pod_amounts = st.sampled_from(["1", "2", "4", "50", "100", "200", "0", "0.5", "-1", "150"])
 # Mostly the requests users write (whole vendor cards, a share in percent, nothing), sometimes any
 # mix of names and amounts, invalid ones included.

@@ -89,6 +89,17 @@ def test_the_zipapp_runs_as_a_kubectl_plugin(dist: Path, tmp_path: Path) -> None
     assert audit.stdout.lstrip().startswith(("{", "["))
 
 
+def test_the_built_manifest_has_a_header_of_its_own(dist: Path) -> None:
+    """The template's header explains its placeholders; filled in, it read "https://... becomes where the
+    archive is served". The built manifest says what it is instead, and its comments quote no URL."""
+    text = (dist / "gpuquota.yaml").read_text()
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert header == text.splitlines()[:len(header)]  # one block, at the top
+    assert header[0].startswith("# krew plugin manifest for `kubectl gpuquota`, made by `make dist`")
+    assert not any("downloads.example" in line or "becomes" in line or "${" in line for line in header), header
+    assert any(re.search(r"CPython 3\.\d+", line) for line in header), header
+
+
 def test_the_template_leaves_only_what_make_dist_fills() -> None:
     assert set(re.findall(r"\$\{([A-Z0-9_]+)\}", KREW_TEMPLATE.read_text())) == {
         "DIST_URL", "SHA256_LINUX_AMD64", "PYTHON_MINOR"}

@@ -44,8 +44,10 @@ def bash_completions(words: list[str]) -> list[str]:
     script = subprocess.run([str(VENV_BIN / "gpuquota"), "completion", "bash"], capture_output=True, text=True,
                             check=True, timeout=60).stdout
     words_literal = " ".join(f"'{w}'" for w in words)
+    # The function bash registered for the command word, called as bash calls it.
     driver = (f"{script}\nCOMP_WORDS=({words_literal}); COMP_CWORD={len(words) - 1}\n"
-              "_gpuquota_completion gpuquota\nprintf '%s\\n' \"${COMPREPLY[@]}\"\n")
+              f"function=$(complete -p {words[0]} | sed -E 's/.* -F ([^ ]+) .*/\\1/')\n"
+              f"$function {words[0]}\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n")
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run([bash, "--norc", "--noprofile", "-c", driver], capture_output=True, text=True,
                             env=env, timeout=60, check=False)
@@ -55,6 +57,15 @@ def bash_completions(words: list[str]) -> list[str]:
 
 def test_bash_completes_au_to_audit() -> None:
     assert bash_completions(["gpuquota", "au"]) == ["audit"]
+
+
+def test_the_kubectl_plugin_binary_is_completed_too() -> None:
+    """krew installs kubectl-gpuquota alone: the same script completes it, through that binary."""
+    assert bash_completions(["kubectl-gpuquota", "au"]) == ["audit"]
+    assert sorted(bash_completions(["kubectl-gpuquota", "migrate", ""])) == ["apply", "plan", "rollback"]
+    for shell, registration in (("zsh", "compdef _kubectl_gpuquota_completion kubectl-gpuquota"),
+                                ("fish", "complete --no-files --command kubectl-gpuquota")):
+        assert registration in CliRunner().invoke(cli, ["completion", shell]).stdout
 
 
 def test_bash_completes_subcommands_and_choices() -> None:

@@ -150,8 +150,10 @@ def test_workload_template_and_untouched_objects_exact_yaml(tmp_path: Path) -> N
     code, out, err = run("-f", str(tmp_path / "d.yaml"))
 
     assert code == 0
-    # The input's flow style stays: only the resources and the annotation change.
-    assert out == """apiVersion: apps/v1
+    # The input's flow style stays: only the resources and the annotation change (its first, blank
+    # line too: only the lines of the rewritten mappings are written anew).
+    assert out == """
+apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web, namespace: ns}
 spec:
@@ -253,9 +255,10 @@ def test_with_nodes_in_the_input_a_pod_pinned_to_a_vendor_only_node_is_left(tmp_
     code, out, err = run("-f", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "pod.yaml"), "-o", "json")
 
     assert code == 0
-    pod = next(o for o in json.loads(out)["items"] if o["kind"] == "Pod")
+    pod = json.loads(out)  # the Nodes decide, but are not written out
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert err == ("Pod/team-a/trainer: gpuquota left nvidia.com/gpu as written: none of the 1 node(s) this pod can "
+    assert err == ("note: 2 Nodes read to decide as the webhook does, not written out\n"
+                   "Pod/team-a/trainer: gpuquota left nvidia.com/gpu as written: none of the 1 node(s) this pod can "
                    "be scheduled on (gpu-whole-0) advertises koordinator.sh/gpu-core, "
                    "koordinator.sh/gpu-memory-ratio\n")
 
@@ -264,11 +267,46 @@ def test_with_nodes_in_the_input_an_unpinned_pod_is_rewritten_without_the_notice
     (tmp_path / "nodes.yaml").write_text(VENDOR_NODE)
     (tmp_path / "pod.yaml").write_text(POD)
 
-    code, _, err = run("-f", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "pod.yaml"))
+    code, out, err = run("-f", str(tmp_path / "nodes.yaml"), "-f", str(tmp_path / "pod.yaml"))
 
     assert code == 0
-    assert err == ('Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
+    assert [document["kind"] for document in yaml.safe_load_all(out)] == ["Pod"]
+    assert err == ("note: 2 Nodes read to decide as the webhook does, not written out\n"
+                   'Pod/team-a/trainer: rewrote container "main" nvidia.com/gpu: 2 -> '
                    "koordinator.sh/gpu-core: 200, koordinator.sh/gpu-memory-ratio: 200\n")
+
+
+def test_objects_given_as_context_are_not_written_out(tmp_path: Path) -> None:
+    """`convert -f pods.yaml -f nodes.yaml > deploy.yaml` must not put Nodes or quotas in a manifest,
+    also where a kubectl List mixes them with pods."""
+    quota = ("apiVersion: scheduling.sigs.k8s.io/v1alpha1\nkind: ElasticQuota\n"
+             "metadata: {name: team-a, namespace: team-a}\nspec: {max: {nvidia.com/gpu: 4}}\n")
+    (tmp_path / "nodes.yaml").write_text(VENDOR_NODE)
+    (tmp_path / "cluster.yaml").write_text(POD + "---\n" + quota)
+    listing = {"apiVersion": "v1", "kind": "List", "items": [
+        yaml.safe_load(quota), {**yaml.safe_load(POD), "metadata": {"name": "other", "namespace": "team-a"}}]}
+    (tmp_path / "list.yaml").write_text(yaml.safe_dump(listing))
+
+    for output in ("yaml", "json", "patch"):
+        code, out, err = run("-f", str(tmp_path), "-o", output)
+
+        assert code == 0, err
+        documents = [d for d in yaml.safe_load_all(out) if d]
+        written = (documents[0]["items"] if output == "json" else documents[0] if output == "patch" else documents)
+        assert sorted(d["kind"] + "/" + (d.get("metadata") or d)["name"] for d in written) == [
+            "Pod/other", "Pod/trainer"], output
+        assert err.splitlines()[0] == ("note: 2 ElasticQuotas, 2 Nodes read to decide as the webhook does, "
+                                       "not written out")
+
+
+def test_input_of_context_objects_only_is_nothing_to_convert(tmp_path: Path) -> None:
+    (tmp_path / "nodes.yaml").write_text(VENDOR_NODE)
+
+    code, out, err = run("-f", str(tmp_path / "nodes.yaml"))
+
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == (f"Error: nothing to convert in {tmp_path / 'nodes.yaml'}: it holds only "
+                                    "ElasticQuotas and Nodes, which are read as context")
 
 
 def test_rewrite_never_in_the_config_rewrites_nothing(tmp_path: Path) -> None:

@@ -228,3 +228,22 @@ def test_a_state_whose_quotas_do_not_form_a_tree_is_one_error_line(tmp_path: Pat
     assert err.splitlines() == ["Error: the ElasticQuotas do not form a tree: ElasticQuota name team is used by 2 "
                                 "quotas (a/team, b/team): quota names are cluster-wide in Koordinator, so only one of "
                                 "them can limit the pods bound to that name"]
+
+
+def test_a_cronjob_gives_the_replicas_and_fit_now_line_a_job_gives(tmp_path: Path) -> None:
+    """Each run of a CronJob is a Job of its jobTemplate: as many pods at once as its parallelism."""
+    job_spec = {"parallelism": 2, "template": {"spec": {"containers": [
+        {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "team-nlp"},
+           "spec": job_spec}
+    cron = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c", "namespace": "team-nlp"},
+            "spec": {"schedule": "0 * * * *", "jobTemplate": {"spec": job_spec}}}
+
+    code, out, _ = run("-f", "-", "--state", EXAMPLE, stdin=yaml.safe_dump_all([job, cron]))
+
+    assert code == 0
+    job_text, cron_text = out.split("CronJob team-nlp/c (pod template)", 1)
+    for text in (job_text, cron_text):
+        assert "  replicas: 2; pods alike that fit now: 2" in text.splitlines(), out
+    code, out, _ = run("-f", "-", "--state", EXAMPLE, "-o", "json", stdin=yaml.safe_dump_all([job, cron]))
+    assert [(e["replicas"], e["replicasThatFit"]) for e in json.loads(out)["explanations"]] == [(2, 2), (2, 2)]

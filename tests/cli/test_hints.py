@@ -23,8 +23,9 @@ from cli.main import cli
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("cli", "gpuquota_core", "kubeaccess", "webhook")
 EXAMPLE_CLUSTER = REPO_ROOT / "examples" / "cluster"
-# A command line quoted in single backticks (double backticks are reStructuredText in docstrings).
-QUOTED_COMMAND = re.compile(r"(?<!`)`(gpuquota [^`]+)`(?!`)")
+# A command line quoted in single backticks (double backticks are reStructuredText in docstrings),
+# or in single quotes.
+QUOTED_COMMAND = re.compile(r"(?<!`)`(gpuquota [^`]+)`(?!`)|'(gpuquota [^']+)'")
 # A flag named in prose: "-f", "--state"; not the middle of a word ("re-run", "multi-level").
 FLAG = re.compile(r"(?<![\w`/-])(--?[A-Za-z][\w-]*)")
 POD = """apiVersion: v1
@@ -50,9 +51,13 @@ def parse(line: str) -> None:
     assert words[0] == "gpuquota", line
     command: click.Command = cli
     rest = words[1:]
-    while isinstance(command, click.Group):
+    while isinstance(command, click.Group) and rest:
         command, rest = command.commands[rest[0]], rest[1:]
     command.make_context(command.name, rest)
+
+
+def quoted_lines(text: str) -> list[str]:
+    return [backticked or single for backticked, single in QUOTED_COMMAND.findall(text)]
 
 
 def filled(text: str) -> str:
@@ -87,14 +92,14 @@ def quoted_in_sources() -> list[str]:
     for directory in SOURCES:
         for path in sorted((REPO_ROOT / directory).rglob("*.py")):
             found += [re.sub(r"\{[^}]*\}", "backup-0001.yaml", line)
-                      for text in string_literals(path.read_text()) for line in QUOTED_COMMAND.findall(text)]
+                      for text in string_literals(path.read_text()) for line in quoted_lines(text)]
     return sorted(set(found))
 
 
 @pytest.mark.parametrize("hint", hints.every_hint(), ids=lambda hint: hint.text[:60])
 def test_every_hint_names_flags_of_its_own_commands(hint: hints.Hint) -> None:
     text = filled(hint.text)
-    for line in QUOTED_COMMAND.findall(text):
+    for line in quoted_lines(text):
         parse(line)
     for path in hint.commands:
         assert set(prose_flags(text)) <= flags_of(command_of(path)), (path, text)
@@ -103,6 +108,33 @@ def test_every_hint_names_flags_of_its_own_commands(hint: hints.Hint) -> None:
 @pytest.mark.parametrize("line", quoted_in_sources())
 def test_every_command_line_quoted_in_a_message_parses(line: str) -> None:
     parse(line)
+
+
+def every_quoted_line() -> list[str]:
+    in_hints = (line for hint in hints.every_hint() for line in quoted_lines(filled(hint.text)))
+    return sorted({*quoted_in_sources(), *in_hints})
+
+
+# What the user has in hand where a message quotes these placeholders: the pod a note is about, a
+# backup apply wrote, a new file for the next backup.
+PLACEHOLDERS = {"FILE": POD, "backup-0001.yaml": None, "NEW_FILE": None}
+
+
+@pytest.mark.parametrize("line", every_quoted_line())
+def test_every_quoted_command_line_runs_as_printed(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only parsed: run where the user would be (no cluster configured here). It answers, or
+    stops only for want of the cluster or a file the user supplies, never for a flag it lacks
+    (`certs generate --out DIR` alone refuses: a certificate needs a name)."""
+    monkeypatch.chdir(tmp_path)
+    for placeholder, content in PLACEHOLDERS.items():
+        if content is not None:
+            (tmp_path / placeholder).write_text(content)
+
+    result = CliRunner(env=no_cluster_anywhere(tmp_path)).invoke(cli, shlex.split(line)[1:])
+
+    error = result.stderr.splitlines()[0] if result.stderr else ""
+    assert (result.exit_code in (0, 1) or error.startswith("Error: no kubeconfig")
+            or any(placeholder in error for placeholder in PLACEHOLDERS)), (line, result.output)
 
 
 def commands_reading_a_kubeconfig() -> list[str]:

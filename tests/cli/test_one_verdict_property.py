@@ -42,7 +42,7 @@ from typing import Any
 import reviews
 import yaml
 from click.testing import CliRunner
-from clustergen import Cluster, clusters, template_pod
+from clustergen import Cluster, broken_quota_trees, clusters, template_pod
 from hypothesis import HealthCheck, given, settings
 
 from cli.main import cli
@@ -63,6 +63,7 @@ from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
+from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE, PARENT_MISSING, PARENT_UNREADABLE
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL, UNCHECKED_QUOTAS
 from gpuquota_core.resources import is_gpu_name
 from webhook.admission.decisions import AdmissionHandlers
@@ -408,7 +409,48 @@ def check_views(cluster: Cluster, directory: Path) -> None:
     plan = json.loads(run(["migrate", "plan", "-f", files, "-o", "json"], expect=(0, 1)))
     check_migrate(plan, audit["findings"])
     if cluster.quotas:
-        check_quota_view(json.loads(run(["quota", "-f", files, "-o", "json", "--pods"])), state, cluster)
+        quota_view = CliRunner().invoke(cli, ["quota", "-f", files, "-o", "json", "--pods"])
+        check_quota_view(json.loads(quota_view.stdout), state, cluster)
+        check_broken_tree(json.loads(quota_view.stdout), quota_view.exit_code, audit["findings"])
+
+
+TREE_CHECKS = {DUPLICATE_NAME, PARENT_MISSING, PARENT_UNREADABLE, PARENT_CYCLE}
+
+
+def check_broken_tree(view: dict[str, Any], status: int, findings: list[dict[str, Any]]) -> None:
+    """``quota`` shows the quotas the audit says do not form a tree as broken, in its words, and ends
+    1 exactly when the audit has such an error."""
+    audited = sorted((f["check"], f["namespace"], f["name"], f["message"]) for f in findings
+                     if f["check"] in TREE_CHECKS)
+    shown = sorted((p["check"], p["namespace"], p["name"], p["message"]) for p in view["treeProblems"])
+    assert shown == audited
+    assert status == (1 if audited else 0)
+    # Each quota shown is marked with every problem of its name (one copy of a repeated name is shown).
+    marked = [(b["check"], q["name"], b["message"]) for q in view["quotas"] for b in q.get("broken", [])]
+    assert len(marked) == len(set(marked))
+    assert set(marked) == {(check, name, message) for check, _, name, message in audited}
+
+
+BROKEN_EXAMPLES = int(os.environ.get("GPUQUOTA_BROKEN_TREE_EXAMPLES", "150"))
+
+
+@settings(PROFILE, max_examples=BROKEN_EXAMPLES)
+@given(quotas=broken_quota_trees())
+def test_quota_audit_and_explain_state_agree_on_a_broken_tree(quotas: list[dict[str, Any]]) -> None:
+    """The same files, three views: the audit's tree errors, ``quota``'s broken trees and status, and
+    ``explain --state`` (as ``serve --state``) refusing exactly a repeated name or a cycle."""
+    with tempfile.TemporaryDirectory() as directory:
+        files = Cluster(quotas=quotas).write(Path(directory) / "state")
+        audit = json.loads(run(["audit", "-f", str(files), "-o", "json", "--fail-on", "none"]))
+        quota_view = CliRunner().invoke(cli, ["quota", "-f", str(files), "-o", "json"])
+        check_broken_tree(json.loads(quota_view.stdout), quota_view.exit_code, audit["findings"])
+        pod = Path(directory) / "pod.yaml"
+        pod.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
+                                       "metadata": {"name": "p", "namespace": "team-a"}, "spec": {"containers": []}}))
+        explained = CliRunner().invoke(cli, ["explain", "-f", str(pod), "--state", str(files)])
+        # What serve --state refuses to load: a quota it cannot read, a repeated name, a cycle.
+        fatal = {f["check"] for f in audit["findings"]} & {"quota-invalid", DUPLICATE_NAME, PARENT_CYCLE}
+        assert (explained.exit_code == 2) == bool(fatal), (explained.output, fatal)
 
 
 @PROFILE

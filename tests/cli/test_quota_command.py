@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -152,7 +153,7 @@ def test_an_unreadable_quota_is_left_out_with_a_note_and_the_others_shown(tmp_pa
                                             "an object, got list"]
 
 
-def test_a_child_of_an_unreadable_quota_is_noted_as_such_not_as_a_root(tmp_path: Path) -> None:
+def test_a_child_of_an_unreadable_quota_is_broken_as_such_not_a_root(tmp_path: Path) -> None:
     state = tmp_path / "tree.yaml"
     state.write_text(yaml.safe_dump_all([
         {"kind": "ElasticQuota", "metadata": {"name": "org", "namespace": "ops",
@@ -165,15 +166,44 @@ def test_a_child_of_an_unreadable_quota_is_noted_as_such_not_as_a_root(tmp_path:
 
     code, out, err = run("-f", str(state), "-A")
 
-    assert code == 0
-    assert out.splitlines()[1].split()[0] == "team"
+    assert code == 1  # as the audit's quota-parent-unreadable error
+    assert out.splitlines()[1].startswith("team (broken: parent org unreadable) ")
     unreadable_parent = ("ElasticQuota t/team names parent org (label quota.scheduling.koordinator.sh/parent), which "
                          "exists but cannot be read: which limits apply to its pods above its own is unknown; fix "
                          "that ElasticQuota")
-    assert err.splitlines()[1:] == [f"note: {unreadable_parent}"]
+    assert err.splitlines()[1:] == [f"error: {unreadable_parent}"]
     assert err.splitlines()[0].startswith("note: unreadable ElasticQuota left out: ElasticQuota org: ")
     _, as_json, _ = run("-f", str(state), "-A", "-o", "json")
-    assert json.loads(as_json)["notes"][1:] == [unreadable_parent]
+    assert json.loads(as_json)["treeProblems"] == [{"check": "quota-parent-unreadable", "namespace": "t",
+                                                    "name": "team", "message": unreadable_parent}]
+
+
+def test_a_parent_cycle_and_a_missing_parent_are_shown_broken_and_end_1(tmp_path: Path) -> None:
+    """Not drawn as an ordinary parent and child, nor as a root: the tree is marked broken, why is said,
+    and the status is the audit's for the same files."""
+    def eq(name: str, parent: str) -> dict[str, Any]:
+        return {"kind": "ElasticQuota", "metadata": {"name": name, "namespace": "ns", "labels": {
+            "quota.scheduling.koordinator.sh/parent": parent, "quota.scheduling.koordinator.sh/is-parent": "true"}},
+            "spec": {"max": {"koordinator.sh/gpu-core": "100"}}}
+    state = tmp_path / "tree.yaml"
+    state.write_text(yaml.safe_dump_all([eq("a", "b"), eq("b", "a"), eq("orphan", "gone")]))
+
+    code, out, err = run("-f", str(state))
+
+    assert code == 1
+    assert [line.split("   ")[0] for line in out.splitlines()[1:]] == [
+        "orphan (broken: parent gone missing)", "a (broken: in a parent cycle)", "b (broken: in a parent cycle)"]
+    assert err.splitlines() == [
+        "error: ElasticQuota ns/orphan names parent gone (label quota.scheduling.koordinator.sh/parent), which does "
+        "not exist: no ancestor limits its pods; create the parent first or fix the label",
+        "error: the parent labels of ElasticQuotas a -> b -> a form a cycle: none of them reaches the root quota"]
+    audit = CliRunner().invoke(cli, ["audit", "-f", str(state)])
+    assert audit.exit_code == code
+    code, as_json, _ = run("-f", str(state), "-o", "json")
+    assert code == 1
+    assert {q["name"]: [b["check"] for b in q.get("broken", [])] for q in json.loads(as_json)["quotas"]} == {
+        "orphan": ["quota-parent-missing"], "a": ["quota-parent-cycle"], "b": ["quota-parent-cycle"]}
+    assert run("-f", str(state), "-o", "name")[0] == 1
 
 
 def test_wide_adds_namespace_chain_free_limit_source_and_every_card_count() -> None:
@@ -214,3 +244,14 @@ def test_colour_into_a_pipe_keeps_every_column(fmt: str) -> None:
     bars = re.compile(r"[█░]+ ")
     assert [bars.sub("", ANSI.sub("", line), count=1) for line in coloured.splitlines()] == plain.splitlines()
     assert "(4 cards)" in coloured
+
+
+def test_a_file_of_only_an_admission_review_gets_the_note_docs_promise(tmp_path: Path) -> None:
+    review = tmp_path / "review.json"
+    review.write_text((Path(EXAMPLE).parent / "requests" / "mutate-pod.json").read_text())
+
+    code, out, err = run("-f", str(review))
+
+    assert (code, out) == (0, "No ElasticQuotas.\n")
+    assert err == (f"note: {review}: AdmissionReview left out: an AdmissionReview is a request to the webhook, not "
+                   "an object of the cluster; `gpuquota explain -f FILE` answers it as the webhook would\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import importlib.metadata
+import shlex
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,13 @@ def test_serve_without_certificates_says_how_to_make_them(runner: CliRunner, tmp
     result = runner.invoke(cli, ["serve", "--cert-dir", str(tmp_path), "--state", "examples/cluster"])
 
     assert result.exit_code == 2
-    assert result.output == (f"Error: {tmp_path}/tls.crt not found: create certificates with "
-                             f"'gpuquota certs generate --out {tmp_path}'\n")
+    suggested = f"gpuquota certs generate --out {tmp_path} --dns localhost --ip 127.0.0.1"
+    assert result.output == (f"Error: {tmp_path}/tls.crt not found: create certificates with `{suggested}` "
+                             "(or with --service NAME --namespace NS for a Service)\n")
+    # The command runs as printed, and makes what serve asked for.
+    made = runner.invoke(cli, shlex.split(suggested)[1:])
+    assert made.exit_code == 0, made.output
+    assert (tmp_path / "tls.crt").is_file() and (tmp_path / "tls.key").is_file()
 
 
 def test_serve_outside_a_cluster_without_a_source_is_refused(runner: CliRunner, tmp_path: Path,

@@ -85,8 +85,8 @@ def _odd_pod(amount: str) -> str:
 
 @pytest.mark.parametrize(("amount", "rule", "shown"), [
     ("-1", "negative", "-1"),
-    ("0.5", "not-integer", "500m"),
-    ('"1.5"', "not-integer", "1500m"),
+    ("0.5", "not-integer", "0.5"),  # as written, not the canonical 500m
+    ('"1.5"', "not-integer", "1.5"),
     ("99999999999999999999", "out-of-range", "99999999999999999999"),
     ('"99999999999999999999"', "out-of-range", "99999999999999999999"),
 ])

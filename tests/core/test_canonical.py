@@ -170,7 +170,7 @@ def test_renaming_can_be_switched_off() -> None:
 
 
 LEFT_ALONE = [
-    pytest.param({"nvidia.com/gpu": "0.5"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: 500m is not a "
+    pytest.param({"nvidia.com/gpu": "0.5"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: 0.5 is not a "
                  "whole number of cards; left as is", id="half-a-card"),
     pytest.param({"nvidia.com/gpu": "100m"}, "spec.containers[0].resources.requests[nvidia.com/gpu]: 100m is not a "
                  "whole number of cards; left as is", id="100m-cards"),
@@ -180,7 +180,7 @@ LEFT_ALONE = [
                  f"(read as {CORE}: 100) and {CORE}: -100 disagree; left as is for validation to refuse",
                  id="negative-core-beside-vendor"),
     pytest.param({"nvidia.com/gpu": "1", CORE: "0.5"}, "spec.containers[0].resources.requests: nvidia.com/gpu: 1 "
-                 f"(read as {CORE}: 100) and {CORE}: 500m disagree; left as is for validation to refuse",
+                 f"(read as {CORE}: 100) and {CORE}: 0.5 disagree; left as is for validation to refuse",
                  id="fractional-core-beside-vendor"),
     pytest.param({"amd.com/gpu": "92233720368548"}, "spec.containers[0].resources.requests[amd.com/gpu]: "
                  f"92233720368548 reads as {CORE}: 9223372036854800, larger than 92233720368547; left as is",

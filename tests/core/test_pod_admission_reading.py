@@ -66,7 +66,7 @@ def test_gpu_problems_are_found_and_the_admission_is_still_read() -> None:
     reading = create(pod(resources={"nvidia.com/gpu": "1.5"}))
 
     assert [problem.rule for problem in reading.problems] == ["not-integer", "not-integer"]
-    assert reading.problems[0].message.startswith('container "main" resources.requests[nvidia.com/gpu]: 1500m ')
+    assert reading.problems[0].message.startswith('container "main" resources.requests[nvidia.com/gpu]: 1.5 ')
     assert reading.grandfathered is False
     assert reading.admission is not None and reading.admission.canonical_requests == {"nvidia.com/gpu": "1500m"}
 

@@ -11,6 +11,7 @@ from gpuquota_core.canonical import ORIGINAL_RESOURCES_ANNOTATION, canonicalize_
 from gpuquota_core.ledger import Reservation
 from gpuquota_core.pod_records import pod_record
 from gpuquota_core.quantity import Quantity
+from gpuquota_core.quota_integrity import tree_problems
 from gpuquota_core.quota_objects import quota_from_object
 from gpuquota_core.quota_tree import QuotaTree
 from gpuquota_core.quota_view import (
@@ -154,9 +155,25 @@ def test_select_keeps_ancestors_and_with_a_name_descendants() -> None:
 
 
 def test_tree_order_survives_orphans_and_cycles() -> None:
+    """The members of a cycle side by side at the top (neither is the other's parent in any tree),
+    with what hangs below them."""
     tree = QuotaTree.build(quota_from_object(o) for o in [
-        quota("orphan", {}, parent="gone"), quota("x", {}, parent="y"), quota("y", {}, parent="x")])
-    assert [(info.name, depth) for info, depth in tree_order(tree)] == [("orphan", 0), ("x", 0), ("y", 1)]
+        quota("orphan", {}, parent="gone"), quota("x", {}, parent="y"), quota("y", {}, parent="x"),
+        quota("below", {}, parent="y")])
+    assert [(info.name, depth) for info, depth in tree_order(tree)] == [("orphan", 0), ("x", 0), ("y", 0),
+                                                                        ("below", 1)]
+
+
+def test_a_broken_tree_is_marked_on_each_quota_it_concerns() -> None:
+    infos = [quota_from_object(o) for o in [
+        quota("orphan", {}, parent="gone"), quota("x", {}, parent="y"), quota("y", {}, parent="x"),
+        quota("fine", {})]]
+    view = build_view(QuotaTree.build(infos), [], problems=tree_problems(infos))
+    assert {v.quota.name: v.broken_because for v in view.quotas} == {
+        "orphan": "parent gone missing", "x": "in a parent cycle", "y": "in a parent cycle", "fine": ""}
+    assert view.broken and not view.select(name="fine").broken
+    assert [p["check"] for p in view.as_dict()["treeProblems"]] == [
+        "quota-parent-missing", "quota-parent-cycle", "quota-parent-cycle"]
 
 
 def test_chain_headroom_before_and_after() -> None:

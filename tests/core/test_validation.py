@@ -291,7 +291,7 @@ def test_init_containers_are_aggregated_like_the_scheduler() -> None:
 PER_CONTAINER = [
     pytest.param({NVIDIA: "-1"}, "negative", 'container "main" resources.requests[nvidia.com/gpu]: -1 must not be '
                  "negative", id="negative"),
-    pytest.param({NVIDIA: "0.5"}, "not-integer", 'container "main" resources.requests[nvidia.com/gpu]: 500m must be '
+    pytest.param({NVIDIA: "0.5"}, "not-integer", 'container "main" resources.requests[nvidia.com/gpu]: 0.5 must be '
                  "a whole number (GPU resources are counted in whole units; for a share of a card ask for "
                  f"{CORE} and {RATIO} in percent)", id="half-a-gpu"),
     pytest.param({NVIDIA: "100m"}, "not-integer", 'container "main" resources.requests[nvidia.com/gpu]: 100m must be '
@@ -300,7 +300,7 @@ PER_CONTAINER = [
     pytest.param({RATIO: "1e-3"}, "not-integer", f'container "main" resources.requests[{RATIO}]: 1e-3 must be '
                  "a whole number (GPU resources are counted in whole units; for a share of a card ask for "
                  f"{CORE} and {RATIO} in percent)", id="exponent-fraction"),
-    pytest.param({NVIDIA: "1e17"}, "out-of-range", f'container "main" resources.requests[{NVIDIA}]: 100e15 is larger '
+    pytest.param({NVIDIA: "1e17"}, "out-of-range", f'container "main" resources.requests[{NVIDIA}]: 1e17 is larger '
                  f"than {MAX_GPU_AMOUNT}, beyond what the scheduler can count", id="beyond-int64"),
     pytest.param({"kubernetes.io/gpu-core": "-5"}, "negative", 'container "main" resources.requests'
                  "[kubernetes.io/gpu-core]: -5 must not be negative", id="deprecated-name-negative"),

@@ -224,8 +224,11 @@ class WebhookApplication(BaseApplication):  # type: ignore[misc]  # gunicorn shi
 def _check_tls_files(settings: Settings) -> None:
     for path in (settings.certfile, settings.keyfile):
         if not path.is_file():
+            # A command line that runs as printed: a certificate needs a name (localhost and the
+            # loopback address are what the default --host serves, as `make run` makes them).
             raise ServeError(f"{path} not found: create certificates with "
-                             f"'gpuquota certs generate --out {settings.cert_dir}'")
+                             f"`gpuquota certs generate --out {settings.cert_dir} --dns localhost --ip 127.0.0.1` "
+                             "(or with --service NAME --namespace NS for a Service)")
     # Fail once here with a readable message instead of on every connection in every worker.
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(settings.certfile, settings.keyfile)
