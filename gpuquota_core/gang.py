@@ -28,9 +28,10 @@ other pod.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -79,6 +80,8 @@ class PodGroupInfo:
     # Canonical, when the PodGroup gives it: then it is the gang's need, whatever its members ask.
     min_resources: ResourceList | None = None
     schedule_timeout_seconds: int | None = None
+    # Its gang.scheduling.koordinator.sh/groups annotation: the gangs (namespace/name) placed with it.
+    groups: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -96,6 +99,9 @@ class Gang:
     source: str  # FROM_POD_GROUP, FROM_LABELS or FROM_ANNOTATIONS
     # Canonical minResources of its PodGroup, when set: the gang's need.
     min_resources: ResourceList | None = None
+    # The other gangs of its gang group (the groups annotation), which koord-scheduler places only
+    # together with it: their minimums are reserved with its own (gpuquota_core.quota_decision).
+    group: tuple[Gang, ...] = ()
 
     @property
     def key(self) -> str:
@@ -127,10 +133,8 @@ def gang_of(namespace: str, labels: Mapping[str, str], annotations: Mapping[str,
         info = pod_groups.get(f"{namespace}/{pod_group}")
         if info is None or info.min_member < 1:
             return None
-        waiting = info.schedule_timeout_seconds
-        return Gang(namespace, pod_group, info.min_member,
-                    waiting if waiting is not None and waiting > 0 else DEFAULT_WAITING_SECONDS,
-                    FROM_POD_GROUP, info.min_resources)
+        gang = _pod_group_gang(info)
+        return replace(gang, group=_group(gang, info.groups, pod_groups))
     name = names_gang(labels, annotations)
     if not name:
         return None
@@ -139,8 +143,44 @@ def gang_of(namespace: str, labels: Mapping[str, str], annotations: Mapping[str,
         return None
     source = FROM_LABELS if labels.get(LIGHTWEIGHT_NAME_LABEL) else FROM_ANNOTATIONS
     waiting = go_duration_seconds(annotations.get(GANG_WAITING_TIME_ANNOTATION, ""))
-    return Gang(namespace, name, minimum,
+    gang = Gang(namespace, name, minimum,
                 waiting if waiting is not None and waiting > 0 else DEFAULT_WAITING_SECONDS, source)
+    return replace(gang, group=_group(gang, gang_group_names(annotations.get(GANG_GROUPS_ANNOTATION, "")),
+                                      pod_groups))
+
+
+def gang_group_names(text: str) -> tuple[str, ...]:
+    """The gangs (namespace/name) a groups annotation lists; () when it lists none or cannot be read,
+    as koord-scheduler then places the gang alone (``util.StringToGangGroupSlice``, gang.go:167-176)."""
+    try:
+        names = json.loads(text) if text else []
+    except ValueError:
+        return ()
+    if not isinstance(names, list):
+        return ()
+    return tuple(dict.fromkeys(name for name in names if isinstance(name, str) and "/" in name))
+
+
+def _pod_group_gang(info: PodGroupInfo) -> Gang:
+    waiting = info.schedule_timeout_seconds
+    return Gang(info.namespace, info.name, info.min_member,
+                waiting if waiting is not None and waiting > 0 else DEFAULT_WAITING_SECONDS,
+                FROM_POD_GROUP, info.min_resources)
+
+
+def _group(gang: Gang, names: tuple[str, ...], pod_groups: Mapping[str, PodGroupInfo]) -> tuple[Gang, ...]:
+    """The other gangs of ``gang``'s group, as well as they can be known when one of its members is
+    admitted: a PodGroup's own minimum and resources when the watch has it, else assumed alike to
+    ``gang`` (the same minimum and waiting time, each member asking what this one asks)."""
+    others: list[Gang] = []
+    for name in names:
+        if name == gang.key:
+            continue
+        namespace, _, short = name.partition("/")
+        info = pod_groups.get(name)
+        others.append(_pod_group_gang(info) if info is not None and info.min_member >= 1 else
+                      replace(gang, namespace=namespace, name=short, min_resources=None, group=()))
+    return tuple(others)
 
 
 def unseen_pod_group(namespace: str, labels: Mapping[str, str], pod_groups: Mapping[str, PodGroupInfo]) -> str:
@@ -179,8 +219,11 @@ def pod_group_info(obj: Mapping[str, Any], canonical: Any) -> PodGroupInfo | Non
         except (QuantityError, ValueError):
             min_resources = None
     timeout = spec.get("scheduleTimeoutSeconds")
+    annotations = metadata.get("annotations")
+    groups = annotations.get(GANG_GROUPS_ANNOTATION) if isinstance(annotations, Mapping) else None
     return PodGroupInfo(namespace, name, minimum, min_resources,
-                        timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else None)
+                        timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else None,
+                        gang_group_names(groups) if isinstance(groups, str) else ())
 
 
 def gang_need(gang: Gang, member_requests: Mapping[str, Quantity]) -> ResourceList:

@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
-from .gang import GANG_DETAIL, GANG_RESULT_DETAIL, REFUSED, Gang, gang_need
+from .gang import FROM_POD_GROUP, GANG_DETAIL, GANG_RESULT_DETAIL, REFUSED, Gang, gang_need
 from .ledger import GangReservation, Reservation, remaining_need
 from .quantity import ZERO, Quantity
 from .quota_check import Exceeded, charges_for_chain, check_chain
@@ -44,6 +44,7 @@ class GangOpening:
     need: ResourceList
     min_members: int
     waiting_seconds: int
+    pod_group: bool = False  # given up when its PodGroup is deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,10 @@ class Decision:
     reason: str = ""
     details: dict[str, str] = field(default_factory=dict)
     # The gang whose reservation this pod draws from ("" when it is charged like any pod), and the
-    # reservation its admission opens for the rest of the gang's minimum.
+    # reservations its admission opens: for the rest of its gang's minimum, and for the minimums of
+    # the other gangs of its gang group.
     gang: str = ""
-    opens_gang: GangOpening | None = None
+    opens_gangs: tuple[GangOpening, ...] = ()
 
 
 def needs_check(new: PodQuotaRequest, old: PodQuotaRequest | None, tree: QuotaTree) -> bool:
@@ -187,22 +189,41 @@ def _decide_gang_member(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used
     need = held.need if held is not None else gang_need(gang, pod.requests)
     after = remaining_need(need, gang.min_members, count + 1, add_lists(asked, pod.requests))
     change = subtract_lists(after, before)
+    openings: list[GangOpening] = []
+    if held is None:
+        if after:
+            openings.append(GangOpening(gang.key, need, gang.min_members, gang.waiting_seconds,
+                                        pod_group=gang.source == FROM_POD_GROUP))
+        # koord-scheduler places a gang group only whole: the member that opens its gang's
+        # reservation opens those of the group's other gangs too (each not held yet, below its minimum).
+        for other in gang.group:
+            if ledger.gang(other.key) is not None:
+                continue
+            members, their_asks = ledger.gang_members(other.key)
+            if members >= other.min_members:
+                continue
+            other_need = gang_need(other, pod.requests)
+            change = add_lists(change, remaining_need(other_need, other.min_members, members, their_asks))
+            openings.append(GangOpening(other.key, other_need, other.min_members, other.waiting_seconds,
+                                        pod_group=other.source == FROM_POD_GROUP))
     with_gang = {quota: _positive(add_lists(charge, change)) for quota, charge in charges.items()}
     exceeded = check_chain(tree, leaf, with_gang, used, reserved)
     if exceeded:
         if held is not None:
             return _decided(tree, leaf, chain, used, reserved, with_gang)
-        return _gang_refusal(tree, leaf, exceeded[0], pod, gang, remaining_need(need, gang.min_members, count, asked),
-                             count)
-    opening = None
-    if held is None and after:
-        opening = GangOpening(gang.key, need, gang.min_members, gang.waiting_seconds)
-    return Decision(True, quotas=chain, charges=charges, gang=gang.key if (held is not None or opening) else "",
-                    opens_gang=opening)
+        wanted = remaining_need(need, gang.min_members, count, asked)
+        group = [opening for opening in openings if opening.gang != gang.key]
+        for opening in group:
+            members, their_asks = ledger.gang_members(opening.gang)
+            wanted = add_lists(wanted, remaining_need(opening.need, opening.min_members, members, their_asks))
+        return _gang_refusal(tree, leaf, exceeded[0], pod, gang, wanted, count,
+                             tuple(opening.gang for opening in group))
+    return Decision(True, quotas=chain, charges=charges, gang=gang.key if (held is not None or openings) else "",
+                    opens_gangs=tuple(openings))
 
 
 def _gang_refusal(tree: QuotaTree, leaf: str, first: Exceeded, pod: PodQuotaRequest, gang: Gang,
-                  wanted: ResourceList, counted: int) -> Decision:
+                  wanted: ResourceList, counted: int, group: tuple[str, ...] = ()) -> Decision:
     """The refusal of a gang member whose gang's minimum does not fit: the gang, its need, the room."""
     limit = tree.limit(first.quota.name)[0]
     names = sorted(first.limited)
@@ -213,6 +234,8 @@ def _gang_refusal(tree: QuotaTree, leaf: str, first: Exceeded, pod: PodQuotaRequ
         f"{gang.min_members - counted} × {format_list(per_member) if len(names) > 1 else per_member[names[0]]}"
     if counted:
         how += f", {counted} of {gang.min_members} members already taking room"
+    if group:
+        how += f", and the minimums of the rest of its gang group: {', '.join(group)}"
     where = first.quota.ref + ("" if first.quota.name == leaf else f" (ancestor of quota {leaf})")
     free_text = format_list(free) if len(names) > 1 else str(free[names[0]])
     message = (f"gang {gang.key} needs {format_list({name: wanted.get(name, ZERO) for name in names})} ({how}) "

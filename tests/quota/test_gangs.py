@@ -4,6 +4,7 @@ its other members draw from that reservation (QuotaState, the quota service's ow
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 from gpuquota_core.conversion import DEFAULT_CONFIG
@@ -256,3 +257,40 @@ def test_without_a_waiting_time_a_gang_waits_as_long_as_koord_scheduler_does_by_
     assert admit(state, member("gang-a-0", "gang-a")).allowed
     held = state.ledger.gang("team-train/gang-a")
     assert held is not None and held.expires_at == clock.now + 600
+
+
+def grouped(name: str, gang: str, group: list[str], minimum: int = 4) -> dict[str, Any]:
+    pod = member(name, gang, minimum)
+    pod["metadata"]["annotations"]["gang.scheduling.koordinator.sh/groups"] = json.dumps(
+        [f"team-train/{each}" for each in group])
+    return pod
+
+
+def test_a_gang_group_is_reserved_whole_by_its_first_member() -> None:
+    state = state_with()
+    assert admit(state, grouped("a-0", "gang-a", ["gang-a", "gang-b"])).allowed
+    # Eight cards held: four for gang-a (one of them its member's), four for gang-b, which has no pod yet.
+    assert state.ledger.gang("team-train/gang-b") is not None
+    assert not admit(state, member("plain-0", "", cards=3)).allowed
+    assert all(admit(state, grouped(f"b-{index}", "gang-b", ["gang-a", "gang-b"])).allowed for index in range(4))
+    # Two cards are left: a group of two gangs of two cards each does not fit, though each gang would.
+    refused = admit(state, grouped("c-0", "gang-c", ["gang-c", "gang-d"], minimum=2))
+    assert not refused.allowed
+    assert refused.message.startswith(
+        f"gang team-train/gang-c needs {CORE}=400,{RATIO}=400 (2 × {CORE}=100,{RATIO}=100, and the minimums of the "
+        f"rest of its gang group: team-train/gang-d) at team-train/train; {CORE}=200,{RATIO}=200 free:")
+    assert admit(state, member("c-0", "gang-c", minimum=2)).allowed
+
+
+def test_a_gang_group_of_pod_groups_reserves_each_pod_groups_own_minimum() -> None:
+    groups = json.dumps(["team-train/pg-a", "team-train/pg-b"])
+    pod_groups = [{"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "PodGroup",
+                   "metadata": {"name": name, "namespace": "team-train",
+                                "annotations": {"gang.scheduling.koordinator.sh/groups": groups}},
+                   "spec": {"minMember": minimum}} for name, minimum in (("pg-a", 2), ("pg-b", 6))]
+    state = state_with(*pod_groups)
+    assert admit(state, member("pg-a-0", "", labels={"pod-group.scheduling.sigs.k8s.io": "pg-a"})).allowed
+    held = state.ledger.gang("team-train/pg-b")
+    assert held is not None and held.min_members == 6 and held.pod_group
+    assert admit(state, member("plain-0", "", cards=2)).allowed
+    assert not admit(state, member("plain-1", "")).allowed

@@ -17,7 +17,6 @@ from gpuquota_core.enforcement import INVALID, NOT_READY, POD_GROUP_NOT_SEEN, TO
 from gpuquota_core.events import PodEvent, gang_partly_admitted
 from gpuquota_core.gang import (
     DREW,
-    FROM_POD_GROUP,
     GANG_DETAIL,
     GANG_RESULT_DETAIL,
     OPENED,
@@ -116,19 +115,18 @@ class QuotaView:
                            reason=TOO_MANY_RESERVATIONS), None
         # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
         # relabel's new leaf, a resize's growth) is held in the ledger.
-        opening = decision.opens_gang
-        if opening is not None:
-            self.gang_openings.note(opening.gang, admission.namespace, new.quota_label, opening.min_members,
-                                    opening.waiting_seconds)
+        for opening in decision.opens_gangs:
+            self.gang_openings.note(opening.gang, opening.gang.partition("/")[0], new.quota_label,
+                                    opening.min_members, opening.waiting_seconds)
             ledger.open_gang(GangReservation(opening.gang, admission.uid, decision.quotas, opening.need,
                                              opening.min_members, now + opening.waiting_seconds,
-                                             pod_group=gang is not None and gang.source == FROM_POD_GROUP))
+                                             pod_group=opening.pod_group))
         reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
                                      new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
                                      caller=admission.caller, gang=decision.gang)
         if decision.gang:
             return Verdict(True, details={GANG_DETAIL: decision.gang,
-                                          GANG_RESULT_DETAIL: OPENED if opening is not None else DREW}), reservation
+                                          GANG_RESULT_DETAIL: OPENED if decision.opens_gangs else DREW}), reservation
         return ALLOW, reservation
 
     def _watched(self, admission: PodAdmission) -> bool:

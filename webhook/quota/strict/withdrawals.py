@@ -49,10 +49,10 @@ class Withdrawal:
 def withdraw(keep: MutableMapping[str, shared_ledger.StoredReservation], withdrawals: Iterable[Withdrawal]) -> bool:
     """Take the matching entries out of ``keep``; whether any was still there.
 
-    A gang member's withdrawal also takes the gang reservation that same review opened, while no
-    other member's entry draws from it: room held for a gang whose opening "allowed" never left
-    would otherwise wait for the gang's waiting time. Once another member draws from it, that
-    member's "allowed" rests on it, and it stays.
+    A gang member's withdrawal also takes the gang reservations that same review opened (its own
+    gang's, and those of its gang group), each while no other member's entry draws from it: room held
+    for gangs whose opening "allowed" never left would otherwise wait for their waiting time. Once
+    another member draws from one, that member's "allowed" rests on it, and it stays.
     """
     withdrawn = False
     for withdrawal in withdrawals:
@@ -60,11 +60,11 @@ def withdraw(keep: MutableMapping[str, shared_ledger.StoredReservation], withdra
         if item is not None and withdrawal.matches(item):
             del keep[withdrawal.pod_key]
             withdrawn = True
-            gang = item.reservation.gang
-            opened = keep.get(shared_ledger.gang_key(gang)) if gang else None
-            if opened is not None and withdrawal.matches(opened) and not any(
-                    other.reservation.gang == gang for other in keep.values()):
-                del keep[shared_ledger.gang_key(gang)]
+            if item.reservation.gang:
+                drawn = {other.reservation.gang for other in keep.values() if other.reservation.gang}
+                for key in [key for key, opened in keep.items() if opened.gang is not None
+                            and withdrawal.matches(opened) and opened.gang.gang not in drawn]:
+                    del keep[key]
     return withdrawn
 
 
