@@ -61,7 +61,11 @@ def test_ctrl_c_ends_the_command_as_interrupted_not_as_findings() -> None:
         while not reading_stdin(process.pid):
             assert time.monotonic() < deadline and process.poll() is None, "never came to read stdin"
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        # Standard input stays open until the command has ended: closing it (as communicate() does)
+        # could let the read return end-of-input before the signal is handled, on a loaded machine.
+        process.wait(timeout=60)
+        assert process.stdout is not None and process.stderr is not None
+        out, err = process.stdout.read(), process.stderr.read()
     finally:
         process.kill()
         process.wait()
