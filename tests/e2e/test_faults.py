@@ -62,6 +62,7 @@ from reviews import body, pod, review
 from webhookproc import WebhookProcess, post_review, quota_service_pid
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.gang import GANG_MIN_ANNOTATION, GANG_NAME_ANNOTATION
 
 RESERVATION_TTL = 3.0
 WRITER_LEASE = "gpuquota-ledger-writer"
@@ -654,3 +655,75 @@ def test_pods_of_a_deleted_leaf_quota_no_longer_count_at_its_parent(cluster_ok: 
     assert sum(1 for pod in cluster.api.core.list_namespaced_pod(tree.namespace).items
                if (pod.metadata.labels or {}).get(QUOTA_LABEL) == gone) == ROOM // 2
     assert create(cluster.api, tree, "into-gone", gone).startswith("403")
+
+
+# --- Gangs under the same faults: one gang whole, nothing of the other, never past the room -------
+
+GANG_MEMBERS = 7  # two gangs of seven one-card pods, one per leaf: only one fits the parent's twelve
+
+
+def gang_member(name: str, gang: str, leaf: str) -> dict[str, object]:
+    member = whole_card_pod(name, leaf)
+    member["metadata"]["annotations"] = {GANG_NAME_ANNOTATION: gang, GANG_MIN_ANNOTATION: str(GANG_MEMBERS)}
+    member["metadata"]["labels"]["app"] = gang
+    return member
+
+
+def create_until_answered(api: Api, tree: Tree, member: dict[str, object]) -> str:
+    """Create as a controller does: retried through outages (503s, the apiserver away) until stored or
+    refused for the quota; "stored" or the refusal's message."""
+    end = time.monotonic() + RECOVERY_DEADLINE
+    while time.monotonic() < end:
+        try:
+            api.core.create_namespaced_pod(tree.namespace, member, _request_timeout=CREATE_TIMEOUT)
+        except ApiException as error:
+            if error.status == 409:
+                return "stored"  # an earlier attempt landed; its answer was lost
+            if error.status == 403:
+                return str(json.loads(error.body).get("message", ""))
+        except Exception:  # the apiserver away: a controller retries
+            pass
+        else:
+            return "stored"
+        time.sleep(0.2)  # a controller's backoff between retries
+    raise AssertionError(f"no answer but outages for {RECOVERY_DEADLINE:.0f}s")
+
+
+def gang_faults(cluster: Cluster) -> dict[str, Callable[[], Fault]]:
+    def pause_writer() -> Fault:
+        writer = the_writer(cluster)
+        return timed(lambda: os.killpg(writer.pid, signal.SIGSTOP), lambda: os.killpg(writer.pid, signal.SIGCONT),
+                     seconds=2 * RESERVATION_TTL + 1)
+
+    return {
+        "writer paused": pause_writer,
+        "writer's quota service killed": lambda: Fault(
+            lambda: os.kill(quota_service_pid(the_writer(cluster).pid), signal.SIGKILL)),
+        "apiserver restarted": lambda: Fault(cluster.plane.restart_apiserver),
+        "etcd paused": lambda: timed(cluster.plane.pause_etcd, cluster.plane.resume_etcd, seconds=7.0),
+    }
+
+
+@pytest.mark.parametrize("fault_name", ["writer paused", "writer's quota service killed", "apiserver restarted",
+                                        "etcd paused"])
+def test_two_gangs_racing_through_a_fault_store_one_whole_and_nothing_of_the_other(cluster_ok: Cluster,
+                                                                                   fault_name: str) -> None:
+    cluster = cluster_ok
+    tree = make_tree(cluster)
+    fault = gang_faults(cluster)[fault_name]()
+    gangs = {"gang-a": tree.leaves[0], "gang-b": tree.leaves[1]}
+    order = [(gang, index) for index in range(GANG_MEMBERS) for gang in gangs]
+    hook = once_at(3, fault)
+
+    def one(position: int) -> tuple[str, str]:
+        hook(position)
+        gang, index = order[position]
+        return gang, create_until_answered(cluster.api, tree, gang_member(f"{gang}-{index}", gang, gangs[gang]))
+
+    with ThreadPoolExecutor(max_workers=len(order)) as pool:
+        results = list(pool.map(one, range(len(order))))
+    assert fault.over.wait(RECOVERY_DEADLINE), "the fault never ended"
+    assert_within_room(cluster.api, tree)
+    stored = {gang: len(cluster.api.core.list_namespaced_pod(tree.namespace, label_selector=f"app={gang}").items)
+              for gang in gangs}
+    assert sorted(stored.values()) == [0, GANG_MEMBERS], (stored, results)
