@@ -451,10 +451,36 @@ def pods_that_fit(levels: Iterable[LevelHeadroom]) -> int | None:
     return int(min(counts)) if counts else None
 
 
+# Where each workload kind says how many of its pods run at once, and the API server's default.
+_REPLICA_FIELDS: Mapping[str, tuple[tuple[str, ...], int]] = {
+    "Deployment": (("spec", "replicas"), 1),
+    "StatefulSet": (("spec", "replicas"), 1),
+    "ReplicaSet": (("spec", "replicas"), 1),
+    "ReplicationController": (("spec", "replicas"), 1),
+    "Job": (("spec", "parallelism"), 1),
+    "CronJob": (("spec", "jobTemplate", "spec", "parallelism"), 1),
+}
+
+
+def workload_replicas(obj: Mapping[str, Any]) -> int | None:
+    """How many pods of its template a workload runs at once (a Job's parallelism, a Deployment's
+    replicas, ...); None for a kind that does not say (a DaemonSet: one per node) or a value that
+    is not a whole number."""
+    where = _REPLICA_FIELDS.get(str(obj.get("kind")))
+    if where is None:
+        return None
+    path, default = where
+    current: Any = obj
+    for step in path[:-1]:
+        current = current.get(step) if isinstance(current, Mapping) else None
+    value = current.get(path[-1], default) if isinstance(current, Mapping) else default
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def describe_rule(resolution: Resolution) -> str:
     return RULE_TEXT.get(resolution.rule, resolution.rule)
 
 
 __all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaFigures", "QuotaView", "ResourceView", "TreeView",
            "build_view", "cards", "chain_headroom", "describe_rule", "limited_gpu_resources", "pods_that_fit",
-           "quota_figures", "tree_order", "with_cards", "written_family"]
+           "quota_figures", "tree_order", "with_cards", "workload_replicas", "written_family"]

@@ -1,0 +1,190 @@
+"""Gangs as the views show them: whether a gang's whole minimum fits now and the room at each level
+(``explain``), how many of a workload's pods the webhook would admit one after another (``explain``),
+and each gang's members and reservation (``quota``) and what the audit says of them.
+
+Nothing here decides anew: the count of a workload's pods that fit replays the webhook's own
+``quota_decision.decide`` pod after pod on a scratch copy of the ledger, and a gang's need and what
+it still holds come from ``gang.gang_need`` and ``ledger.remaining_need``, as the admission reads
+them (``gpuquota_core.gang`` for which pods form a gang).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .gang import FROM_POD_GROUP, Gang, gang_metadata, gang_need, gang_of
+from .ledger import GangReservation, ReservationLedger, remaining_need
+from .quantity import ZERO, Quantity
+from .quota_decision import PodQuotaRequest, decide
+from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo
+from .quota_tree import QuotaTree
+from .quota_view import chain_headroom, pods_that_fit
+from .resources import ResourceList, add_lists, format_list, is_gpu_name, subtract_lists
+from .usage_index import UsageIndex
+
+# How many of a workload's pods fit now, in the words of the verdict and of `explain -o json`.
+FIT_ALL, FIT_SOME, FIT_NONE = "all", "some", "none"
+
+
+def how_many_fit(replicas: int, fit: int) -> str:
+    """``all``, ``some`` or ``none`` of ``replicas`` pods, ``fit`` of them fitting now."""
+    if fit >= replicas:
+        return FIT_ALL
+    return FIT_SOME if fit > 0 else FIT_NONE
+
+
+@dataclass(frozen=True, slots=True)
+class GangLevel:
+    """One quota and resource of a gang's chain: the room before and after the rest of its minimum."""
+
+    quota: QuotaInfo
+    resource: str
+    limit: Quantity
+    used: Quantity  # stored usage plus reservations, the gang's own reservation included
+    needs: Quantity  # what admitting the rest of the gang's minimum adds here
+    before: Quantity
+    after: Quantity
+
+    @property
+    def fits(self) -> bool:
+        return self.needs.is_zero() or not self.after < ZERO
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"quota": self.quota.name, "namespace": self.quota.namespace, "resource": self.resource,
+                "limit": str(self.limit), "used": str(self.used), "needs": str(self.needs),
+                "freeBefore": str(self.before), "freeAfter": str(self.after), "fits": self.fits}
+
+
+@dataclass(frozen=True, slots=True)
+class GangFit:
+    """Whether a gang's whole minimum fits now, for a member about to be created."""
+
+    gang: Gang
+    members: int  # members taking room already: stored, or reserved by an admission not yet seen
+    need: ResourceList  # the room the whole minimum takes
+    rest: ResourceList  # of the need, what its members do not take yet
+    held: ResourceList  # of the rest, what the gang's live reservation holds already
+    levels: tuple[GangLevel, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Its minimum of members takes room already: a new member is charged like any pod."""
+        return self.members >= self.gang.min_members
+
+    @property
+    def fits(self) -> bool:
+        return all(level.fits for level in self.levels)
+
+    def summary(self) -> str:
+        gang = self.gang
+        head = f"{gang.key} ({gang.source}), minimum {gang.min_members} members, {self.members} taking room"
+        if self.complete:
+            return f"{head}: its minimum is reached, a new member is charged like any pod"
+        how = "its PodGroup's minResources" if gang.min_resources is not None else \
+            f"{gang.min_members} × one member's request"
+        held = f", its reservation holding {format_list(self.held)}" if self.held else ""
+        verdict = "fits now" if self.fits else "does not fit now"
+        return (f"{head}: the minimum needs {format_list(self.need)} ({how}); the rest of it, "
+                f"{format_list(self.rest)}{held}, {verdict}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gang": self.gang.key, "source": self.gang.source, "minMembers": self.gang.min_members,
+                "members": self.members, "need": _texts(self.need), "rest": _texts(self.rest),
+                "held": _texts(self.held), "complete": self.complete, "fits": self.fits,
+                "levels": [level.as_dict() for level in self.levels]}
+
+
+def gang_fit(tree: QuotaTree, leaf: str, gang: Gang, requests: Mapping[str, Quantity], ledger: ReservationLedger,
+             used_of: Callable[[str], ResourceList]) -> GangFit:
+    """The gang of a member asking ``requests`` under ``leaf``, against ``ledger`` (reservations, its
+    stored members through ``members_stored``) and ``used_of`` (what each quota counts, reservations
+    included), as ``decide`` reads them for the member's CREATE."""
+    members, asked = ledger.gang_members(gang.key)
+    reservation = ledger.gang(gang.key)
+    need = reservation.need if reservation is not None else gang_need(gang, requests)
+    rest = remaining_need(need, gang.min_members, members, asked)
+    held = ledger.gang_hold(gang.key)
+    adds = {name: quantity for name, quantity in subtract_lists(rest, held).items() if quantity > ZERO}
+    levels: list[GangLevel] = []
+    for quota in tree.chain(leaf) if leaf in tree.quotas else []:
+        if quota.name in UNCHECKED_QUOTAS:
+            continue
+        limit = tree.limit(quota.name)[0]
+        used = used_of(quota.name)
+        for name in sorted(n for n in limit if is_gpu_name(n) or n in adds):
+            before = limit[name] - used.get(name, ZERO)
+            needs = adds.get(name, ZERO)
+            levels.append(GangLevel(quota, name, limit[name], used.get(name, ZERO), needs, before, before - needs))
+    return GangFit(gang, members, need, rest, held, tuple(levels))
+
+
+def pods_admitted_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
+                          gang: Gang | None, replicas: int, now: float) -> int:
+    """How many of ``replicas`` pods like ``pod``, created one after another now, the webhook's quota
+    decision admits. ``ledger`` is changed: pass a scratch copy (``scratch_ledger``).
+
+    Gang members are replayed through ``decide`` one by one, each admitted one reserving as the
+    webhook's state does (the first opening its gang's reservation), until the gang's minimum takes
+    room; the pods after that are plain pods alike, counted from the room left
+    (``quota_view.pods_that_fit``), so a Deployment of many replicas costs no more than one.
+    """
+    admitted = 0
+    resolution = tree.resolve(pod.namespace, pod.quota_label)
+    while admitted < replicas and gang is not None and ledger.gang_members(gang.key)[0] < gang.min_members:
+        member = replace(pod, name=f"{pod.name}{admitted}")
+        decision = decide(tree, usage, ledger, member, gang=gang)
+        if not decision.allowed:
+            return admitted
+        if not decision.quotas:
+            return replicas  # not quota-checked: every pod alike is admitted
+        _hold(ledger, decision.opens_gang, decision.quotas, decision.charges, decision.gang, member, gang, now)
+        admitted += 1
+    if admitted >= replicas:
+        return replicas
+    plain = replace(pod, name=f"{pod.name}{admitted}")
+    decision = decide(tree, usage, ledger, plain)
+    if not decision.allowed:
+        return admitted
+    levels = chain_headroom(tree, resolution, pod.requests, lambda quota: add_lists(usage.used(quota),
+                                                                                   ledger.used(quota)))
+    room = pods_that_fit(levels)
+    return replicas if room is None else min(replicas, admitted + room)
+
+
+def _hold(ledger: ReservationLedger, opening: Any, quotas: tuple[str, ...], charges: Mapping[str, ResourceList],
+          drawn_from: str, member: PodQuotaRequest, gang: Gang, now: float) -> None:
+    """What the webhook's state records of an admitted gang member (``webhook.quota.state.QuotaView.judge``)."""
+    uid = f"replay-{member.namespace}/{member.name}"
+    if opening is not None:
+        ledger.open_gang(GangReservation(opening.gang, uid, quotas, opening.need, opening.min_members,
+                                         now + opening.waiting_seconds, pod_group=gang.source == FROM_POD_GROUP))
+    ledger.reserve(f"{member.namespace}/{member.name}", uid, quotas, member.requests, now, charges=charges,
+                   gang=drawn_from)
+
+
+def scratch_ledger(base: ReservationLedger, usage: UsageIndex) -> ReservationLedger:
+    """A ledger to replay admissions on: ``base``'s reservations and gang reservations, members
+    stored read from ``usage``; ``base`` is left as it is."""
+    scratch = ReservationLedger(base.ttl_seconds, members_stored=usage.gang_members)
+    for reservation in base.reservations():
+        scratch.hold(reservation)
+    for held in base.gangs():
+        scratch.open_gang(held)
+    return scratch
+
+
+def pod_gang(namespace: str, metadata: Mapping[str, Any], pod_groups: Mapping[str, Any]) -> Gang | None:
+    """The gang of a pod with this metadata, as the webhook reads it from a CREATE."""
+    labels = metadata.get("labels")
+    labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    return gang_of(namespace, labels, gang_metadata(metadata.get("annotations")), pod_groups)
+
+
+def _texts(resources: Mapping[str, Quantity]) -> dict[str, str]:
+    return {name: str(quantity) for name, quantity in sorted(resources.items())}
+
+
+__all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GangFit", "GangLevel", "gang_fit", "how_many_fit", "pod_gang",
+           "pods_admitted_in_turn", "scratch_ledger"]
