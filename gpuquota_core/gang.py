@@ -46,6 +46,7 @@ GANG_GROUPS_ANNOTATION = GANG_ANNOTATION_PREFIX + "groups"
 
 POD_GROUP_API_VERSION = "scheduling.sigs.k8s.io/v1alpha1"
 POD_GROUP_KIND = "PodGroup"
+POD_GROUP_PLURAL = "podgroups"
 
 # koord-scheduler's default gang waiting time (pkg/scheduler/apis/config/v1/defaults.go,
 # DefaultWaitTime): a gang whose members do not all come within it is given up by the scheduler,

@@ -10,7 +10,7 @@ them (``gpuquota_core.gang`` for which pods form a gang).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -186,5 +186,144 @@ def _texts(resources: Mapping[str, Quantity]) -> dict[str, str]:
     return {name: str(quantity) for name, quantity in sorted(resources.items())}
 
 
-__all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GangFit", "GangLevel", "gang_fit", "how_many_fit", "pod_gang",
-           "pods_admitted_in_turn", "scratch_ledger"]
+
+
+# -- what the audit says of gangs ------------------------------------------------------------------
+
+GANG_NEVER_FITS = "gang-never-fits"
+GANG_PARTLY_ADMITTED = "gang-partly-admitted"
+GANG_MEMBERS_DISAGREE = "gang-members-disagree"
+
+
+@dataclass(frozen=True, slots=True)
+class GangMember:
+    """A pod (stored, counted) or a workload's template (the pods it will create) naming a gang."""
+
+    kind: str
+    namespace: str
+    name: str
+    gang: Gang  # as this member reads it (its own minimum, the PodGroup's when it names one)
+    leaf: str | None  # the quota it resolves to (None: not quota-checked)
+    requests: ResourceList  # canonical, one pod's
+    stored: bool
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class GangProblem:
+    """One audit finding about a gang, on the object ``kind namespace/name`` that stands for it."""
+
+    check: str
+    error: bool  # an error (else a warning)
+    kind: str
+    namespace: str
+    name: str
+    message: str
+    details: dict[str, Any]
+
+
+def gang_problems(tree: QuotaTree, members: Iterable[GangMember], pod_groups: Iterable[str]) -> list[GangProblem]:
+    """What the audit reports of each gang its ``members`` name. ``pod_groups``: the PodGroups
+    present (``namespace/name``): a gang with one is reported on it, else on its first member
+    (workloads before pods, by namespace and name)."""
+    groups = set(pod_groups)
+    by_gang: dict[str, list[GangMember]] = {}
+    for member in members:
+        by_gang.setdefault(member.gang.key, []).append(member)
+    problems: list[GangProblem] = []
+    for key, found in sorted(by_gang.items()):
+        found.sort(key=lambda m: (m.stored, m.namespace, m.kind, m.name))
+        if key in groups:
+            namespace, name = key.split("/", 1)
+            owner = ("PodGroup", namespace, name)
+        else:
+            owner = (found[0].kind, found[0].namespace, found[0].name)
+        problems += [GangProblem(check, error, *owner, message, details)
+                     for check, error, message, details in _gang_findings(tree, key, found)]
+    return problems
+
+
+def _gang_findings(tree: QuotaTree, key: str, members: list[GangMember]) -> list[tuple[str, bool, str, dict[str, Any]]]:
+    findings: list[tuple[str, bool, str, dict[str, Any]]] = []
+    never = _never_fits(tree, key, members)
+    if never is not None:
+        findings.append((GANG_NEVER_FITS, True, *never))
+    stored = [m for m in members if m.stored]
+    first = members[0].gang
+    if stored and len(stored) < first.min_members:
+        asked: ResourceList = {}
+        for member in stored:
+            asked = add_lists(asked, member.requests)
+        need = gang_need(stored[0].gang, stored[0].requests)
+        rest = remaining_need(need, first.min_members, len(stored), asked)
+        message = (f"gang {key} has {len(stored)} of its minimum {first.min_members} members stored, holding "
+                   f"{format_list(_gpu(asked)) or 'no GPU'}: koord-scheduler binds none of them until "
+                   f"{first.min_members - len(stored)} more are admitted"
+                   + (f", which need {format_list(rest)} more" if rest else "")
+                   + f"; the webhook holds that room for them only until the gang's waiting time "
+                     f"({first.waiting_seconds} s) after its first admission")
+        findings.append((GANG_PARTLY_ADMITTED, False, message,
+                         {"gang": key, "members": len(stored), "minMembers": first.min_members,
+                          "holding": _texts(asked), "rest": _texts(rest),
+                          "stored": [m.ref for m in stored]}))
+    disagreement = _disagreement(key, members)
+    if disagreement is not None:
+        findings.append((GANG_MEMBERS_DISAGREE, False, *disagreement))
+    return findings
+
+
+def _never_fits(tree: QuotaTree, key: str, members: list[GangMember]) -> tuple[str, dict[str, Any]] | None:
+    """The first member whose gang's need is above a limit of its chain on its own, and where."""
+    for member in members:
+        if member.leaf is None or member.leaf not in tree.quotas:
+            continue
+        need = gang_need(member.gang, member.requests)
+        for quota in tree.chain(member.leaf):
+            if quota.name in UNCHECKED_QUOTAS:
+                continue
+            limit = tree.limit(quota.name)[0]
+            over = {name: amount for name, amount in sorted(need.items()) if name in limit and amount > limit[name]}
+            if over:
+                how = "its PodGroup's minResources" if member.gang.min_resources is not None else \
+                    f"{member.gang.min_members} × {format_list(_only(member.requests, over))}"
+                message = (f"gang {key} needs {format_list(over)} ({how}), above the limit "
+                           f"{format_list(_only(limit, over))} of quota {quota.ref}: no member is ever admitted "
+                           f"(read from {member.ref})")
+                return message, {"gang": key, "quota": quota.ref, "need": _texts(over),
+                                 "limit": _texts(_only(limit, over)), "member": member.ref}
+    return None
+
+
+def _disagreement(key: str, members: list[GangMember]) -> tuple[str, dict[str, Any]] | None:
+    minimums = {m.gang.min_members for m in members}
+    if len(minimums) > 1:
+        said = "; ".join(f"{m.ref}: {m.gang.min_members}" for m in members)
+        return (f"members of gang {key} disagree about its minimum ({said}): koord-scheduler reads each pod's own, "
+                "and the webhook's reservation is sized by the member that opens it",
+                {"gang": key, "minimums": {m.ref: m.gang.min_members for m in members}})
+    if any(m.gang.min_resources is not None for m in members):
+        return None  # the PodGroup's minResources gives the total, whatever each member asks
+    asks = {tuple(sorted((n, str(q)) for n, q in m.requests.items())) for m in members}
+    if len(asks) > 1:
+        said = "; ".join(f"{m.ref}: {format_list(m.requests) or 'nothing'}" for m in members)
+        return (f"members of gang {key} ask for different resources and no PodGroup minResources gives the total "
+                f"({said}): its need is judged from the member whose admission opens the reservation, so it "
+                "depends on which comes first",
+                {"gang": key, "requests": {m.ref: _texts(m.requests) for m in members}})
+    return None
+
+
+def _only(resources: Mapping[str, Quantity], names: Iterable[str]) -> ResourceList:
+    return {name: resources[name] for name in names if name in resources}
+
+
+def _gpu(resources: Mapping[str, Quantity]) -> ResourceList:
+    return {name: quantity for name, quantity in resources.items() if is_gpu_name(name)}
+
+
+__all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GANG_MEMBERS_DISAGREE", "GANG_NEVER_FITS", "GANG_PARTLY_ADMITTED",
+           "GangFit", "GangLevel", "GangMember", "GangProblem", "gang_fit", "gang_problems", "how_many_fit",
+           "pod_gang", "pods_admitted_in_turn", "scratch_ledger"]
