@@ -15,8 +15,11 @@ from typing import Any
 
 from .canonical import ORIGINAL_RESOURCES_ANNOTATION, original_resources
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .gang import POD_GROUP_KIND, Gang, PodGroupInfo, gang_metadata, gang_need, gang_of, pod_group_info
+from .ledger import ReservationLedger, remaining_need
+from .pod_records import canonical_resource_list as canonical_requests
 from .pod_records import pod_is_counted, pod_record
-from .podspec import CONTAINER_KINDS, mapping_or_empty
+from .podspec import CONTAINER_KINDS, as_mapping, mapping_or_empty
 from .quantity import ZERO, Quantity
 from .quota_check import charges_for_chain
 from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo, canonical_resource_list
@@ -27,6 +30,7 @@ from .resources import (
     PERCENTAGE_NAMES,
     GpuFamily,
     ResourceList,
+    add_lists,
     families_of,
     is_gpu_name,
 )
@@ -186,11 +190,54 @@ class QuotaView:
         return data
 
 
+# What a gang's row says of it (``quota``): its minimum of members is stored; a live reservation of
+# the webhook holds the rest of it; or neither is known to hold the rest.
+GANG_COMPLETE, GANG_RESERVED, GANG_PARTIAL = "complete", "reserved", "partial"
+
+
+@dataclass(frozen=True, slots=True)
+class GangRow:
+    """One gang under a quota: its stored members, its need, and what a reservation holds for it.
+
+    Files hold no reservations: a gang partly stored holds the rest of its minimum in the webhook's
+    view only while the reservation its first member opened lives (the gang's waiting time), which
+    no file records; so offline ``reserved`` is unknown (None) and ``rest`` is what the rest of the
+    minimum would need, now or when it is created again.
+    """
+
+    gang: str  # namespace/name
+    source: str  # where its minimum is read from (gpuquota_core.gang), "" for a reservation alone
+    quota: str  # the leaf its members are charged to (or its reservation was made at)
+    min_members: int
+    stored: int  # members stored and counted
+    asked: ResourceList  # what the stored members ask, in total
+    need: ResourceList  # the room the whole minimum takes
+    rest: ResourceList  # of the need, what the stored members do not take
+    reserved: ResourceList | None  # what a live reservation holds now; None: not known
+    expires_at: float | None = None  # the reservation's end (wall clock), live
+
+    @property
+    def state(self) -> str:
+        if self.stored >= self.min_members:
+            return GANG_COMPLETE
+        return GANG_RESERVED if self.reserved else GANG_PARTIAL
+
+    def as_dict(self) -> dict[str, Any]:
+        def texts(resources: Mapping[str, Quantity]) -> dict[str, str]:
+            return {name: str(q) for name, q in sorted(resources.items())}
+        return {"gang": self.gang, "source": self.source or None, "quota": self.quota,
+                "minMembers": self.min_members, "stored": self.stored, "asked": texts(self.asked),
+                "need": texts(self.need), "rest": texts(self.rest),
+                "reserved": None if self.reserved is None else texts(self.reserved), "state": self.state,
+                "expiresAt": self.expires_at}
+
+
 @dataclass(frozen=True, slots=True)
 class TreeView:
     quotas: tuple[QuotaView, ...]
     unreadable_pods: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    gangs: tuple[GangRow, ...] = ()
 
     def select(self, name: str | None = None, namespace: str | None = None,
                among: Collection[str] | None = None, with_ancestors: bool = True) -> TreeView:
@@ -215,11 +262,13 @@ class TreeView:
                     wanted.add(view.quota.name)
         for quota_name in list(wanted) if with_ancestors else []:
             wanted |= _ancestors(by_name[quota_name].quota, by_name)
-        return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes)
+        return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes,
+                        tuple(g for g in self.gangs if g.quota in wanted))
 
     def as_dict(self, with_pods: bool = False) -> dict[str, Any]:
         return {"schemaVersion": SCHEMA_VERSION, "kind": "QuotaUsage",
                 "quotas": [view.as_dict(with_pods) for view in self.quotas],
+                "gangs": [gang.as_dict() for gang in self.gangs],
                 "unreadablePods": list(self.unreadable_pods), "notes": list(self.notes)}
 
 
@@ -256,16 +305,19 @@ def tree_order(tree: QuotaTree) -> list[tuple[QuotaInfo, int]]:
 def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                reservations: Mapping[str, StoredReservation] | None = None,
                ledger_trees: Iterable[str] | None = None, now: float = 0.0,
-               config: ConversionConfig = DEFAULT_CONFIG) -> TreeView:
+               config: ConversionConfig = DEFAULT_CONFIG,
+               pod_groups: Mapping[str, PodGroupInfo] | None = None) -> TreeView:
     """The usage view of ``tree`` with ``pods`` charged as the webhook's usage index charges them.
 
     ``reservations``: the strict-accounting ledgers' entries (``shared_ledger.decode``) with
     ``ledger_trees`` the tree roots whose ledger object was read; reserved is unknown (None) for the
     other trees. Without ``ledger_trees`` every tree is known (offline: nothing is reserved).
+    ``pod_groups``: the PodGroups, by ``namespace/name``, for the gangs their members form.
     """
     usage = UsageIndex(tree)
     # By pod key: a pod listed twice counts once, as its later version (UsageIndex.upsert's rule).
     charged: dict[str, ChargedPod] = {}
+    gang_of_pod: dict[str, Gang] = {}  # pod key -> the gang it is a member of
     unreadable: list[str] = []
     for pod in pods:
         if not pod_is_counted(pod):
@@ -279,6 +331,13 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
             continue
         usage.upsert(record)
         charged.pop(record.key, None)
+        gang_of_pod.pop(record.key, None)
+        if record.gang:
+            metadata = as_mapping(pod.get("metadata"), "metadata")
+            gang = gang_of(record.namespace, mapping_or_empty(metadata.get("labels")),
+                           gang_metadata(metadata.get("annotations")), pod_groups or {})
+            if gang is not None:
+                gang_of_pod[record.key] = gang
         if usage.charged_to(record.key):
             resolution = tree.resolve(record.namespace, record.quota_label)
             charged[record.key] = ChargedPod(record.namespace, record.name, usage.charged_to(record.key)[0],
@@ -327,11 +386,60 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                                tuple(resources), tuple(own_pods)))
     notes = tuple(sorted({note.message for quota in tree if quota.name not in UNCHECKED_QUOTAS
                           for note in tree.limit(quota.name)[1]}))
-    return TreeView(tuple(views), tuple(unreadable), notes)
+    # Offline (no ledger_trees) no file says what a gang's reservation holds: unknown, not 0.
+    gangs = _gang_rows(tree, usage, gang_of_pod, ledger,
+                       lambda quota: known is not None and tree_of(tree, quota) in known)
+    return TreeView(tuple(views), tuple(unreadable), notes, gangs)
+
+
+def _gang_rows(tree: QuotaTree, usage: UsageIndex, gang_of_pod: Mapping[str, Gang], ledger: ReservationLedger,
+               known: Callable[[str], bool]) -> tuple[GangRow, ...]:
+    """Each gang with a member stored or a live reservation, by quota then name. ``known``: whether
+    reservations of a quota's tree were read (else what a reservation holds is unknown)."""
+    members: dict[str, list[str]] = {}
+    for key, gang in gang_of_pod.items():
+        if usage.charged_to(key):
+            members.setdefault(gang.key, []).append(key)
+    reservations = {held.gang: held for held in ledger.gangs()}
+    rows: list[GangRow] = []
+    for key in sorted(set(members) | set(reservations)):
+        held = reservations.get(key)
+        stored = members.get(key, [])
+        asked: ResourceList = {}
+        for pod_key in stored:
+            record = usage.get(pod_key)
+            asked = add_lists(asked, record.requests if record is not None else {})
+        if stored:
+            # Read as the first stored member reads its gang (the audit names members that disagree).
+            first = usage.get(sorted(stored)[0])
+            gang = gang_of_pod[sorted(stored)[0]]
+            quota = usage.charged_to(sorted(stored)[0])[0]
+            need = held.need if held is not None else gang_need(gang, first.requests if first else {})
+            minimum, source = gang.min_members, gang.source
+        else:
+            assert held is not None
+            quota, need, minimum, source = held.quotas[0], dict(held.need), held.min_members, ""
+        reserved = (ledger.gang_hold(key) if held is not None else {}) if known(quota) else None
+        rows.append(GangRow(key, source, quota, minimum, len(stored), _gpu_only(asked),
+                            _gpu_only(need), _gpu_only(remaining_need(need, minimum, len(stored), asked)),
+                            None if reserved is None else _gpu_only(reserved),
+                            held.expires_at if held is not None and known(quota) else None))
+    return tuple(sorted(rows, key=lambda row: (row.quota, row.gang)))
+
+
+def _gpu_only(resources: Mapping[str, Quantity]) -> ResourceList:
+    return {name: quantity for name, quantity in resources.items() if is_gpu_name(name)}
 
 
 def _own_limit(tree: QuotaTree, quota: QuotaInfo) -> ResourceList:
     return tree.limit(quota.name)[0] if quota.name not in UNCHECKED_QUOTAS else {}
+
+
+def pod_groups_of(objects: Iterable[Mapping[str, Any]]) -> dict[str, PodGroupInfo]:
+    """The readable PodGroups among ``objects``, by ``namespace/name``, as the webhook's state reads
+    them."""
+    return {info.key: info for obj in objects if obj.get("kind") == POD_GROUP_KIND
+            and (info := pod_group_info(obj, canonical_requests)) is not None}
 
 
 def limited_gpu_resources(tree: QuotaTree, name: str) -> list[str]:
@@ -481,6 +589,7 @@ def describe_rule(resolution: Resolution) -> str:
     return RULE_TEXT.get(resolution.rule, resolution.rule)
 
 
-__all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaFigures", "QuotaView", "ResourceView", "TreeView",
-           "build_view", "cards", "chain_headroom", "describe_rule", "limited_gpu_resources", "pods_that_fit",
-           "quota_figures", "tree_order", "with_cards", "workload_replicas", "written_family"]
+__all__ = ["GANG_COMPLETE", "GANG_PARTIAL", "GANG_RESERVED", "SCHEMA_VERSION", "ChargedPod", "GangRow",
+           "LevelHeadroom", "QuotaFigures", "QuotaView", "ResourceView", "TreeView",
+           "build_view", "cards", "chain_headroom", "describe_rule", "limited_gpu_resources", "pod_groups_of",
+           "pods_that_fit", "quota_figures", "tree_order", "with_cards", "workload_replicas", "written_family"]
