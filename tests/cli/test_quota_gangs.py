@@ -54,8 +54,8 @@ def test_files_show_stored_members_and_the_rest_of_the_minimum_with_reserved_unk
     assert out.split("\n\n", 1)[1].splitlines() == [
         "GANG                QUOTA   MIN   STORED   NEED                                REST"
         "                                RESERVED   STATE",
-        "team-train/gang-a   train   8     5        gpu-core=800,gpu-memory-ratio=800   gpu-core=300,gpu-memory-ratio=300"
-        "   -          partial",
+        "team-train/gang-a   train   8     5        gpu-core=800,gpu-memory-ratio=800   "
+        "gpu-core=300,gpu-memory-ratio=300   -          partial",
         "team-train/gang-b   train   2     2        gpu-core=200,gpu-memory-ratio=200   0"
         "                                   -          complete"]
     document = json.loads(quota_command(tmp_path, [QUOTA, *partial, *complete], "-o", "json"))
