@@ -193,6 +193,7 @@ def _texts(resources: Mapping[str, Quantity]) -> dict[str, str]:
 GANG_NEVER_FITS = "gang-never-fits"
 GANG_PARTLY_ADMITTED = "gang-partly-admitted"
 GANG_MEMBERS_DISAGREE = "gang-members-disagree"
+GANG_CHECKS = frozenset({GANG_NEVER_FITS, GANG_PARTLY_ADMITTED, GANG_MEMBERS_DISAGREE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,8 +279,8 @@ def _gang_findings(tree: QuotaTree, key: str, members: list[GangMember]) -> list
 def _never_fits(tree: QuotaTree, key: str, members: list[GangMember]) -> tuple[str, dict[str, Any]] | None:
     """The first member whose gang's need is above a limit of its chain on its own, and where."""
     for member in members:
-        if member.leaf is None or member.leaf not in tree.quotas:
-            continue
+        if member.leaf is None or member.leaf not in tree.quotas or tree.quotas[member.leaf].is_parent:
+            continue  # not quota-checked, or refused for its place whatever its gang (ParentQuota)
         need = gang_need(member.gang, member.requests)
         for quota in tree.chain(member.leaf):
             if quota.name in UNCHECKED_QUOTAS:
@@ -324,6 +325,7 @@ def _gpu(resources: Mapping[str, Quantity]) -> ResourceList:
     return {name: quantity for name, quantity in resources.items() if is_gpu_name(name)}
 
 
-__all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GANG_MEMBERS_DISAGREE", "GANG_NEVER_FITS", "GANG_PARTLY_ADMITTED",
+__all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GANG_CHECKS", "GANG_MEMBERS_DISAGREE", "GANG_NEVER_FITS",
+           "GANG_PARTLY_ADMITTED",
            "GangFit", "GangLevel", "GangMember", "GangProblem", "gang_fit", "gang_problems", "how_many_fit",
            "pod_gang", "pods_admitted_in_turn", "scratch_ledger"]

@@ -30,7 +30,6 @@ from .resources import (
     PERCENTAGE_NAMES,
     GpuFamily,
     ResourceList,
-    add_lists,
     families_of,
     is_gpu_name,
 )
@@ -404,24 +403,23 @@ def _gang_rows(tree: QuotaTree, usage: UsageIndex, gang_of_pod: Mapping[str, Gan
     rows: list[GangRow] = []
     for key in sorted(set(members) | set(reservations)):
         held = reservations.get(key)
-        stored = members.get(key, [])
-        asked: ResourceList = {}
-        for pod_key in stored:
-            record = usage.get(pod_key)
-            asked = add_lists(asked, record.requests if record is not None else {})
-        if stored:
+        # The members the webhook counts (every stored pod naming the gang, as its admission does).
+        stored, asked = usage.gang_members(key)
+        charged = sorted(members.get(key, []))
+        if charged:
             # Read as the first stored member reads its gang (the audit names members that disagree).
-            first = usage.get(sorted(stored)[0])
-            gang = gang_of_pod[sorted(stored)[0]]
-            quota = usage.charged_to(sorted(stored)[0])[0]
+            first = usage.get(charged[0])
+            gang = gang_of_pod[charged[0]]
+            quota = usage.charged_to(charged[0])[0]
             need = held.need if held is not None else gang_need(gang, first.requests if first else {})
             minimum, source = gang.min_members, gang.source
-        else:
-            assert held is not None
+        elif held is not None:
             quota, need, minimum, source = held.quotas[0], dict(held.need), held.min_members, ""
+        else:
+            continue
         reserved = (ledger.gang_hold(key) if held is not None else {}) if known(quota) else None
-        rows.append(GangRow(key, source, quota, minimum, len(stored), _gpu_only(asked),
-                            _gpu_only(need), _gpu_only(remaining_need(need, minimum, len(stored), asked)),
+        rows.append(GangRow(key, source, quota, minimum, stored, _gpu_only(asked),
+                            _gpu_only(need), _gpu_only(remaining_need(need, minimum, stored, asked)),
                             None if reserved is None else _gpu_only(reserved),
                             held.expires_at if held is not None and known(quota) else None))
     return tuple(sorted(rows, key=lambda row: (row.quota, row.gang)))
