@@ -14,7 +14,7 @@ from typing import Any
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
 from .gang import POD_GROUP_KIND, Gang, PodGroupInfo, pod_group_info
-from .gang_view import GangMember, gang_problems, pod_gang
+from .gang_view import GangMember, decide_member, gang_problems, pod_gang
 from .jsonpatch import apply
 from .ledger import ReservationLedger
 from .memo import BoundedMemo
@@ -519,7 +519,7 @@ class PodQuotaJudge:
             return None  # reported by the spec check already
         request = PodQuotaRequest(namespace, name, label, requests, gpu_memory_unknown(requests))
         if gang is not None:
-            decision = decide(self.tree, _NOTHING_USED, ReservationLedger(), request, gang=gang)
+            decision = decide_member(self.tree, _NOTHING_USED, ReservationLedger(), request, gang)
         else:
             decision = decide(self.tree, _NOTHING_USED, _NOTHING_USED, request)
         if decision.allowed:

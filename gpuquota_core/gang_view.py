@@ -17,7 +17,7 @@ from typing import Any
 from .gang import FROM_POD_GROUP, Gang, gang_metadata, gang_need, gang_of
 from .ledger import GangReservation, ReservationLedger, remaining_need
 from .quantity import ZERO, Quantity
-from .quota_decision import PodQuotaRequest, decide
+from .quota_decision import Decision, PodQuotaRequest, Totals, decide
 from .quota_objects import UNCHECKED_QUOTAS, QuotaInfo
 from .quota_tree import QuotaTree
 from .quota_view import chain_headroom, pods_that_fit
@@ -120,6 +120,13 @@ def gang_fit(tree: QuotaTree, leaf: str, gang: Gang, requests: Mapping[str, Quan
     return GangFit(gang, members, need, rest, held, tuple(levels))
 
 
+def decide_member(tree: QuotaTree, usage: Totals, ledger: ReservationLedger, pod: PodQuotaRequest,
+                  gang: Gang | None) -> Decision:
+    """The webhook's quota decision on creating ``pod``, a member of ``gang`` (None: of none), against
+    ``ledger`` as its account of gangs: the one call every view makes of ``decide`` for a gang member."""
+    return decide(tree, usage, ledger, pod, gang=gang)
+
+
 def pods_admitted_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
                           gang: Gang | None, replicas: int, now: float) -> int:
     """How many of ``replicas`` pods like ``pod``, created one after another now, the webhook's quota
@@ -134,7 +141,7 @@ def pods_admitted_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: Reservatio
     resolution = tree.resolve(pod.namespace, pod.quota_label)
     while admitted < replicas and gang is not None and ledger.gang_members(gang.key)[0] < gang.min_members:
         member = replace(pod, name=f"{pod.name}{admitted}")
-        decision = decide(tree, usage, ledger, member, gang=gang)
+        decision = decide_member(tree, usage, ledger, member, gang)
         if not decision.allowed:
             return admitted
         if not decision.quotas:
@@ -326,6 +333,5 @@ def _gpu(resources: Mapping[str, Quantity]) -> ResourceList:
 
 
 __all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GANG_CHECKS", "GANG_MEMBERS_DISAGREE", "GANG_NEVER_FITS",
-           "GANG_PARTLY_ADMITTED",
-           "GangFit", "GangLevel", "GangMember", "GangProblem", "gang_fit", "gang_problems", "how_many_fit",
-           "pod_gang", "pods_admitted_in_turn", "scratch_ledger"]
+           "GANG_PARTLY_ADMITTED", "GangFit", "GangLevel", "GangMember", "GangProblem", "decide_member", "gang_fit",
+           "gang_problems", "how_many_fit", "pod_gang", "pods_admitted_in_turn", "scratch_ledger"]
