@@ -58,8 +58,9 @@ if TYPE_CHECKING:
     from webhook.quota.state import QuotaState
 
 REFUSED_EXIT = 1
-# A workload of several pods of which some fit now, not all (docs/cli.md, exit status).
-SOME_FIT_EXIT = 3
+# A workload of several pods of which some fit now, not all (docs/cli.md, exit status). Not 3, which
+# says that part of the input was left out on the branch this one merges into.
+SOME_FIT_EXIT = 4
 EXISTING_NOTE = ("The pod already exists in the cluster: judged as if created in its place (its own usage is "
                  "not in USED)")
 REWROTE_PREFIX = "gpuquota rewrote "
@@ -183,7 +184,7 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     What /mutate-pods would rewrite (or leave as written, and why), whether /validate-pods would
     refuse it and with which message, the quota chain it resolves to and by which rule, and the
     room at each level before and after; for a gang member, whether its gang's whole minimum fits.
-    Exit 0 when every pod would be admitted, 1 when one is refused, 3 when only some of a
+    Exit 0 when every pod would be admitted, 1 when one is refused, 4 when only some of a
     workload's pods fit now.
     """
     config = snapshot.conversion_config(config_path)

@@ -114,7 +114,7 @@ def test_deployment_template_with_replicas(tmp_path: Path) -> None:
     code, out, _ = run("-f", "-", "--state", EXAMPLE, "-o", "json", stdin=yaml.safe_dump(deployment))
     explanation = json.loads(out)["explanations"][0]
     assert (code, explanation["admitted"], explanation["replicas"], explanation["replicasThatFit"],
-            explanation["fit"]) == (3, True, 5, 1, "some")
+            explanation["fit"]) == (4, True, 5, 1, "some")
 
 
 def test_namespace_annotation_and_label_rules(tmp_path: Path) -> None:

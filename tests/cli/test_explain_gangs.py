@@ -1,6 +1,6 @@
 """``gpuquota explain`` of gang members and of workloads of several pods: whether the whole gang
 fits now, its need and the room at each level, and how many of a workload's pods fit now (all,
-some, none), in the verdict and in the exit status (0, 3, 1).
+some, none), in the verdict and in the exit status (0, 4, 1).
 
 The counts are checked against the webhook's own state admitting the same pods one after another
 (``QuotaState.admit_pod``, not a dry run), so a count the view gives is the count the webhook admits.
@@ -106,23 +106,23 @@ def test_a_gang_job_of_eight_in_room_for_three_fits_not_at_all(tmp_path: Path) -
     assert admitted_one_after_another(train, [quota(3)]) == 0
 
 
-def test_a_plain_job_of_eight_in_room_for_three_fits_in_part_and_exits_3(tmp_path: Path) -> None:
+def test_a_plain_job_of_eight_in_room_for_three_fits_in_part_and_exits_4(tmp_path: Path) -> None:
     plain = job("plain", 8)
     code, out = explain(tmp_path, [plain], [quota(3)])
-    assert code == 3
+    assert code == 4
     lines = out.splitlines()
     assert lines[0] == "Job team-train/plain (pod template): ADMITTED, but only 3 of 8 pods fit now"
     assert lines[-1] == "  replicas: 8; pods alike that fit now: 3 (some)"
     code, out = explain(tmp_path, [plain], [quota(3)], "-o", "json")
     explanation = json.loads(out)["explanations"][0]
     assert (code, explanation["admitted"], explanation["replicas"], explanation["replicasThatFit"],
-            explanation["fit"], explanation["gang"]) == (3, True, 8, 3, "some", None)
+            explanation["fit"], explanation["gang"]) == (4, True, 8, 3, "some", None)
     assert admitted_one_after_another(plain, [quota(3)]) == 3
 
 
 def test_refused_beats_some_in_the_exit_status_and_all_fit_exits_0(tmp_path: Path) -> None:
     assert explain(tmp_path, [job("plain", 8), job("train", 8, gang("gang-b", 8))], [quota(3)])[0] == 1
-    assert explain(tmp_path, [job("plain", 8), job("small", 2)], [quota(3)])[0] == 3
+    assert explain(tmp_path, [job("plain", 8), job("small", 2)], [quota(3)])[0] == 4
     assert explain(tmp_path, [job("small", 2)], [quota(3)])[0] == 0
 
 
@@ -131,7 +131,7 @@ def test_members_beyond_the_minimum_fit_like_plain_pods_in_the_room_the_gang_lea
     train = job("train", 10, gang("gang-a", 8))
     code, out = explain(tmp_path, [train], [quota(9)], "-o", "json")
     explanation = json.loads(out)["explanations"][0]
-    assert (code, explanation["replicasThatFit"], explanation["fit"]) == (3, 9, "some")
+    assert (code, explanation["replicasThatFit"], explanation["fit"]) == (4, 9, "some")
     assert explanation["gang"] == {
         "gang": "team-train/gang-a", "source": "annotations", "minMembers": 8, "members": 0,
         "need": {CORE: "800", RATIO: "800"}, "rest": {CORE: "800", RATIO: "800"}, "held": {}, "complete": False,

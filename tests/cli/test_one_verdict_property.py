@@ -418,11 +418,11 @@ def check_views(cluster: Cluster, directory: Path) -> None:
         explained = json.loads(result.stdout)
         check_explain(explained["explanations"], subjects, state)
         # The exit status says it too: 1 when one is refused (none of a workload's pods fits), else
-        # 3 when only some of a workload's pods fit, else 0 (docs/cli.md).
+        # 4 when only some of a workload's pods fit, else 0 (docs/cli.md).
         fits = [(s.now.allowed, s.replicas, s.admitted_in_turn) for s in subjects]
         refused = any(not allowed or (replicas and fit == 0) for allowed, replicas, fit in fits)
         some = any(replicas is not None and fit is not None and 0 < fit < replicas for _, replicas, fit in fits)
-        assert result.exit_code == (1 if refused else 3 if some else 0), (result.exit_code, fits)
+        assert result.exit_code == (1 if refused else 4 if some else 0), (result.exit_code, fits)
         result = CliRunner().invoke(cli, ["convert", "-f", files, "-o", "json"])
         assert result.exit_code == (1 if any(s.empty.rules for s in subjects) else 0), result.output
         document = json.loads(result.stdout)
