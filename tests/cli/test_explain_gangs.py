@@ -174,10 +174,6 @@ def test_a_pod_groups_members_given_with_their_pod_group(tmp_path: Path) -> None
     assert explanation["message"].startswith(
         f"gang team-train/pg needs {CORE}=600,{RATIO}=600 (its PodGroup's minResources) at team-train/team-train; ")
     assert (explanation["gang"]["source"], explanation["gang"]["need"]) == ("PodGroup", {CORE: "600", RATIO: "600"})
-    # Without the PodGroup its label names no gang koord-scheduler knows: charged like plain pods.
-    code, out = explain(tmp_path, [workers], [quota(5)], "-o", "json")
-    explanation = json.loads(out)["explanations"][0]
-    assert (code, explanation["gang"], explanation["replicasThatFit"]) == (0, None, 4)
     # In the cluster's state instead, the same as given with it.
     code, _ = explain(tmp_path, [workers], [quota(5), group])
     assert code == 1
