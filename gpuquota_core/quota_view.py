@@ -262,7 +262,7 @@ class TreeView:
         for quota_name in list(wanted) if with_ancestors else []:
             wanted |= _ancestors(by_name[quota_name].quota, by_name)
         return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes,
-                        tuple(g for g in self.gangs if g.quota in wanted))
+                        gangs=tuple(g for g in self.gangs if g.quota in wanted))
 
     def as_dict(self, with_pods: bool = False) -> dict[str, Any]:
         return {"schemaVersion": SCHEMA_VERSION, "kind": "QuotaUsage",
@@ -388,7 +388,7 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
     # Offline (no ledger_trees) no file says what a gang's reservation holds: unknown, not 0.
     gangs = _gang_rows(tree, usage, gang_of_pod, ledger,
                        lambda quota: known is not None and tree_of(tree, quota) in known)
-    return TreeView(tuple(views), tuple(unreadable), notes, gangs)
+    return TreeView(tuple(views), tuple(unreadable), notes, gangs=gangs)
 
 
 def _gang_rows(tree: QuotaTree, usage: UsageIndex, gang_of_pod: Mapping[str, Gang], ledger: ReservationLedger,
