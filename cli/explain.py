@@ -23,12 +23,24 @@ from gpuquota_core import shared_ledger
 from gpuquota_core.audit import TEMPLATE_PATHS, template_of, template_pod_name
 from gpuquota_core.conversion import ConversionConfig
 from gpuquota_core.enforcement import INVALID
+from gpuquota_core.gang import POD_GROUP_KIND
+from gpuquota_core.gang_view import (
+    FIT_ALL,
+    FIT_NONE,
+    GangFit,
+    gang_fit,
+    how_many_fit,
+    pod_gang,
+    pods_admitted_in_turn,
+    scratch_ledger,
+)
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
-from gpuquota_core.pod_records import remembered_pod_requests
+from gpuquota_core.pod_records import gpu_memory_unknown, remembered_pod_requests
 from gpuquota_core.podspec import CONTAINER_KINDS, PodShapeError, as_mapping, mapping_or_empty
+from gpuquota_core.quota_decision import PodQuotaRequest
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL
-from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, pods_that_fit, with_cards
+from gpuquota_core.quota_view import LevelHeadroom, chain_headroom, describe_rule, with_cards, workload_replicas
 from gpuquota_core.resources import ResourceList, add_lists
 from gpuquota_core.unjudged import why_unjudged
 
@@ -46,6 +58,9 @@ if TYPE_CHECKING:
     from webhook.quota.state import QuotaState
 
 REFUSED_EXIT = 1
+# A workload of several pods of which some fit now, not all (docs/cli.md, exit status). Not 3, which
+# says that part of the input was left out on the branch this one merges into.
+SOME_FIT_EXIT = 4
 EXISTING_NOTE = ("The pod already exists in the cluster: judged as if created in its place (its own usage is "
                  "not in USED)")
 REWROTE_PREFIX = "gpuquota rewrote "
@@ -77,7 +92,8 @@ class Explanation:
     rule_text: str = ""
     chain: list[str] = field(default_factory=list)
     levels: list[LevelHeadroom] = field(default_factory=list)
-    fit: int | None = None
+    fit: int | None = None  # of a workload's replicas, how many the webhook would admit one after another now
+    gang: GangFit | None = None  # the gang the pod is a member of: whether its whole minimum fits now
     mutation_note: str = ""
     patch: list[dict[str, Any]] = field(default_factory=list)
     # The pod is already in the state (same namespace and name): judged as if created in its place,
@@ -100,8 +116,20 @@ class Explanation:
                 "warnings": self.warnings, "wouldDeny": self.would_deny,
                 "quota": self.quota, "rule": self.rule, "chain": self.chain,
                 "headroom": [level.as_dict() for level in self.levels],
-                **({"replicas": self.subject.replicas, "replicasThatFit": self.fit}
+                "gang": None if self.gang is None else self.gang.as_dict(),
+                **({"replicas": self.subject.replicas, "replicasThatFit": self.fit, "fit": self.fit_word()}
                    if self.subject.replicas is not None else {})}
+
+    def fit_word(self) -> str:
+        """``all``, ``some`` or ``none`` of a workload's pods fit now (a single pod: admitted or not)."""
+        if self.subject.replicas is None or self.fit is None:
+            return FIT_ALL if self.admitted else FIT_NONE
+        return how_many_fit(self.subject.replicas, self.fit)
+
+    @property
+    def exit_status(self) -> int:
+        word = self.fit_word()
+        return 0 if word == FIT_ALL else REFUSED_EXIT if word == FIT_NONE else SOME_FIT_EXIT
 
 
 class _SnapshotDecider:
@@ -157,7 +185,9 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
 
     What /mutate-pods would rewrite (or leave as written, and why), whether /validate-pods would
     refuse it and with which message, the quota chain it resolves to and by which rule, and the
-    room at each level before and after. Exit 0 when it would be admitted, 1 when refused.
+    room at each level before and after; for a gang member, whether its gang's whole minimum fits.
+    Exit 0 when every pod would be admitted, 1 when one is refused, 4 when only some of a
+    workload's pods fit now.
     """
     config = snapshot.conversion_config(config_path)
     if state_paths and (kubeconfig or context):
@@ -187,13 +217,17 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     if not state_snapshot.live:  # what the --state files hold that is no part of a cluster (an AdmissionReview)
         for note in state_snapshot.notes:
             click.echo(f"note: --state {note}", err=True)
-    explanations = explain_all(subjects, state_snapshot, config)
+    explanations = explain_all(subjects, state_snapshot, config,
+                               pod_groups=[obj for obj in given if obj.get("kind") == POD_GROUP_KIND])
     if fmt == "text":
         click.echo("\n\n".join(render(e) for e in explanations))
     else:
         click.echo(document({"explanations": [e.as_dict() for e in explanations]}, fmt, plain=True))
-    if unreadable or not all(e.admitted for e in explanations):
+    statuses = {e.exit_status for e in explanations}
+    if unreadable or REFUSED_EXIT in statuses:
         raise SystemExit(REFUSED_EXIT)
+    if SOME_FIT_EXIT in statuses:
+        raise SystemExit(SOME_FIT_EXIT)
 
 
 def _namespaced_name(obj: Mapping[str, Any], namespace: str) -> str:
@@ -231,14 +265,7 @@ def subjects_of(obj: Mapping[str, Any], namespace: str) -> list[Subject]:
             pod_metadata[key] = _plain(template_metadata[key], name)
     pod = _quantities_as_text({"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata,
                                "spec": _plain(template.get("spec") or {}, name)})
-    spec = mapping_or_empty(obj.get("spec"))
-    replicas = spec.get("replicas", 1 if kind in ("Deployment", "StatefulSet", "ReplicaSet") else None)
-    if kind == "Job":
-        replicas = spec.get("parallelism", 1)
-    elif kind == "CronJob":  # each run is a Job of the jobTemplate: its pods at once, as for a Job
-        replicas = mapping_or_empty(mapping_or_empty(spec.get("jobTemplate")).get("spec")).get("parallelism", 1)
-    return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod,
-                    replicas if isinstance(replicas, int) else None)]
+    return [Subject(f"{kind} {own_namespace}/{name} (pod template)", pod, workload_replicas(obj))]
 
 
 def _quantities_as_text(pod: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +314,8 @@ def _review(pod: Mapping[str, Any]) -> bytes:
 
 
 def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
-                config: ConversionConfig) -> list[Explanation]:
+                config: ConversionConfig, pod_groups: list[dict[str, Any]] | None = None) -> list[Explanation]:
+    """``pod_groups``: PodGroups given with the subjects (created with them), beside the cluster's."""
     from gpuquota_core.quota_integrity import QuotaTreeError
     from webhook.admission.decisions import AdmissionHandlers
     from webhook.admission.review import decode_review
@@ -300,9 +328,10 @@ def explain_all(subjects: list[Subject], state_snapshot: snapshot.Snapshot,
         # there (the state keeps one; the audit reports both).
         for kind in ("ElasticQuota", "Pod"):
             state.replace_kind(kind, state_snapshot.of_kind(kind))
+        state.replace_kind(POD_GROUP_KIND, [*state_snapshot.of_kind(POD_GROUP_KIND), *(pod_groups or [])])
     else:
         try:
-            state.load(state_snapshot.objects)  # as `serve --state` loads them
+            state.load([*state_snapshot.objects, *(pod_groups or [])])  # as `serve --state` loads them
         except QuotaTreeError as error:
             raise CommandError(str(error)) from None
     decider = _SnapshotDecider(state, state_snapshot.reservations)
@@ -377,7 +406,16 @@ def _judged(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDec
         return add_lists(state.usage.used(quota), reserved.used(quota))
 
     result.levels = chain_headroom(state.tree, resolution, requests, used_of)
-    result.fit = pods_that_fit(result.levels)
+    namespace = str(metadata.get("namespace") or "")
+    gang = pod_gang(namespace, metadata, state.pod_groups)
+    if gang is not None and resolution.quota in state.tree.quotas:
+        result.gang = gang_fit(state.tree, resolution.quota, gang, requests, reserved, used_of)
+    if subject.replicas is not None:
+        request = PodQuotaRequest(namespace, str(metadata.get("name") or metadata.get("generateName") or ""),
+                                  str(labels.get(POD_QUOTA_LABEL) or ""), requests, gpu_memory_unknown(requests))
+        result.fit = 0 if not verdict.allowed else pods_admitted_in_turn(
+            state.tree, state.usage, scratch_ledger(reserved, state.usage), request, gang, subject.replicas,
+            time.time())
     return result
 
 
@@ -396,6 +434,8 @@ def _mutation_summary(e: Explanation) -> str:
 
 def render(e: Explanation) -> str:
     verdict = "ADMITTED" if e.admitted else f"REFUSED ({e.code} {e.reason})"
+    if e.admitted and e.fit_word() != FIT_ALL:
+        verdict += f", but only {e.fit} of {e.subject.replicas} pods fit now"
     lines = [f"{e.subject.source}: {verdict}"]
     if e.message:
         lines.append(f"  {e.message}")
@@ -427,7 +467,20 @@ def render(e: Explanation) -> str:
         rendered = table(["LEVEL", "RESOURCE", "LIMIT", "USED", "POD ADDS", "FREE BEFORE", "FREE AFTER", ""], rows)
         lines += ["  " + line for line in rendered.splitlines()]
     if e.subject.replicas is not None and e.fit is not None:
-        lines.append(f"  replicas: {e.subject.replicas}; pods alike that fit now: {e.fit}")
+        word = e.fit_word()
+        lines.append(f"  replicas: {e.subject.replicas}; pods alike that fit now: {e.fit}"
+                     + ("" if word == FIT_ALL else f" ({word})"))
+    if e.gang is not None:
+        lines.append(f"Gang: {e.gang.summary()}")
+        if not e.gang.complete:
+            rows = [[level.quota.name, level.resource.removeprefix("koordinator.sh/"),
+                     with_cards(level.resource, level.limit), with_cards(level.resource, level.used),
+                     with_cards(level.resource, level.needs), with_cards(level.resource, level.before),
+                     with_cards(level.resource, level.after), "" if level.fits else "over"]
+                    for level in e.gang.levels]
+            rendered = table(["LEVEL", "RESOURCE", "LIMIT", "USED", "GANG ADDS", "FREE BEFORE", "FREE AFTER", ""],
+                             rows)
+            lines += ["  " + line for line in rendered.splitlines()]
     other = [w for w in e.warnings if not w.startswith(REWROTE_PREFIX)]
     if other:
         lines.append("")

@@ -86,4 +86,4 @@ def input_was_skipped() -> bool:
 
 def exit_status(status: int) -> int:
     """The command's own status, or :data:`SKIPPED_EXIT` where it answered only part of its input."""
-    return SKIPPED_EXIT if status in (0, 1) and input_was_skipped() else status
+    return SKIPPED_EXIT if status in (0, 1, 4) and input_was_skipped() else status

@@ -22,8 +22,10 @@ from gpuquota_core.quota_view import (
     ResourceView,
     TreeView,
     build_view,
+    pod_groups_of,
     with_cards,
 )
+from gpuquota_core.resources import ResourceList
 from gpuquota_core.selector import Selector
 
 from . import output, snapshot
@@ -78,7 +80,8 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
     if name is not None and name not in tree.quotas:
         raise CommandError(f"no ElasticQuota named {name!r}")
     view = build_view(tree, state.of_kind("Pod"), reservations=state.reservations,
-                      ledger_trees=state.ledger_trees, now=time.time(), problems=state.tree_problems)
+                      ledger_trees=state.ledger_trees, now=time.time(), problems=state.tree_problems,
+                      pod_groups=pod_groups_of(state.objects))
     labelled = None if selector is None else {
         str((obj.get("metadata") or {}).get("name")) for obj in state.of_kind("ElasticQuota")
         if selector.matches_object(obj)}
@@ -110,6 +113,8 @@ def quota(name: str | None, paths: tuple[str, ...], kubeconfig: str | None, cont
         click.echo(render_pods(view))
     elif with_pods and any(quota_view.pods for quota_view in view.quotas):
         click.echo(_without_header(render_pods(view)))
+    if view.gangs:  # gang reservations and members, under the quotas shown (docs/cli.md)
+        click.echo(_without_header(render_gangs(view)) if no_headers else "\n" + render_gangs(view))
     _say_notes(view, state)
     _end(view)
 
@@ -246,3 +251,16 @@ def render_pods(view: TreeView) -> str:
              *(with_cards(n, pod.requests[n]) if n in pod.requests else "-" for n in names)]
             for quota_view in view.quotas for pod in quota_view.pods]
     return table(headers, rows) if rows else "No pods are charged to these quotas."
+
+
+def _resources(resources: ResourceList | None) -> str:
+    if resources is None:
+        return "-"
+    return ",".join(f"{short(name)}={resources[name]}" for name in sorted(resources)) or "0"
+
+
+def render_gangs(view: TreeView) -> str:
+    """The gangs with a member stored or a live reservation, under the quotas shown."""
+    rows = [[gang.gang, gang.quota, str(gang.min_members), str(gang.stored), _resources(gang.need),
+             _resources(gang.rest), _resources(gang.reserved), gang.state] for gang in view.gangs]
+    return table(["GANG", "QUOTA", "MIN", "STORED", "NEED", "REST", "RESERVED", "STATE"], rows)

@@ -20,7 +20,7 @@ from . import hints
 from .errors import CommandError, cluster_error
 from .inputs import readable_objects
 
-STATE_KINDS = ("Node", "Pod", "ElasticQuota")
+STATE_KINDS = ("Node", "Pod", "ElasticQuota", "PodGroup")
 
 
 @dataclass

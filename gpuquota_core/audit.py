@@ -13,7 +13,11 @@ from typing import Any
 
 from .canonical import canonicalize_pod_spec
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .enforcement import POD_GROUP_NOT_SEEN
+from .gang import POD_GROUP_KIND, Gang, PodGroupInfo, pod_group_info, pod_group_not_seen, unseen_pod_group
+from .gang_view import GangMember, decide_member, gang_problems, pod_gang
 from .jsonpatch import apply
+from .ledger import ReservationLedger
 from .memo import BoundedMemo
 from .mutation import admission_mutation
 from .placement import (
@@ -34,6 +38,9 @@ from .pod_records import (
     remembered_pod_requests,
     spec_names_key,
     spec_shape_key,
+)
+from .pod_records import (
+    canonical_resource_list as canonical_requests,
 )
 from .podspec import PodShapeError, mapping_or_empty, parse_resource_list, pod_requests, read_containers
 from .quantity import ZERO, Quantity, QuantityError
@@ -445,6 +452,7 @@ class QuotaPlace:
     # The name the webhook's messages give the pod ("": the object's own). A template's pods are
     # created with only generateName set ("<workload>-"), and that is what the webhook is sent.
     pod_name: str = ""
+    gang: Gang | None = None
 
 
 def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, legacy_check: str,
@@ -471,7 +479,8 @@ def _check_spec(spec: Mapping[str, Any], kind: str, namespace: str, name: str, l
              "problems": [message for message, _ in verdict.problems]}))
         return  # the webhook refuses it here; the quota decision is never reached
     if place is not None:
-        decision = place.judge.refusal(spec, namespace, place.pod_name or name, place.labels, config, shape)
+        decision = place.judge.refusal(spec, namespace, place.pod_name or name, place.labels, config, shape,
+                                       place.gang)
         if decision is not None:
             report.findings.append(Finding(
                 "pod-quota-refused", Severity.ERROR, kind, namespace, name, decision.message,
@@ -496,18 +505,22 @@ class PodQuotaJudge:
     are refused whatever else runs. How full the quotas are is the ``quota-over-limit`` check.
     """
 
-    def __init__(self, tree: QuotaTree) -> None:
+    def __init__(self, tree: QuotaTree, pod_groups: Mapping[str, PodGroupInfo] | None = None) -> None:
         self.tree = tree
+        # A gang member is judged as the webhook judges it (its gang's whole minimum must fit),
+        # with its gang's PodGroup when there is one.
+        self.pod_groups: Mapping[str, PodGroupInfo] = pod_groups or {}
         # What the decision reads of a pod -> allowed. Refusals are rare and decided again for
         # their message, which names the pod; replicas of a workload ask alike.
         self._allowed: set[object] = set()
 
     def refusal(self, spec: Mapping[str, Any], namespace: str, name: str, labels: Mapping[str, Any],
-                config: ConversionConfig, shape: object) -> Decision | None:
-        """``shape``: the spec's ``spec_shape_key`` when known (it keys the canonical requests)."""
+                config: ConversionConfig, shape: object, gang: Gang | None = None) -> Decision | None:
+        """``shape``: the spec's ``spec_shape_key`` when known (it keys the canonical requests);
+        ``gang``: the gang the pod is a member of (its answers are not remembered: few pods are)."""
         label = labels.get(POD_QUOTA_LABEL)
         label = label if isinstance(label, str) else ""
-        key = (namespace, label, shape) if shape is not None else None
+        key = (namespace, label, shape) if shape is not None and gang is None else None
         if key is not None and key in self._allowed:
             return None
         try:
@@ -516,7 +529,15 @@ class PodQuotaJudge:
         except PodShapeError:
             return None  # reported by the spec check already
         request = PodQuotaRequest(namespace, name, label, requests, gpu_memory_unknown(requests))
-        decision = decide(self.tree, _NOTHING_USED, _NOTHING_USED, request)
+        unseen = unseen_pod_group(namespace, {key: value for key, value in labels.items() if isinstance(value, str)},
+                                  self.pod_groups) if gang is None else ""
+        if unseen:
+            # The webhook refuses it for now (503, retryable): its gang's minimum is not known.
+            return Decision(False, message=pod_group_not_seen(namespace, name, unseen), reason=POD_GROUP_NOT_SEEN)
+        if gang is not None:
+            decision = decide_member(self.tree, _NOTHING_USED, ReservationLedger(), request, gang)
+        else:
+            decision = decide(self.tree, _NOTHING_USED, _NOTHING_USED, request)
         if decision.allowed:
             if key is not None:
                 self._allowed.add(key)
@@ -541,19 +562,21 @@ def template_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def check_pods(pods: Iterable[Mapping[str, Any]], report: AuditReport,
                config: ConversionConfig = DEFAULT_CONFIG, shapes: list[object] | None = None,
-               tree: QuotaTree | None = None, view: NodeView | None = None) -> None:
+               tree: QuotaTree | None = None, view: NodeView | None = None,
+               pod_groups: Mapping[str, PodGroupInfo] | None = None) -> None:
     """``shapes``: :func:`pod_shapes` of ``pods``, when the caller has them (audit_objects does).
     ``tree``: the cluster's quotas (:func:`quota_tree`), to run the webhook's quota decision too.
-    ``view``: the nodes, for the webhook's decision whether to rewrite (None: no Node known)."""
+    ``view``: the nodes, for the webhook's decision whether to rewrite (None: no Node known).
+    ``pod_groups``: the PodGroups, by ``namespace/name`` (the gangs their members form)."""
     pods = list(pods)
-    judge = PodQuotaJudge(tree) if tree is not None else None
+    judge = PodQuotaJudge(tree, pod_groups) if tree is not None else None
     for pod, shape in zip(pods, _shapes(pods, config, shapes), strict=True):
         namespace, name, metadata = _meta(pod)
         spec = pod.get("spec")
         if type(spec) is dict or isinstance(spec, Mapping):  # type() first: see _meta
             place = None
             if judge is not None and pod_is_counted(pod):  # a finished pod is never admitted again
-                place = QuotaPlace(judge, _labels_of(metadata))
+                place = QuotaPlace(judge, _labels_of(metadata), gang=pod_gang(namespace, metadata, judge.pod_groups))
             _check_spec(spec, "Pod", namespace, name, "pod-legacy-gpu-request", report, config, shape, place, view)
 
 
@@ -564,10 +587,10 @@ def _labels_of(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
                     config: ConversionConfig = DEFAULT_CONFIG, tree: QuotaTree | None = None,
-                    view: NodeView | None = None) -> None:
-    """``tree``, ``view``: as for :func:`check_pods`; a template's pods are judged in the workload's
-    namespace."""
-    judge = PodQuotaJudge(tree) if tree is not None else None
+                    view: NodeView | None = None, pod_groups: Mapping[str, PodGroupInfo] | None = None) -> None:
+    """``tree``, ``view``, ``pod_groups``: as for :func:`check_pods`; a template's pods are judged in
+    the workload's namespace."""
+    judge = PodQuotaJudge(tree, pod_groups) if tree is not None else None
     for obj in objects:
         template = template_of(obj)
         spec = template.get("spec") if template is not None else None
@@ -575,11 +598,56 @@ def check_workloads(objects: Iterable[Mapping[str, Any]], report: AuditReport,
             namespace, name, _ = _meta(obj)
             place = None
             if judge is not None and template is not None:
-                template_metadata = template.get("metadata")
-                place = QuotaPlace(judge, _labels_of(template_metadata if isinstance(template_metadata, Mapping)
-                                                    else {}), template_pod_name(name))
+                template_metadata = mapping_or_empty(template.get("metadata"))
+                place = QuotaPlace(judge, _labels_of(template_metadata), template_pod_name(name),
+                                   pod_gang(namespace, template_metadata, judge.pod_groups))
             _check_spec(spec, str(obj.get("kind")), namespace, name, "workload-legacy-gpu-request", report, config,
                         place=place, view=view)
+
+
+def check_gangs(pods: Iterable[Mapping[str, Any]], workloads: Iterable[Mapping[str, Any]], tree: QuotaTree,
+                pod_groups: Mapping[str, PodGroupInfo], report: AuditReport,
+                config: ConversionConfig = DEFAULT_CONFIG) -> None:
+    """Gangs that can never fit, gangs partly admitted, members that disagree about their gang
+    (gpuquota_core.gang_view): of the stored pods that count, and of the pods templates will create.
+    Pods and templates are read as stored: requests in canonical units, a template's after the
+    mutating webhook's rewrite (``config``: the rewrite the audit judges with)."""
+    members: list[GangMember] = []
+    for pod in pods:
+        if not pod_is_counted(pod):
+            continue
+        namespace, name, metadata = _meta(pod)
+        member = _gang_member("Pod", namespace, name, metadata, pod.get("spec"), pod_groups, tree, config, True)
+        if member is not None:
+            members.append(member)
+    for obj in workloads:
+        template = template_of(obj)
+        if template is None:
+            continue
+        namespace, name, _ = _meta(obj)
+        member = _gang_member(str(obj.get("kind")), namespace, name, mapping_or_empty(template.get("metadata")),
+                              template.get("spec"), pod_groups, tree, config, False)
+        if member is not None:
+            members.append(member)
+    for problem in gang_problems(tree, members, pod_groups):
+        report.findings.append(Finding(problem.check, Severity.ERROR if problem.error else Severity.WARNING,
+                                       problem.kind, problem.namespace, problem.name, problem.message,
+                                       problem.details))
+
+
+def _gang_member(kind: str, namespace: str, name: str, metadata: Mapping[str, Any], spec: Any,
+                 pod_groups: Mapping[str, PodGroupInfo], tree: QuotaTree, config: ConversionConfig,
+                 stored: bool) -> GangMember | None:
+    gang = pod_gang(namespace, metadata, pod_groups)
+    if gang is None or not isinstance(spec, Mapping):
+        return None
+    try:
+        requests = remembered_pod_requests(spec, config)
+    except (PodShapeError, QuantityError, ValueError):
+        return None  # pod-invalid-gpu-request reports it
+    label = _labels_of(metadata).get(POD_QUOTA_LABEL)
+    leaf = tree.resolve(namespace, label if isinstance(label, str) else "").quota
+    return GangMember(kind, namespace, name, gang, leaf, requests, stored)
 
 
 def check_resourcequotas(objects: Iterable[Mapping[str, Any]], report: AuditReport) -> None:
@@ -727,11 +795,16 @@ def _audit(objects: Iterable[Mapping[str, Any]], scopes: Iterable[str], config: 
     # With no Node to look at, the rewrite is judged as `rewrite: always` would make it, as
     # `gpuquota convert` and `explain` do (audit_rewrite_config); the verdict on validation follows it.
     judged_config = audit_rewrite_config(config, view)
+    pod_groups = {info.key: info for obj in by_kind.get(POD_GROUP_KIND, [])
+                  if (info := pod_group_info(obj, canonical_requests)) is not None}
+    workloads = [o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs]
     if "pods" in wanted:
-        check_pods(pods, report, judged_config, shapes, tree, view)
+        check_pods(pods, report, judged_config, shapes, tree, view, pod_groups)
     if "workloads" in wanted:
-        check_workloads([o for kind, objs in by_kind.items() if kind in TEMPLATE_PATHS for o in objs], report,
-                        judged_config, tree, view)
+        check_workloads(workloads, report, judged_config, tree, view, pod_groups)
+    if tree is not None:
+        check_gangs(pods if "pods" in wanted else [], workloads if "workloads" in wanted else [], tree, pod_groups,
+                    report, judged_config)
     if "resourcequotas" in wanted:
         check_resourcequotas(by_kind.get("ResourceQuota", []), report)
     # Objects no check above could read as far as a pod spec: a finding each, not silence.

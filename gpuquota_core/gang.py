@@ -194,6 +194,13 @@ def unseen_pod_group(namespace: str, labels: Mapping[str, str], pod_groups: Mapp
     return f"{namespace}/{name}" if name and f"{namespace}/{name}" not in pod_groups else ""
 
 
+def pod_group_not_seen(namespace: str, name: str, pod_group: str) -> str:
+    """Why a member of ``pod_group`` (namespace/name), which is not known, is refused for now."""
+    return (f"pod {namespace}/{name} is a member of PodGroup {pod_group} (label {POD_GROUP_LABEL}), which this "
+            f"webhook has not seen: koord-scheduler does not schedule a gang whose PodGroup does not exist "
+            f"either; create the PodGroup first, or retry shortly if it was just created")
+
+
 def pod_group_info(obj: Mapping[str, Any], canonical: Any) -> PodGroupInfo | None:
     """A PodGroup object read for decisions; None when it is not one that can be read.
 

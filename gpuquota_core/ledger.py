@@ -181,6 +181,10 @@ class ReservationLedger:
     def get(self, pod_key: str) -> Reservation | None:
         return self._by_pod.get(pod_key)
 
+    def reservations(self) -> list[Reservation]:
+        """Every reservation held (a view replaying admissions copies them: gpuquota_core.gang_view)."""
+        return list(self._by_pod.values())
+
     def used(self, quota: str) -> ResourceList:
         gangs = self._gangs_at.get(quota)
         if not gangs:

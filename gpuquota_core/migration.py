@@ -18,6 +18,7 @@ from typing import Any
 
 from .audit import audit_objects
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .gang_view import GANG_CHECKS
 from .pod_records import pod_is_counted, pod_record
 from .podspec import CONTAINER_KINDS, PodShapeError, mapping_or_empty, parse_resource_list
 from .quantity import ZERO, Quantity, QuantityError
@@ -404,8 +405,9 @@ def _over_limit(objects: list[Mapping[str, Any]], migrated: set[str], config: Co
 def _revisit(objects: list[Mapping[str, Any]], config: ConversionConfig) -> list[dict[str, Any]]:
     # The same checks as `gpuquota audit`, so plan and audit agree on what else must change.
     report = audit_objects(objects, ("workloads", "resourcequotas"), config)
+    # Gangs are about room, which a migration does not change: no workload is revisited for them.
     return [{"kind": f.kind, "namespace": f.namespace, "name": f.name, "check": f.check, "message": f.message}
-            for f in report.findings]
+            for f in report.findings if f.check not in GANG_CHECKS]
 
 
 # -- rollback ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .audit import AuditReport, Finding, Severity
+from .gang import POD_GROUP_API_VERSION
 from .quota_objects import ELASTICQUOTA_API_VERSION
 
 API_VERSION = "wgpolicyk8s.io/v1alpha2"
@@ -62,6 +63,7 @@ API_VERSION_OF_KIND: Mapping[str, str] = {
     "ReplicationController": "v1",
     "PodTemplate": "v1",
     "ElasticQuota": ELASTICQUOTA_API_VERSION,
+    "PodGroup": POD_GROUP_API_VERSION,
     "Deployment": "apps/v1",
     "StatefulSet": "apps/v1",
     "DaemonSet": "apps/v1",

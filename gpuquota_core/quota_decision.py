@@ -13,7 +13,7 @@ from typing import Protocol
 
 from .enforcement import PARENT_QUOTA, QUOTA_EXCEEDED, QUOTA_NOT_FOUND, UNKNOWN_GPU_MEMORY
 from .gang import FROM_POD_GROUP, GANG_DETAIL, GANG_RESULT_DETAIL, REFUSED, Gang, gang_need
-from .ledger import GangReservation, Reservation, remaining_need
+from .ledger import GangReservation, Reservation, ReservationLedger, remaining_need
 from .quantity import ZERO, Quantity
 from .quota_check import Exceeded, charges_for_chain, check_chain
 from .quota_tree import QuotaTree
@@ -139,6 +139,19 @@ def decide(tree: QuotaTree, usage: Totals, ledger: Totals, pod: PodQuotaRequest,
     if gang is not None and old is None:
         return _decide_gang_member(tree, leaf.name, chain, used, reserved, charges, pod, gang[0], gang[1], replay_of)
     return _decided(tree, leaf.name, chain, used, reserved, charges)
+
+
+def hold_admitted(ledger: ReservationLedger, decision: Decision, pod_key: str, admission_uid: str,
+                  requests: Mapping[str, Quantity], now: float, *, pod_uid: str = "", caller: str = "") -> Reservation:
+    """Record an admitted pod in ``ledger`` as the webhook's state does: the gang reservations its
+    admission opens (each until its gang's waiting time), then its own reservation, drawing from its
+    gang's. The one place both the webhook and the views that replay admissions write a decision."""
+    for opening in decision.opens_gangs:
+        ledger.open_gang(GangReservation(opening.gang, admission_uid, decision.quotas, opening.need,
+                                         opening.min_members, now + opening.waiting_seconds,
+                                         pod_group=opening.pod_group))
+    return ledger.reserve(pod_key, admission_uid, decision.quotas, requests, now, pod_uid=pod_uid,
+                          charges=decision.charges, caller=caller, gang=decision.gang)
 
 
 def _decided(tree: QuotaTree, leaf: str, chain: tuple[str, ...], used: dict[str, ResourceList],

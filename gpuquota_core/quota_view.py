@@ -15,8 +15,11 @@ from typing import Any
 
 from .canonical import ORIGINAL_RESOURCES_ANNOTATION, original_resources
 from .conversion import DEFAULT_CONFIG, ConversionConfig
+from .gang import POD_GROUP_KIND, Gang, PodGroupInfo, gang_metadata, gang_need, gang_of, pod_group_info
+from .ledger import ReservationLedger, remaining_need
+from .pod_records import canonical_resource_list as canonical_requests
 from .pod_records import pod_is_counted, pod_record
-from .podspec import CONTAINER_KINDS, mapping_or_empty
+from .podspec import CONTAINER_KINDS, as_mapping, mapping_or_empty
 from .quantity import ZERO, Quantity
 from .quota_check import charges_for_chain
 from .quota_integrity import DUPLICATE_NAME, PARENT_CYCLE, PARENT_MISSING, PARENT_UNREADABLE, TreeProblem
@@ -205,6 +208,48 @@ _BROKEN_WORDS = {
 }
 
 
+# What a gang's row says of it (``quota``): its minimum of members is stored; a live reservation of
+# the webhook holds the rest of it; or neither is known to hold the rest.
+GANG_COMPLETE, GANG_RESERVED, GANG_PARTIAL = "complete", "reserved", "partial"
+
+
+@dataclass(frozen=True, slots=True)
+class GangRow:
+    """One gang under a quota: its stored members, its need, and what a reservation holds for it.
+
+    Files hold no reservations: a gang partly stored holds the rest of its minimum in the webhook's
+    view only while the reservation its first member opened lives (the gang's waiting time), which
+    no file records; so offline ``reserved`` is unknown (None) and ``rest`` is what the rest of the
+    minimum would need, now or when it is created again.
+    """
+
+    gang: str  # namespace/name
+    source: str  # where its minimum is read from (gpuquota_core.gang), "" for a reservation alone
+    quota: str  # the leaf its members are charged to (or its reservation was made at)
+    min_members: int
+    stored: int  # members stored and counted
+    asked: ResourceList  # what the stored members ask, in total
+    need: ResourceList  # the room the whole minimum takes
+    rest: ResourceList  # of the need, what the stored members do not take
+    reserved: ResourceList | None  # what a live reservation holds now; None: not known
+    expires_at: float | None = None  # the reservation's end (wall clock), live
+
+    @property
+    def state(self) -> str:
+        if self.stored >= self.min_members:
+            return GANG_COMPLETE
+        return GANG_RESERVED if self.reserved else GANG_PARTIAL
+
+    def as_dict(self) -> dict[str, Any]:
+        def texts(resources: Mapping[str, Quantity]) -> dict[str, str]:
+            return {name: str(q) for name, q in sorted(resources.items())}
+        return {"gang": self.gang, "source": self.source or None, "quota": self.quota,
+                "minMembers": self.min_members, "stored": self.stored, "asked": texts(self.asked),
+                "need": texts(self.need), "rest": texts(self.rest),
+                "reserved": None if self.reserved is None else texts(self.reserved), "state": self.state,
+                "expiresAt": self.expires_at}
+
+
 @dataclass(frozen=True, slots=True)
 class TreeView:
     quotas: tuple[QuotaView, ...]
@@ -213,6 +258,7 @@ class TreeView:
     # Every quota that does not fit in the tree, as the audit reports it (errors there): the view is
     # then not the tree Koordinator enforces, and ``gpuquota quota`` says so and ends 1.
     problems: tuple[TreeProblem, ...] = ()
+    gangs: tuple[GangRow, ...] = ()
 
     @property
     def broken(self) -> bool:
@@ -246,11 +292,13 @@ class TreeView:
         for quota_name in list(wanted) if with_ancestors else []:
             wanted |= _ancestors(by_name[quota_name].quota, by_name)
         return TreeView(tuple(v for v in self.quotas if v.quota.name in wanted), self.unreadable_pods, self.notes,
-                        tuple(p for p in self.problems if p.quota.name in wanted))
+                        tuple(p for p in self.problems if p.quota.name in wanted),
+                        gangs=tuple(g for g in self.gangs if g.quota in wanted))
 
     def as_dict(self, with_pods: bool = False) -> dict[str, Any]:
         return {"schemaVersion": SCHEMA_VERSION, "kind": "QuotaUsage",
                 "quotas": [view.as_dict(with_pods) for view in self.quotas],
+                "gangs": [gang.as_dict() for gang in self.gangs],
                 "unreadablePods": list(self.unreadable_pods), "notes": list(self.notes),
                 "treeProblems": [{"check": p.check, "namespace": p.quota.namespace, "name": p.quota.name,
                                   "message": p.message} for p in self.problems]}
@@ -307,7 +355,8 @@ def _on_cycle(tree: QuotaTree, name: str) -> bool:
 def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                reservations: Mapping[str, StoredReservation] | None = None,
                ledger_trees: Iterable[str] | None = None, now: float = 0.0,
-               config: ConversionConfig = DEFAULT_CONFIG, problems: Iterable[TreeProblem] = ()) -> TreeView:
+               config: ConversionConfig = DEFAULT_CONFIG, problems: Iterable[TreeProblem] = (),
+               pod_groups: Mapping[str, PodGroupInfo] | None = None) -> TreeView:
     """The usage view of ``tree`` with ``pods`` charged as the webhook's usage index charges them.
 
     ``reservations``: the strict-accounting ledgers' entries (``shared_ledger.decode``) with
@@ -315,11 +364,13 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
     other trees. Without ``ledger_trees`` every tree is known (offline: nothing is reserved).
     ``problems``: :func:`quota_integrity.tree_problems` of the quotas the tree was built from (the
     tree itself keeps one copy of a repeated name, so it cannot find them all).
+    ``pod_groups``: the PodGroups, by ``namespace/name``, for the gangs their members form.
     """
     problems = tuple(problems)
     usage = UsageIndex(tree)
     # By pod key: a pod listed twice counts once, as its later version (UsageIndex.upsert's rule).
     charged: dict[str, ChargedPod] = {}
+    gang_of_pod: dict[str, Gang] = {}  # pod key -> the gang it is a member of
     unreadable: list[str] = []
     for pod in pods:
         if not pod_is_counted(pod):
@@ -333,6 +384,13 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
             continue
         usage.upsert(record)
         charged.pop(record.key, None)
+        gang_of_pod.pop(record.key, None)
+        if record.gang:
+            metadata = as_mapping(pod.get("metadata"), "metadata")
+            gang = gang_of(record.namespace, mapping_or_empty(metadata.get("labels")),
+                           gang_metadata(metadata.get("annotations")), pod_groups or {})
+            if gang is not None:
+                gang_of_pod[record.key] = gang
         if usage.charged_to(record.key):
             resolution = tree.resolve(record.namespace, record.quota_label)
             charged[record.key] = ChargedPod(record.namespace, record.name, usage.charged_to(record.key)[0],
@@ -382,7 +440,48 @@ def build_view(tree: QuotaTree, pods: Iterable[Mapping[str, Any]], *,
                                _problems_of(quota.name, problems)))
     notes = tuple(sorted({note.message for quota in tree if quota.name not in UNCHECKED_QUOTAS
                           for note in tree.limit(quota.name)[1]}))
-    return TreeView(tuple(views), tuple(unreadable), notes, problems)
+    # Offline (no ledger_trees) no file says what a gang's reservation holds: unknown, not 0.
+    gangs = _gang_rows(tree, usage, gang_of_pod, ledger,
+                       lambda quota: known is not None and tree_of(tree, quota) in known)
+    return TreeView(tuple(views), tuple(unreadable), notes, problems, gangs=gangs)
+
+
+def _gang_rows(tree: QuotaTree, usage: UsageIndex, gang_of_pod: Mapping[str, Gang], ledger: ReservationLedger,
+               known: Callable[[str], bool]) -> tuple[GangRow, ...]:
+    """Each gang with a member stored or a live reservation, by quota then name. ``known``: whether
+    reservations of a quota's tree were read (else what a reservation holds is unknown)."""
+    members: dict[str, list[str]] = {}
+    for key, gang in gang_of_pod.items():
+        if usage.charged_to(key):
+            members.setdefault(gang.key, []).append(key)
+    reservations = {held.gang: held for held in ledger.gangs()}
+    rows: list[GangRow] = []
+    for key in sorted(set(members) | set(reservations)):
+        held = reservations.get(key)
+        # The members the webhook counts (every stored pod naming the gang, as its admission does).
+        stored, asked = usage.gang_members(key)
+        charged = sorted(members.get(key, []))
+        if charged:
+            # Read as the first stored member reads its gang (the audit names members that disagree).
+            first = usage.get(charged[0])
+            gang = gang_of_pod[charged[0]]
+            quota = usage.charged_to(charged[0])[0]
+            need = held.need if held is not None else gang_need(gang, first.requests if first else {})
+            minimum, source = gang.min_members, gang.source
+        elif held is not None:
+            quota, need, minimum, source = held.quotas[0], dict(held.need), held.min_members, ""
+        else:
+            continue
+        reserved = (ledger.gang_hold(key) if held is not None else {}) if known(quota) else None
+        rows.append(GangRow(key, source, quota, minimum, stored, _gpu_only(asked),
+                            _gpu_only(need), _gpu_only(remaining_need(need, minimum, stored, asked)),
+                            None if reserved is None else _gpu_only(reserved),
+                            held.expires_at if held is not None and known(quota) else None))
+    return tuple(sorted(rows, key=lambda row: (row.quota, row.gang)))
+
+
+def _gpu_only(resources: Mapping[str, Quantity]) -> ResourceList:
+    return {name: quantity for name, quantity in resources.items() if is_gpu_name(name)}
 
 
 def _problems_of(name: str, problems: Iterable[TreeProblem]) -> tuple[TreeProblem, ...]:
@@ -392,6 +491,13 @@ def _problems_of(name: str, problems: Iterable[TreeProblem]) -> tuple[TreeProble
 
 def _own_limit(tree: QuotaTree, quota: QuotaInfo) -> ResourceList:
     return tree.limit(quota.name)[0] if quota.name not in UNCHECKED_QUOTAS else {}
+
+
+def pod_groups_of(objects: Iterable[Mapping[str, Any]]) -> dict[str, PodGroupInfo]:
+    """The readable PodGroups among ``objects``, by ``namespace/name``, as the webhook's state reads
+    them."""
+    return {info.key: info for obj in objects if obj.get("kind") == POD_GROUP_KIND
+            and (info := pod_group_info(obj, canonical_requests)) is not None}
 
 
 def limited_gpu_resources(tree: QuotaTree, name: str) -> list[str]:
@@ -511,10 +617,37 @@ def pods_that_fit(levels: Iterable[LevelHeadroom]) -> int | None:
     return int(min(counts)) if counts else None
 
 
+# Where each workload kind says how many of its pods run at once, and the API server's default.
+_REPLICA_FIELDS: Mapping[str, tuple[tuple[str, ...], int]] = {
+    "Deployment": (("spec", "replicas"), 1),
+    "StatefulSet": (("spec", "replicas"), 1),
+    "ReplicaSet": (("spec", "replicas"), 1),
+    "ReplicationController": (("spec", "replicas"), 1),
+    "Job": (("spec", "parallelism"), 1),
+    "CronJob": (("spec", "jobTemplate", "spec", "parallelism"), 1),
+}
+
+
+def workload_replicas(obj: Mapping[str, Any]) -> int | None:
+    """How many pods of its template a workload runs at once (a Job's parallelism, a Deployment's
+    replicas, ...); None for a kind that does not say (a DaemonSet: one per node) or a value that
+    is not a whole number."""
+    where = _REPLICA_FIELDS.get(str(obj.get("kind")))
+    if where is None:
+        return None
+    path, default = where
+    current: Any = obj
+    for step in path[:-1]:
+        current = current.get(step) if isinstance(current, Mapping) else None
+    value = current.get(path[-1], default) if isinstance(current, Mapping) else default
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def describe_rule(resolution: Resolution) -> str:
     return RULE_TEXT.get(resolution.rule, resolution.rule)
 
 
-__all__ = ["SCHEMA_VERSION", "ChargedPod", "LevelHeadroom", "QuotaFigures", "QuotaView", "ResourceView", "TreeView",
-           "build_view", "cards", "chain_headroom", "describe_rule", "limited_gpu_resources", "pods_that_fit",
-           "quota_figures", "tree_order", "with_cards", "written_family"]
+__all__ = ["GANG_COMPLETE", "GANG_PARTIAL", "GANG_RESERVED", "SCHEMA_VERSION", "ChargedPod", "GangRow",
+           "LevelHeadroom", "QuotaFigures", "QuotaView", "ResourceView", "TreeView",
+           "build_view", "cards", "chain_headroom", "describe_rule", "limited_gpu_resources", "pod_groups_of",
+           "pods_that_fit", "quota_figures", "tree_order", "with_cards", "workload_replicas", "written_family"]

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from gpuquota_core.gang import POD_GROUP_API_VERSION, POD_GROUP_KIND, POD_GROUP_PLURAL
 from gpuquota_core.quota_objects import ELASTICQUOTA_GROUP, ELASTICQUOTA_PLURAL, ELASTICQUOTA_VERSION
 
 DEFAULT_PAGE_SIZE = 500
@@ -71,6 +72,14 @@ def _elasticquotas(api: client.ApiClient, namespace: str | None) -> Lister:
     return lambda **kw: custom.list_namespaced_custom_object(group, version, namespace, plural, **kw)
 
 
+def _pod_groups(api: client.ApiClient, namespace: str | None) -> Lister:
+    custom = client.CustomObjectsApi(api)
+    group, version = POD_GROUP_API_VERSION.split("/")
+    if namespace is None:
+        return lambda **kw: custom.list_cluster_custom_object(group, version, POD_GROUP_PLURAL, **kw)
+    return lambda **kw: custom.list_namespaced_custom_object(group, version, namespace, POD_GROUP_PLURAL, **kw)
+
+
 AUDIT_KINDS: tuple[ListedKind, ...] = (
     # Nodes are always listed cluster-wide: quota checks need what the nodes advertise.
     ListedKind("Node", _core("list_node", "")),
@@ -85,6 +94,8 @@ AUDIT_KINDS: tuple[ListedKind, ...] = (
     ListedKind("ReplicaSet", _group("AppsV1Api", "replica_set")),
     ListedKind("Job", _group("BatchV1Api", "job")),
     ListedKind("CronJob", _group("BatchV1Api", "cron_job")),
+    # Gangs of PodGroups (gpuquota_core.gang); a cluster without the CRD has none.
+    ListedKind(POD_GROUP_KIND, _pod_groups, optional=True),
 )
 
 

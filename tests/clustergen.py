@@ -7,7 +7,9 @@ already run, finished or not, some bound to a node, some as the webhook stored t
 annotated); workloads; and pods not yet created. Pods and templates carry nodeName, nodeSelector,
 required node affinity (one term or two, on the layout or the vendor) and tolerations that reach
 some of the nodes, all of them or none; their GPU requests
-include invalid ones (negative, fractional), which every view must refuse alike.
+include invalid ones (negative, fractional), which every view must refuse alike. Some pods and
+templates are gang members (Koordinator's gang annotations, the lightweight PodGroup labels, or the
+label of a PodGroup that exists or not), a few gangs partly stored; Jobs run several pods at once.
 """
 
 from __future__ import annotations
@@ -63,18 +65,19 @@ class Cluster:
     pods: list[dict[str, Any]] = field(default_factory=list)  # in the cluster already
     workloads: list[dict[str, Any]] = field(default_factory=list)  # Deployments, a ResourceQuota
     new_pods: list[dict[str, Any]] = field(default_factory=list)  # not created yet
+    pod_groups: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def objects(self) -> list[dict[str, Any]]:
         """What the cluster holds (``--state``, ``-f DIR``): not the pods still to be created."""
-        return [*self.nodes, *self.quotas, *self.pods, *self.workloads]
+        return [*self.nodes, *self.quotas, *self.pod_groups, *self.pods, *self.workloads]
 
     def write(self, directory: Path) -> Path:
         """The cluster as manifest files in ``directory``, one ``kind: List`` per kind of object
         (JSON: the CLI reads it as it reads YAML, many times faster); returns it."""
         directory.mkdir(parents=True, exist_ok=True)
-        for name, objects in (("nodes", self.nodes), ("quotas", self.quotas), ("pods", self.pods),
-                              ("workloads", self.workloads)):
+        for name, objects in (("nodes", self.nodes), ("quotas", self.quotas), ("podgroups", self.pod_groups),
+                              ("pods", self.pods), ("workloads", self.workloads)):
             if objects:
                 document = {"apiVersion": "v1", "kind": "List", "items": objects}
                 (directory / f"{name}.json").write_text(json.dumps(document), encoding="utf-8")
@@ -227,6 +230,54 @@ def pod_specs(draw: st.DrawFn, node_count: int) -> tuple[dict[str, str], dict[st
     return ({PREFIX + "name": label} if label else {}), spec
 
 
+GANG_PREFIX = "gang.scheduling.koordinator.sh/"
+POD_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
+GANGS = ["g1", "g2"]
+POD_GROUPS = ["pg1", "pg2"]  # pg2 is never created: its label names no gang
+
+
+@st.composite
+def gang_metadata(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations making a pod a gang member (mostly none), in each of Koordinator's ways."""
+    way = draw(st.sampled_from(["none", "none", "none", "annotations", "labels", "pod-group"]))
+    minimum = draw(st.sampled_from(["1", "2", "3", "8", "0"]))
+    if way == "annotations":
+        annotations = {GANG_PREFIX + "name": draw(st.sampled_from(GANGS)), GANG_PREFIX + "min-available": minimum}
+        if draw(st.booleans()):
+            annotations[GANG_PREFIX + "waiting-time"] = draw(st.sampled_from(["30s", "1m30s", "bad"]))
+        return {}, annotations
+    if way == "labels":
+        name = draw(st.sampled_from(GANGS))
+        return {POD_GROUP_LABEL + "/name": name, POD_GROUP_LABEL + "/min-available": minimum}, {}
+    if way == "pod-group":
+        return {POD_GROUP_LABEL: draw(st.sampled_from(POD_GROUPS))}, {}
+    return {}, {}
+
+
+@st.composite
+def pod_groups(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """PodGroup pg1 in some namespaces (its minMember, sometimes minResources and a timeout)."""
+    result = []
+    for namespace in draw(st.lists(st.sampled_from(NAMESPACES), max_size=2, unique=True)):
+        spec: dict[str, Any] = {"minMember": draw(st.sampled_from([1, 2, 3, 8]))}
+        if draw(st.booleans()):
+            spec["minResources"] = draw(st.sampled_from([{NVIDIA: "2"}, {CORE: "300", RATIO: "300"}, {"cpu": "1"}]))
+        if draw(st.booleans()):
+            spec["scheduleTimeoutSeconds"] = 30
+        result.append({"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "PodGroup",
+                       "metadata": {"name": "pg1", "namespace": namespace}, "spec": spec})
+    return result
+
+
+def with_gang(metadata: dict[str, Any], gang: tuple[dict[str, str], dict[str, str]]) -> dict[str, Any]:
+    labels, annotations = gang
+    if labels:
+        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    if annotations:
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    return metadata
+
+
 ALWAYS = replace(DEFAULT_CONFIG, rewrite=RewritePolicy.ALWAYS)
 
 
@@ -239,13 +290,14 @@ def stored_by_the_webhook(pod: dict[str, Any]) -> dict[str, Any]:
 
 @st.composite
 def clusters(draw: st.DrawFn) -> Cluster:
-    cluster = Cluster(nodes=draw(nodes()), quotas=draw(quotas()))
+    cluster = Cluster(nodes=draw(nodes()), quotas=draw(quotas()), pod_groups=draw(pod_groups()))
     node_count = len(cluster.nodes)
     for index in range(draw(st.integers(0, 4))):
         labels, spec = draw(pod_specs(node_count))
         pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
-                               "metadata": {"name": f"pod-{index}", "namespace": draw(st.sampled_from(NAMESPACES)),
-                                            "labels": labels},
+                               "metadata": with_gang({"name": f"pod-{index}",
+                                                      "namespace": draw(st.sampled_from(NAMESPACES)),
+                                                      "labels": labels}, draw(gang_metadata())),
                                "spec": spec}
         if draw(st.integers(0, 3)) == 0:
             pod = stored_by_the_webhook(pod)
@@ -254,9 +306,12 @@ def clusters(draw: st.DrawFn) -> Cluster:
         cluster.pods.append(pod)
     for index in range(draw(st.integers(0, 3))):
         labels, spec = draw(pod_specs(node_count))
-        template = {"metadata": {"labels": {"app": f"d{index}", **labels}}, "spec": spec}
+        template = {"metadata": with_gang({"labels": {"app": f"d{index}", **labels}}, draw(gang_metadata())),
+                    "spec": spec}
         kind = draw(st.sampled_from(["Deployment", "Deployment", "StatefulSet", "Job", "CronJob"]))
         workload_spec: dict[str, Any] = {"template": template}
+        if kind == "Job":
+            workload_spec["parallelism"] = draw(st.integers(1, 10))
         if kind in ("Deployment", "StatefulSet"):
             workload_spec = {"replicas": draw(st.integers(1, 3)), "selector": {"matchLabels": {"app": f"d{index}"}},
                              "template": template}
@@ -273,8 +328,9 @@ def clusters(draw: st.DrawFn) -> Cluster:
     for index in range(draw(st.integers(0, 2))):
         labels, spec = draw(pod_specs(node_count))
         cluster.new_pods.append({"apiVersion": "v1", "kind": "Pod",
-                                 "metadata": {"name": f"new-{index}", "namespace": draw(st.sampled_from(NAMESPACES)),
-                                              "labels": labels},
+                                 "metadata": with_gang({"name": f"new-{index}",
+                                                        "namespace": draw(st.sampled_from(NAMESPACES)),
+                                                        "labels": labels}, draw(gang_metadata())),
                                  "spec": spec})
     return cluster
 
@@ -284,7 +340,8 @@ def template_pod(workload: dict[str, Any]) -> dict[str, Any]:
     template = template_of(workload)
     assert template is not None
     metadata = workload["metadata"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
-                         "labels": template["metadata"]["labels"]},
-            "spec": template["spec"]}
+    pod_metadata = {"generateName": f"{metadata['name']}-", "namespace": metadata["namespace"],
+                    "labels": template["metadata"]["labels"]}
+    if template["metadata"].get("annotations"):
+        pod_metadata["annotations"] = template["metadata"]["annotations"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod_metadata, "spec": template["spec"]}

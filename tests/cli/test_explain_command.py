@@ -134,7 +134,8 @@ def test_deployment_template_with_replicas(tmp_path: Path) -> None:
     deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "2"}
     code, out, _ = run("-f", "-", "--state", EXAMPLE, "-o", "json", stdin=yaml.safe_dump(deployment))
     explanation = json.loads(out)["explanations"][0]
-    assert (code, explanation["admitted"], explanation["replicas"], explanation["replicasThatFit"]) == (0, True, 5, 1)
+    assert (code, explanation["admitted"], explanation["replicas"], explanation["replicasThatFit"],
+            explanation["fit"]) == (4, True, 5, 1, "some")
 
 
 def test_namespace_annotation_and_label_rules(tmp_path: Path) -> None:

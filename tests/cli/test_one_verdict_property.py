@@ -48,6 +48,7 @@ from hypothesis import HealthCheck, given, settings
 from cli.main import cli
 from gpuquota_core.audit import TEMPLATE_PATHS, Severity, template_of
 from gpuquota_core.conversion import DEFAULT_CONFIG, DEFAULT_VENDORS, ConversionConfig
+from gpuquota_core.gang_view import pod_gang
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import (
     NodeView,
@@ -59,12 +60,13 @@ from gpuquota_core.placement import (
     scheduled_names,
     spec_resources,
 )
-from gpuquota_core.pod_admission import PodAdmission, Verdict
+from gpuquota_core.pod_admission import PodAdmission, Verdict, read_pod_admission
 from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
 from gpuquota_core.quota_integrity import DUPLICATE_NAME, PARENT_CYCLE, PARENT_MISSING, PARENT_UNREADABLE
 from gpuquota_core.quota_objects import POD_QUOTA_LABEL, UNCHECKED_QUOTAS
+from gpuquota_core.quota_view import workload_replicas
 from gpuquota_core.resources import is_gpu_name
 from webhook.admission.decisions import AdmissionHandlers
 from webhook.admission.review import decode_review
@@ -170,6 +172,9 @@ class Subject:
     now: Answer  # against the cluster (without the pod itself)
     empty: Answer  # against its quotas with nothing in them (the audit's question)
     existing: bool  # a pod the cluster holds and counts
+    replicas: int | None = None  # a workload's pods at once
+    # Of those, how many the webhook's state admits when they are created one after another.
+    admitted_in_turn: int | None = None
 
     @property
     def explain_source(self) -> str:
@@ -177,25 +182,51 @@ class Subject:
         return f"Pod {where}" if self.kind == "Pod" else f"{self.kind} {where} (pod template)"
 
 
+def admitted_in_turn(now: Answer, objects: list[dict[str, Any]], config: ConversionConfig,
+                     replicas: int | None) -> int | None:
+    """The webhook's state admitting ``replicas`` pods as ``now`` stores them, one after another,
+    each reserved (not dry runs): how many it admits. None where the quota decision is never
+    reached (the pod is refused as invalid first)."""
+    if replicas is None or now.rules:
+        return None
+    if not now.allowed:
+        return 0
+    state = QuotaState()
+    state.load(objects)
+    admitted = 0
+    for index in range(replicas):
+        metadata = {**now.pod["metadata"], "name": f"{now.pod['metadata'].get('generateName', '')}{index}",
+                    "uid": f"in-turn-{index}"}
+        reading = read_pod_admission({**now.pod, "metadata": metadata}, None, config, uid=f"review-{index}",
+                                     operation="CREATE")
+        assert isinstance(reading.admission, PodAdmission), reading
+        admitted += state.admit_pod(reading.admission).allowed
+    return admitted
+
+
 def reference(cluster: Cluster) -> tuple[list[Subject], QuotaState, ConversionConfig]:
     view = NodeView.from_objects(cluster.nodes)
     # No Node to look at: every offline view judges as `rewrite: always` would (and says so).
     config = replace(DEFAULT_CONFIG, rewrite=RewritePolicy.ALWAYS) if view is None else DEFAULT_CONFIG
     objects = cluster.objects
+    # "Quotas otherwise empty": no pod counted; the PodGroups stay, as they say which pods form a gang.
+    empty = [*cluster.quotas, *cluster.pod_groups]
     subjects: list[Subject] = []
     for pod in cluster.pods:
         others = [o for o in objects if o is not pod]
         metadata = pod["metadata"]
         subjects.append(Subject("Pod", metadata["namespace"], metadata["name"], pod,
-                                answer(pod, others, config, view), answer(pod, cluster.quotas, config, view),
+                                answer(pod, others, config, view), answer(pod, empty, config, view),
                                 pod_is_counted(pod)))
     for workload in cluster.workloads:
         if workload["kind"] in TEMPLATE_PATHS:
             pod = template_pod(workload)
             metadata = workload["metadata"]
+            now = answer(pod, objects, config, view)
+            replicas = workload_replicas(workload)
             subjects.append(Subject(workload["kind"], metadata["namespace"], metadata["name"], pod,
-                                    answer(pod, objects, config, view), answer(pod, cluster.quotas, config, view),
-                                    False))
+                                    now, answer(pod, empty, config, view), False,
+                                    replicas, admitted_in_turn(now, objects, config, replicas)))
     state = QuotaState()
     state.load(objects)
     return subjects, state, config
@@ -291,9 +322,16 @@ def check_explain(explanations: list[dict[str, Any]], subjects: list[Subject], s
                  if not w.startswith("gpuquota rewrote ")]
         assert explained["mutation"]["notes"] == notes, context
         assert explained["invalidRules"] == now.rules, context
+        # How many of a workload's pods fit now: what the webhook admits one after another.
+        assert explained.get("replicasThatFit") == subject.admitted_in_turn, context
         if now.rules:
             assert explained["headroom"] == [], context
             continue
+        # A gang member is told its gang (read as the webhook's state reads it).
+        metadata = now.pod.get("metadata") or {}
+        gang = pod_gang(subject.namespace, metadata, state.pod_groups)
+        assert (explained["gang"] or {}).get("gang") == (gang.key if gang is not None and explained["quota"]
+                                                         in state.tree.quotas else None), context
         # The quota charged, and at which levels.
         labels = now.pod.get("metadata", {}).get("labels") or {}
         resolution = state.tree.resolve(subject.namespace, str(labels.get(POD_QUOTA_LABEL) or ""))
@@ -365,6 +403,22 @@ def check_quota_view(view: dict[str, Any], state: QuotaState, cluster: Cluster) 
     listed = {f"{p['namespace']}/{p['name']}" for q in view["quotas"] for p in q["pods"]}
     charged = {record.key for record in state.usage.pods() if state.usage.charged_to(record.key)}
     assert listed == charged
+    # Every gang with a member charged to a quota, its members as the webhook's state counts them;
+    # files hold no reservations, so what one holds is unknown.
+    gangs: dict[str, str] = {}
+    for pod in cluster.pods:
+        record = state.usage.get(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+        if record is None or not state.usage.charged_to(record.key):
+            continue
+        gang = pod_gang(record.namespace, pod["metadata"], state.pod_groups)
+        if gang is not None and gang.key not in gangs:
+            gangs[gang.key] = state.usage.charged_to(record.key)[0]
+    shown = {row["gang"]: row for row in view["gangs"]}
+    assert set(shown) == set(gangs), (shown, gangs)
+    for key, row in shown.items():
+        stored, asked = state.usage.gang_members(key)
+        assert (row["stored"], row["reserved"]) == (stored, None), row
+        assert row["asked"] == {n: str(q) for n, q in sorted(asked.items()) if is_gpu_name(n)}, row
 
 
 def check_vendor_kept(subjects: list[Subject], view: NodeView | None) -> None:
@@ -400,8 +454,15 @@ def check_views(cluster: Cluster, directory: Path) -> None:
     if subjects:
         explain_files = [f for name in ("pods", "workloads") if (directory / f"{name}.json").exists()
                          for f in ("-f", str(directory / f"{name}.json"))]
-        explained = json.loads(run(["explain", *explain_files, "--state", files, "-o", "json"], expect=(0, 1)))
+        result = CliRunner().invoke(cli, ["explain", *explain_files, "--state", files, "-o", "json"])
+        explained = json.loads(result.stdout)
         check_explain(explained["explanations"], subjects, state)
+        # The exit status says it too: 1 when one is refused (none of a workload's pods fits), else
+        # 4 when only some of a workload's pods fit, else 0 (docs/cli.md).
+        fits = [(s.now.allowed, s.replicas, s.admitted_in_turn) for s in subjects]
+        refused = any(not allowed or (replicas and fit == 0) for allowed, replicas, fit in fits)
+        some = any(replicas is not None and fit is not None and 0 < fit < replicas for _, replicas, fit in fits)
+        assert result.exit_code == (1 if refused else 4 if some else 0), (result.exit_code, fits)
         result = CliRunner().invoke(cli, ["convert", "-f", files, "-o", "json"])
         assert result.exit_code == (1 if any(s.empty.rules for s in subjects) else 0), result.output
         document = json.loads(result.stdout)

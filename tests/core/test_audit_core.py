@@ -71,7 +71,7 @@ def only(report: AuditReport, check: str) -> Finding:
 def test_every_documented_check_id_has_tests_here() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "audit-checks.md").read_text()
     documented = set(re.findall(r"^\| `([a-z-]+)` \|", table, re.MULTILINE))
-    assert len(documented) == 22
+    assert len(documented) == 25
     source = Path(__file__).read_text()
     for check in documented:
         assert f'"{check}"' in source, check
@@ -633,3 +633,93 @@ def test_object_not_judged_follows_the_scopes() -> None:
     assert [f.kind for f in audit_objects([bare, listed], ["pods"]).findings] == ["Pod"]
     assert [f.kind for f in audit_objects([bare, listed], ["workloads"]).findings] == ["Job"]
     assert audit_objects([bare, listed], ["nodes"]).findings == []
+
+
+# -- gangs ---------------------------------------------------------------------------------------
+
+GANG_NAME, GANG_MIN = "gang.scheduling.koordinator.sh/name", "gang.scheduling.koordinator.sh/min-available"
+ONE_CARD = {CORE: "100", RATIO: "100"}
+
+
+def gang_pod(name: str, gang: str, minimum: int, limits: dict[str, str] | None = None) -> dict[str, Any]:
+    obj = pod(name, "train", limits or ONE_CARD, "team")
+    obj["metadata"]["annotations"] = {GANG_NAME: gang, GANG_MIN: str(minimum)}
+    return obj
+
+
+def gang_job(name: str, gang: str, minimum: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "train"},
+            "spec": {"parallelism": minimum, "template": {
+                "metadata": {"labels": {QUOTA_LABEL: "team", **(labels or {})},
+                             "annotations": {GANG_NAME: gang, GANG_MIN: str(minimum)} if gang else {}},
+                "spec": {"containers": [{"name": "w", "resources": {"limits": ONE_CARD}}]}}}}
+
+
+TEAM = eq("team", "train", {CORE: "600", RATIO: "600"})
+
+
+def test_gang_never_fits_names_the_gang_its_need_and_the_limit() -> None:
+    report = audit_objects([TEAM, gang_job("big", "big", 8)])
+    finding = only(report, "gang-never-fits")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (Severity.ERROR, "Job", "train", "big")
+    assert finding.message == (
+        f"gang train/big needs {CORE}=800,{RATIO}=800 (8 × {CORE}=100,{RATIO}=100), above the limit "
+        f"{CORE}=600,{RATIO}=600 of quota train/team: no member is ever admitted (read from Job train/big)")
+    assert finding.details == {"gang": "train/big", "quota": "train/team", "need": {CORE: "800", RATIO: "800"},
+                               "limit": {CORE: "600", RATIO: "600"}, "member": "Job train/big"}
+    # The webhook refuses each of its pods with quotas otherwise empty, in its own words.
+    refused = only(report, "pod-quota-refused")
+    assert refused.message.startswith(f"gang train/big needs {CORE}=800,{RATIO}=800 (8 × ")
+    # Six fit under the limit: nothing to say.
+    assert audit_objects([TEAM, gang_job("six", "six", 6)]).findings == []
+
+
+def test_gang_never_fits_is_reported_on_the_pod_group_and_reads_its_min_resources() -> None:
+    group = {"apiVersion": "scheduling.sigs.k8s.io/v1alpha1", "kind": "PodGroup",
+             "metadata": {"name": "pg", "namespace": "train"},
+             "spec": {"minMember": 2, "minResources": {"nvidia.com/gpu": "7"}}}
+    report = audit_objects([TEAM, group, gang_job("workers", "", 2, {"pod-group.scheduling.sigs.k8s.io": "pg"})])
+    finding = only(report, "gang-never-fits")
+    assert (finding.kind, finding.namespace, finding.name) == ("PodGroup", "train", "pg")
+    assert finding.message.startswith(f"gang train/pg needs {CORE}=700,{RATIO}=700 (its PodGroup's minResources), ")
+    # Without its PodGroup the label names no gang.
+    assert with_check(audit_objects([TEAM, gang_job("workers", "", 2, {"pod-group.scheduling.sigs.k8s.io": "pg"})]),
+                      "gang-never-fits") == []
+
+
+def test_gang_partly_admitted_stored_members_below_the_minimum() -> None:
+    stored = [gang_pod(f"w-{index}", "w", 4) for index in range(3)]
+    report = audit_objects([TEAM, *stored])
+    finding = only(report, "gang-partly-admitted")
+    assert (finding.severity, finding.kind, finding.namespace, finding.name) == (
+        Severity.WARNING, "Pod", "train", "w-0")
+    assert finding.message == (
+        f"gang train/w has 3 of its minimum 4 members stored, holding {CORE}=300,{RATIO}=300: koord-scheduler binds "
+        f"none of them until 1 more are admitted, which need {CORE}=100,{RATIO}=100 more; the webhook holds that room "
+        "for them only until the gang's waiting time (600 s) after its first admission")
+    assert finding.details == {"gang": "train/w", "members": 3, "minMembers": 4, "holding": {CORE: "300", RATIO: "300"},
+                               "rest": {CORE: "100", RATIO: "100"},
+                               "stored": ["Pod train/w-0", "Pod train/w-1", "Pod train/w-2"]}
+    # The whole minimum stored, or finished members: not partly admitted.
+    assert with_check(audit_objects([TEAM, *stored, gang_pod("w-3", "w", 4)]), "gang-partly-admitted") == []
+    finished = [gang_pod(f"w-{index}", "w", 4) | {"status": {"phase": "Succeeded"}} for index in range(3)]
+    assert audit_objects([TEAM, *finished]).findings == []
+
+
+def test_gang_members_disagree_about_the_minimum_or_the_request() -> None:
+    report = audit_objects([TEAM, gang_pod("a-0", "a", 2), gang_pod("a-1", "a", 3)])
+    finding = only(report, "gang-members-disagree")
+    assert (finding.severity, finding.kind, finding.name) == (Severity.WARNING, "Pod", "a-0")
+    assert finding.message == ("members of gang train/a disagree about its minimum (Pod train/a-0: 2; Pod train/a-1: 3)"
+                               ": koord-scheduler reads each pod's own, and the webhook's reservation is sized by the "
+                               "member that opens it")
+    assert finding.details == {"gang": "train/a", "minimums": {"Pod train/a-0": 2, "Pod train/a-1": 3}}
+    report = audit_objects([TEAM, gang_pod("b-0", "b", 2), gang_pod("b-1", "b", 2, {CORE: "200", RATIO: "200"})])
+    finding = only(report, "gang-members-disagree")
+    assert finding.message == (
+        f"members of gang train/b ask for different resources and no PodGroup minResources gives the total "
+        f"(Pod train/b-0: {CORE}=100,{RATIO}=100; Pod train/b-1: {CORE}=200,{RATIO}=200): its need is judged from "
+        "the member whose admission opens the reservation, so it depends on which comes first")
+    # Alike: nothing to say.
+    assert with_check(audit_objects([TEAM, gang_pod("c-0", "c", 2), gang_pod("c-1", "c", 2)]),
+                      "gang-members-disagree") == []

@@ -19,6 +19,7 @@ PARENT = "quota.scheduling.koordinator.sh/parent"
 IS_PARENT = "quota.scheduling.koordinator.sh/is-parent"
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 CORE, RATIO, MEMORY = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio", "koordinator.sh/gpu-memory"
+GANG_NAME, GANG_MIN = "gang.scheduling.koordinator.sh/name", "gang.scheduling.koordinator.sh/min-available"
 
 # ['a'  ["a"  {'a'  ('a',)  (1,)  set()  frozenset(  dict_keys(  Quantity(  Fraction(  <x object at 0x
 PYTHON_SYNTAX = re.compile(r"""\[['"]|\{['"]|\(['"][^)]*['"],?\)|,\)|\bset\(|frozenset\(|dict_(keys|values|items)\(|"""
@@ -83,8 +84,13 @@ def generated(seed: int) -> list[dict[str, Any]]:
                     "spec": {"max": rng.choice([{"nvidia.com/gpu": "x"}, ["a"], "text"])}})
     for index in range(12):
         labels = {QUOTA_LABEL: rng.choice([*names, "nowhere"])} if rng.random() < 0.4 else {}
-        objects.append({"kind": "Pod", "metadata": {"name": f"p{index}", "namespace": rng.choice(["a", "b", "q1"]),
-                                                    "labels": labels}, "spec": pod_spec(rng)})
+        namespace = rng.choice(["a", "b", "q1"])
+        pod: dict[str, Any] = {"kind": "Pod", "metadata": {"name": f"p{index}", "namespace": namespace,
+                                                           "labels": labels}, "spec": pod_spec(rng)}
+        if rng.random() < 0.4:  # a gang member: gangs that never fit, partly admitted, disagreeing
+            pod["metadata"]["annotations"] = {GANG_NAME: rng.choice(["g1", "g2"]),
+                                              GANG_MIN: rng.choice(["1", "2", "3", "50"])}
+        objects.append(pod)
     for index, kind in enumerate(["Deployment", "StatefulSet", "Job", "DaemonSet"]):
         objects.append({"kind": kind, "metadata": {"name": f"w{index}", "namespace": "a"},
                         "spec": {"template": {"metadata": {}, "spec": pod_spec(rng)}}})

@@ -59,7 +59,7 @@ CORE, RATIO, MEMORY = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-rati
 NAMESPACES = ["ns-a", "ns-b", "team-a"]
 QUOTA_NAMES = ["org", "team-a", "team-b", "koordinator-default-quota"]
 QUOTA_REFUSALS = {"quota-refused-by-webhook", DUPLICATE_NAME, PARENT_CYCLE}
-POD_REFUSALS = {"pod-invalid-gpu-request", "pod-quota-refused"}
+POD_REFUSALS = {"pod-invalid-gpu-request", "pod-quota-refused"}  # gang-* checks are about gangs, not one pod
 # Nodes advertising the canonical names, so the webhook rewrites as it would in such a cluster
 # (with none listed it leaves requests as written); the audit reads the same Node objects. Two GPU
 # vendors: an NVIDIA node without a vendor label (Koordinator reads it as NVIDIA) and an AMD one,
@@ -133,20 +133,33 @@ def pod_specs(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, Any]]:
     return labels, spec
 
 
+# Gang members (Koordinator's annotations, or the lightweight labels): with their quotas otherwise
+# empty, a member is admitted only if its gang's whole minimum fits (the audit's pod-quota-refused).
+gangs = st.one_of(st.just({}), st.just({}), st.fixed_dictionaries({
+    "gang.scheduling.koordinator.sh/name": st.sampled_from(["g1", "g2"]),
+    "gang.scheduling.koordinator.sh/min-available": st.sampled_from(["1", "2", "4", "0", "x"])}))
+
+
 @st.composite
 def pods_and_workloads(draw: st.DrawFn) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for index in range(draw(st.integers(0, 4))):
         labels, spec = draw(pod_specs())
         namespace = draw(st.sampled_from(NAMESPACES))
+        annotations = draw(gangs)
+        if draw(st.integers(0, 5)) == 0:
+            labels = {**labels, "pod-group.scheduling.sigs.k8s.io/name": "g3",
+                      "pod-group.scheduling.sigs.k8s.io/min-available": draw(st.sampled_from(["2", "3"]))}
         if draw(st.booleans()):
             objects.append({"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": f"pod-{index}", "namespace": namespace, "labels": labels},
+                            "metadata": {"name": f"pod-{index}", "namespace": namespace, "labels": labels,
+                                         "annotations": annotations},
                             "spec": spec})
         else:
             objects.append({"apiVersion": "apps/v1", "kind": "Deployment",
                             "metadata": {"name": f"deploy-{index}", "namespace": namespace},
-                            "spec": {"template": {"metadata": {"labels": labels}, "spec": spec}}})
+                            "spec": {"template": {"metadata": {"labels": labels, "annotations": annotations},
+                                                  "spec": spec}}})
     return objects
 
 
@@ -211,7 +224,7 @@ def pod_of(obj: dict[str, Any]) -> dict[str, Any]:
     template = obj["spec"]["template"]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": f"{obj['metadata']['name']}-", "namespace": obj["metadata"]["namespace"],
-                         "labels": template["metadata"]["labels"]},
+                         "labels": template["metadata"]["labels"], "annotations": template["metadata"]["annotations"]},
             "spec": template["spec"]}
 
 

@@ -113,3 +113,21 @@ def test_live_namespace_audit_reads_the_quota_tree_of_every_namespace(kubeconfig
     assert ("quota-tree-key-mismatch", f"team-{suffix}") in findings
     assert ("quota-parent-missing", f"team-{suffix}") not in findings
     assert {f["namespace"] for f in json.loads(out)["findings"]} <= {team_ns, ""}
+
+
+def test_live_audit_finds_a_gang_partly_admitted(api: Api, kubeconfig_path: Path, legacy_namespace: str) -> None:
+    # Two members of a gang of four stored before the webhook (the namespace opts out of it).
+    for index in range(2):
+        member = legacy_pod(f"gang-{index}")
+        member["metadata"]["annotations"] = {"gang.scheduling.koordinator.sh/name": "trainers",
+                                             "gang.scheduling.koordinator.sh/min-available": "4"}
+        api.core.create_namespaced_pod(legacy_namespace, member)
+
+    code, out, err = run_audit("pods", "--kubeconfig", str(kubeconfig_path), "-n", legacy_namespace, "-o", "json",
+                               "--fail-on", "none")
+
+    assert (code, err) == (0, "")
+    [found] = [f for f in json.loads(out)["findings"] if f["check"] == "gang-partly-admitted"]
+    assert (found["kind"], found["name"], found["details"]["members"], found["details"]["minMembers"]) == (
+        "Pod", "gang-0", 2, 4)
+    assert found["details"]["stored"] == [f"Pod {legacy_namespace}/gang-0", f"Pod {legacy_namespace}/gang-1"]

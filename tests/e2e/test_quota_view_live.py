@@ -17,7 +17,7 @@ from webhookproc import WebhookProcess
 
 from cli.main import cli
 from gpuquota_core import shared_ledger
-from gpuquota_core.ledger import Reservation
+from gpuquota_core.ledger import GangReservation, Reservation
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.shared_ledger import MANAGED_BY, MANAGED_BY_LABEL, TREE_LABEL
 
@@ -101,6 +101,30 @@ def test_live_tree_with_usage_families_and_reservations(api: Api, kubeconfig_pat
     # The headroom counts the reservation as the decision does.
     assert [(h["quota"], h["used"], h["freeBefore"], h["freeAfter"]) for h in explanation["headroom"]
             if h["resource"] == CORE] == [(leaf, "350", "50", "-50"), (parent, "350", "250", "150")]
+
+
+def test_live_quota_shows_a_strict_ledgers_gang_reservation(api: Api, kubeconfig_path: Path,
+                                                            live_tree: tuple[str, str], namespace: str) -> None:
+    parent, leaf = live_tree
+    need = {CORE: Quantity.parse("100"), RATIO: Quantity.parse("100")}
+    opened = GangReservation(f"{namespace}/trainers", "admission-7", (leaf, parent), need, 1,
+                             expires_at=time.time() + 600)
+    stored = shared_ledger.stored_gang(opened, "replica-a", time.time())
+    configmap = ledger_configmap(namespace, parent, stored.reservation)
+    configmap["data"] = shared_ledger.encode([stored])
+    api.core.create_namespaced_config_map(namespace, configmap)
+
+    code, out, err = gpuquota("quota", "--kubeconfig", str(kubeconfig_path), "-n", namespace, "-o", "json")
+
+    assert (code, err) == (0, "")
+    document = json.loads(out)
+    [gang] = document["gangs"]
+    assert {k: gang[k] for k in ("gang", "quota", "minMembers", "stored", "need", "reserved", "state")} == {
+        "gang": f"{namespace}/trainers", "quota": leaf, "minMembers": 1, "stored": 0,
+        "need": {CORE: "100", RATIO: "100"}, "reserved": {CORE: "100", RATIO: "100"}, "state": "reserved"}
+    # What the gang's reservation holds is in its quotas' RESERVED too.
+    leaf_core = next(q for q in document["quotas"] if q["name"] == leaf)["resources"][0]
+    assert (leaf_core["used"], leaf_core["reserved"], leaf_core["free"]) == ("250", "100", "50")
 
 
 def test_live_explain_gives_the_apiservers_refusal(api: Api, kubeconfig_path: Path, live_tree: tuple[str, str],

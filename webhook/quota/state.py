@@ -21,17 +21,17 @@ from gpuquota_core.gang import (
     GANG_RESULT_DETAIL,
     OPENED,
     POD_GROUP_KIND,
-    POD_GROUP_LABEL,
     PodGroupInfo,
     gang_of,
     pod_group_info,
+    pod_group_not_seen,
     unseen_pod_group,
 )
-from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, GangReservation, Reservation, ReservationLedger
+from gpuquota_core.ledger import DEFAULT_TTL_SECONDS, Reservation, ReservationLedger
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, QuotaFigure, Verdict, quota_requests
 from gpuquota_core.pod_records import PodRecord, canonical_resource_list, pod_is_counted, pod_record
 from gpuquota_core.quota_admission import review_quota_object
-from gpuquota_core.quota_decision import PodQuotaRequest, decide, needs_check
+from gpuquota_core.quota_decision import PodQuotaRequest, decide, hold_admitted, needs_check
 from gpuquota_core.quota_integrity import check_tree
 from gpuquota_core.quota_objects import QuotaInfo, quota_from_object
 from gpuquota_core.quota_tree import QuotaTree, keeps
@@ -95,10 +95,8 @@ class QuotaView:
             gang = gang_of(admission.namespace, admission.labels, admission.gang_annotations, self.pod_groups)
             unseen = unseen_pod_group(admission.namespace, admission.labels, self.pod_groups)
             if unseen and self.pod_groups_listed:
-                return Verdict(False, f"pod {admission.namespace}/{admission.name} is a member of PodGroup {unseen} "
-                               f"(label {POD_GROUP_LABEL}), which this webhook has not seen: koord-scheduler does "
-                               f"not schedule a gang whose PodGroup does not exist either; create the PodGroup "
-                               f"first, or retry shortly if it was just created", reason=POD_GROUP_NOT_SEEN), None
+                return Verdict(False, pod_group_not_seen(admission.namespace, admission.name, unseen),
+                               reason=POD_GROUP_NOT_SEEN), None
         decision = decide(self.tree, self.usage, ledger, new, old if self._watched(admission) else None,
                           replay_of=replay_of, gang=(gang, ledger) if gang is not None else None)
         if not decision.allowed:
@@ -118,12 +116,8 @@ class QuotaView:
         for opening in decision.opens_gangs:
             self.gang_openings.note(opening.gang, opening.gang.partition("/")[0], new.quota_label,
                                     opening.min_members, opening.waiting_seconds)
-            ledger.open_gang(GangReservation(opening.gang, admission.uid, decision.quotas, opening.need,
-                                             opening.min_members, now + opening.waiting_seconds,
-                                             pod_group=opening.pod_group))
-        reservation = ledger.reserve(pod_key, admission.uid, decision.quotas,
-                                     new.requests, now, pod_uid=admission.pod_uid, charges=decision.charges,
-                                     caller=admission.caller, gang=decision.gang)
+        reservation = hold_admitted(ledger, decision, pod_key, admission.uid, new.requests, now,
+                                    pod_uid=admission.pod_uid, caller=admission.caller)
         if decision.gang:
             return Verdict(True, details={GANG_DETAIL: decision.gang,
                                           GANG_RESULT_DETAIL: OPENED if decision.opens_gangs else DREW}), reservation

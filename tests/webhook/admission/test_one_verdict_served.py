@@ -75,7 +75,7 @@ def test_the_served_webhook_answers_as_the_cli_explains(cluster: Cluster, cert_d
     path = cluster.write_yaml(work / "subjects.yaml", [*cluster.new_pods, *(w for w in cluster.workloads
                                                                             if w["kind"] in TEMPLATE_PATHS)])
     result = CliRunner().invoke(cli, ["explain", "-f", str(path), "--state", str(state), "-o", "json"])
-    assert result.exit_code in (0, 1), result.output
+    assert result.exit_code in (0, 1, 4), result.output  # 4: some of a workload's pods fit now, not all
     explained = {e["subject"]: e for e in json.loads(result.stdout)["explanations"]}
     audit = CliRunner().invoke(cli, ["audit", "-f", str(state), "-o", "json", "--fail-on", "none"])
     findings = json.loads(audit.stdout)["findings"]

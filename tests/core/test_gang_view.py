@@ -1,0 +1,83 @@
+"""gpuquota_core.gang_view and quota_view.workload_replicas: how many of a workload's pods the
+webhook's decision admits one after another, with a gang's reservation already open or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuquota_core.gang import FROM_ANNOTATIONS, Gang
+from gpuquota_core.gang_view import gang_fit, how_many_fit, pods_admitted_in_turn, scratch_ledger
+from gpuquota_core.ledger import GangReservation, ReservationLedger
+from gpuquota_core.quantity import Quantity
+from gpuquota_core.quota_decision import PodQuotaRequest
+from gpuquota_core.quota_objects import quota_from_object
+from gpuquota_core.quota_tree import QuotaTree
+from gpuquota_core.quota_view import workload_replicas
+from gpuquota_core.resources import add_lists
+from gpuquota_core.usage_index import UsageIndex
+
+CORE, RATIO = "koordinator.sh/gpu-core", "koordinator.sh/gpu-memory-ratio"
+ONE_CARD = {CORE: Quantity.parse("100"), RATIO: Quantity.parse("100")}
+
+
+def tree(cards: int) -> QuotaTree:
+    return QuotaTree.build([quota_from_object({
+        "kind": "ElasticQuota", "metadata": {"name": "train", "namespace": "team-train"},
+        "spec": {"max": {CORE: str(cards * 100), RATIO: str(cards * 100)}}})])
+
+
+def request(name: str = "w-") -> PodQuotaRequest:
+    return PodQuotaRequest("team-train", name, "train", dict(ONE_CARD))
+
+
+GANG = Gang("team-train", "g", 8, 600, FROM_ANNOTATIONS)
+
+
+def test_workload_replicas_reads_each_kinds_field_and_default() -> None:
+    def workload(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": kind, "spec": spec}
+
+    assert workload_replicas(workload("Deployment", {"replicas": 3})) == 3
+    assert workload_replicas(workload("StatefulSet", {})) == 1
+    assert workload_replicas(workload("Job", {"parallelism": 8})) == 8
+    assert workload_replicas(workload("Job", {})) == 1
+    assert workload_replicas(workload("CronJob", {"jobTemplate": {"spec": {"parallelism": 4}}})) == 4
+    assert workload_replicas(workload("CronJob", {"jobTemplate": {}})) == 1
+    assert workload_replicas(workload("DaemonSet", {})) is None
+    assert workload_replicas(workload("Deployment", {"replicas": "3"})) is None
+    assert workload_replicas(workload("Job", {"parallelism": True})) is None
+
+
+def test_how_many_fit() -> None:
+    assert [how_many_fit(8, fit) for fit in (8, 9, 3, 0)] == ["all", "all", "some", "none"]
+    assert how_many_fit(0, 0) == "all"
+
+
+def test_a_gang_fits_whole_or_not_at_all_and_the_scratch_ledger_leaves_the_base_alone() -> None:
+    base = ReservationLedger()
+    usage = UsageIndex(tree(10))
+    assert pods_admitted_in_turn(tree(7), UsageIndex(tree(7)), scratch_ledger(base, usage), request(), GANG, 8,
+                                 1000.0) == 0
+    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 8, 1000.0) == 8
+    # Beyond the minimum, plain pods in the room the gang leaves: two more of four.
+    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 12, 1000.0) == 10
+    assert len(base) == 0 and base.gangs() == []
+
+
+def test_members_draw_from_a_reservation_another_admission_opened() -> None:
+    # Another replica admitted the first member: eight cards are held; a plain pod sees two free.
+    base = ReservationLedger()
+    base.open_gang(GangReservation(GANG.key, "review-0", ("train",), {n: q.scaled(8) for n, q in ONE_CARD.items()},
+                                   8, expires_at=1600.0))
+    base.reserve("team-train/w-first", "review-0", ("train",), ONE_CARD, 1000.0, gang=GANG.key)
+    usage = UsageIndex(tree(10))
+    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request("plain-"), None, 5,
+                                 1000.0) == 2
+    # The other seven members draw from it, whatever else is there; two plain pods after them.
+    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 9, 1000.0) == 9
+    fit = gang_fit(tree(10), "train", GANG, ONE_CARD, base, base.used)
+    assert (fit.members, fit.fits, fit.rest, fit.held) == (
+        1, True, {n: q.scaled(7) for n, q in ONE_CARD.items()}, {n: q.scaled(7) for n, q in ONE_CARD.items()})
+    # What the gang adds beyond what it holds: nothing, at every level.
+    assert [level.needs.is_zero() for level in fit.levels] == [True, True]
+    assert add_lists(base.used("train")) == {n: q.scaled(8) for n, q in ONE_CARD.items()}
