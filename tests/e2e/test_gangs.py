@@ -23,20 +23,18 @@ from typing import Any
 import pytest
 from admissionchain import delete_webhook_configurations, local_webhook_configurations, register_webhook_configurations
 from clusterhelpers import DENIED_BY, QUOTA_LABEL, RATIO, create_quota, pods_of, scheduling_state, wait_until_bound
-from controlplane import CONTROLLERS, LOOPBACK, Binaries, ControlPlane, make_api
+from controlplane import CONTROLLERS, LOOPBACK, Binaries
 from koordinator import (
     GPU_CORE,
     KOORD_SCHEDULER_NAME,
     KoordinatorBuild,
-    install_koordinator_crds,
-    start_koord_scheduler,
     wait_for,
 )
 from kubernetes import client as k8s
 from loadbalancer import start_replicas_behind_haproxy
 
 from gpuquota_core.gang import GANG_MIN_ANNOTATION, GANG_NAME_ANNOTATION, GANG_WAITING_TIME_ANNOTATION, POD_GROUP_LABEL
-from tests.e2e.test_koordinator_scheduler import Koordinator, Layout, Scene, gpu_allocations, scene
+from tests.e2e.test_koordinator_scheduler import Koordinator, Layout, Scene, gpu_allocations, running_koordinator, scene
 
 GPU = "nvidia.com/gpu"
 EIGHT_CARDS = Layout("both", cards=8)
@@ -52,17 +50,9 @@ JOB_RETRY_DEADLINE = 180.0
 def koordinator(control_plane_binaries: Binaries, koordinator_build: KoordinatorBuild,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Koordinator]:
     # The Job controller too: training Jobs make the gang's pods, and retry the creates a gang refusal fails.
-    plane = ControlPlane(control_plane_binaries, base_dir=tmp_path_factory.mktemp("gang-plane"), with_controllers=True,
-                         controllers=(*CONTROLLERS, "job-controller"))
-    plane.start()
-    api = make_api(plane.kubeconfig_path)
-    try:
-        install_koordinator_crds(api, koordinator_build)
-        start_koord_scheduler(plane, api, koordinator_build)
-        yield Koordinator(plane, api, koordinator_build)
-    finally:
-        api.close()
-        plane.stop()
+    with running_koordinator(control_plane_binaries, koordinator_build, tmp_path_factory.mktemp("gang-plane"),
+                             controllers=(*CONTROLLERS, "job-controller")) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ pod on its vendor's node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -22,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from clusterhelpers import (
     wait_until_bound,
     wait_until_unschedulable,
 )
-from controlplane import REPO_ROOT, Api, Binaries, ControlPlane, create_gpu_node, make_api
+from controlplane import CONTROLLERS, REPO_ROOT, Api, Binaries, ControlPlane, create_gpu_node, make_api
 from koordinator import (
     GPU_CORE,
     GPU_VENDOR_LABEL,
@@ -91,20 +92,28 @@ class Koordinator:
         self.apps = k8s.AppsV1Api(self.api.client)
 
 
-@pytest.fixture(scope="module")
-def koordinator(control_plane_binaries: Binaries, koordinator_build: KoordinatorBuild,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Koordinator]:
-    plane = ControlPlane(control_plane_binaries, base_dir=tmp_path_factory.mktemp("koordinator-plane"),
-                         with_controllers=True)
+@contextlib.contextmanager
+def running_koordinator(binaries: Binaries, build: KoordinatorBuild, base: Path,
+                        controllers: Sequence[str] = CONTROLLERS) -> Iterator[Koordinator]:
+    """A control plane of its own running ``controllers``, Koordinator's CRDs, and koord-scheduler."""
+    plane = ControlPlane(binaries, base_dir=base, with_controllers=True, controllers=controllers)
     plane.start()
     api = make_api(plane.kubeconfig_path)
     try:
-        install_koordinator_crds(api, koordinator_build)
-        start_koord_scheduler(plane, api, koordinator_build)
-        yield Koordinator(plane, api, koordinator_build)
+        install_koordinator_crds(api, build)
+        start_koord_scheduler(plane, api, build)
+        yield Koordinator(plane, api, build)
     finally:
         api.close()
         plane.stop()
+
+
+@pytest.fixture(scope="module")
+def koordinator(control_plane_binaries: Binaries, koordinator_build: KoordinatorBuild,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Koordinator]:
+    with running_koordinator(control_plane_binaries, koordinator_build,
+                             tmp_path_factory.mktemp("koordinator-plane")) as started:
+        yield started
 
 
 @dataclass(frozen=True)
