@@ -673,6 +673,7 @@ def create_until_answered(api: Api, tree: Tree, member: dict[str, object]) -> st
     """Create as a controller does: retried through outages (503s, the apiserver away) until stored or
     refused for the quota; "stored" or the refusal's message."""
     end = time.monotonic() + RECOVERY_DEADLINE
+    last = ""
     while time.monotonic() < end:
         try:
             api.core.create_namespaced_pod(tree.namespace, member, _request_timeout=CREATE_TIMEOUT)
@@ -681,15 +682,31 @@ def create_until_answered(api: Api, tree: Tree, member: dict[str, object]) -> st
                 return "stored"  # an earlier attempt landed; its answer was lost
             if error.status == 403:
                 return str(json.loads(error.body).get("message", ""))
-        except Exception:  # the apiserver away: a controller retries
-            pass
+            last = f"{error.status} {error.body}"
+        except Exception as error:  # the apiserver away: a controller retries
+            last = repr(error)
         else:
             return "stored"
         time.sleep(0.2)  # a controller's backoff between retries
-    raise AssertionError(f"no answer but outages for {RECOVERY_DEADLINE:.0f}s")
+    raise AssertionError(f"no answer but outages for {RECOVERY_DEADLINE:.0f}s, the last: {last}")
 
 
-def gang_faults(cluster: Cluster) -> dict[str, Callable[[], Fault]]:
+def gang_faults(cluster: Cluster, tree: Tree) -> dict[str, Callable[[], Fault]]:
+    ledger = shared_ledger.ledger_object_name(tree.parent)
+
+    def written() -> None:
+        poll(lambda: bool(cluster.api.core.read_namespaced_config_map(ledger, cluster.ledger_namespace)),
+             "the race wrote the ledger")
+
+    def delete_ledger() -> None:
+        written()
+        cluster.api.core.delete_namespaced_config_map(ledger, cluster.ledger_namespace)
+
+    def overwrite_ledger() -> None:
+        written()
+        cluster.api.core.patch_namespaced_config_map(ledger, cluster.ledger_namespace,
+                                                     {"data": {shared_ledger.LEDGER_DATA_KEY: "{not json"}})
+
     def pause_writer() -> Fault:
         writer = the_writer(cluster)
         return timed(lambda: os.killpg(writer.pid, signal.SIGSTOP), lambda: os.killpg(writer.pid, signal.SIGCONT),
@@ -701,19 +718,25 @@ def gang_faults(cluster: Cluster) -> dict[str, Callable[[], Fault]]:
             lambda: os.kill(quota_service_pid(the_writer(cluster).pid), signal.SIGKILL)),
         "apiserver restarted": lambda: Fault(cluster.plane.restart_apiserver),
         "etcd paused": lambda: timed(cluster.plane.pause_etcd, cluster.plane.resume_etcd, seconds=7.0),
+        "a forwarder's quota service killed": lambda: Fault(lambda: os.kill(quota_service_pid(
+            next(server for server in cluster.replicas if server is not the_writer(cluster)).pid), signal.SIGKILL)),
+        "ledger deleted": lambda: Fault(delete_ledger),
+        "ledger overwritten with garbage": lambda: Fault(overwrite_ledger),
     }
 
 
 @pytest.mark.parametrize("fault_name", ["writer paused", "writer's quota service killed", "apiserver restarted",
-                                        "etcd paused"])
+                                        "etcd paused", "a forwarder's quota service killed", "ledger deleted",
+                                        "ledger overwritten with garbage"])
 def test_two_gangs_racing_through_a_fault_store_one_whole_and_nothing_of_the_other(cluster_ok: Cluster,
                                                                                    fault_name: str) -> None:
     cluster = cluster_ok
     tree = make_tree(cluster)
-    fault = gang_faults(cluster)[fault_name]()
+    fault = gang_faults(cluster, tree)[fault_name]()
     gangs = {"gang-a": tree.leaves[0], "gang-b": tree.leaves[1]}
     order = [(gang, index) for index in range(GANG_MEMBERS) for gang in gangs]
-    hook = once_at(3, fault)
+    # The ledger faults strike once the race has written the ledger (its gang reservation in it).
+    hook = once_at(3, fault, in_thread=not fault_name.startswith("ledger"))
 
     def one(position: int) -> tuple[str, str]:
         hook(position)

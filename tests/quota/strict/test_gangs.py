@@ -8,7 +8,7 @@ import random
 import threading
 
 import pytest
-from fakeledger import LEDGER, QUOTA_LABEL, RATIO, FakeCore, Replica, slow_writes
+from fakeledger import LEDGER, QUOTA_LABEL, RATIO, TTL, FakeCore, Replica, slow_writes
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
@@ -103,3 +103,14 @@ def test_a_gang_reservation_another_member_draws_from_stays_when_its_opener_is_w
     keep = dict(shared_ledger.decode(core.config_maps[LEDGER]["data"]))
     withdraw(keep, [Withdrawal("team/gang-a-1", opener.admission_uid)])
     assert "~gang/team/gang-a" in keep and "team/gang-a-2" in keep
+
+
+def test_a_deleted_ledger_holding_a_gang_reservation_holds_its_tree_only_as_long_as_its_pods_reservations(
+        core: FakeCore, clock: list[float]) -> None:
+    replica, first_look_after = Replica(core, "r1", clock, room=1000), Replica(core, "r2", clock, room=1000)
+    assert member(replica, "gang-a", 0)  # the gang's reservation lasts its waiting time: ten minutes
+    core.delete(LEDGER)
+    assert not first_look_after.admit("p1").allowed  # held: what the object held may still take room
+    # Not for the gang's ten minutes: once the pods' reservations have expired, the tree admits again.
+    clock[0] += TTL + 1
+    assert first_look_after.admit("p2").allowed
