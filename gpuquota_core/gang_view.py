@@ -11,7 +11,7 @@ them (``gpuquota_core.gang`` for which pods form a gang).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .gang import Gang, gang_metadata, gang_need, gang_of
@@ -67,6 +67,10 @@ class GangFit:
     rest: ResourceList  # of the need, what its members do not take yet
     held: ResourceList  # of the rest, what the gang's live reservation holds already
     levels: tuple[GangLevel, ...]
+    # The other gangs of its gang group whose minimums its first member reserves too, and what they
+    # need beyond what their members take (included in each level's GANG ADDS).
+    group: tuple[str, ...] = ()
+    group_rest: ResourceList = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -85,15 +89,20 @@ class GangFit:
         how = "its PodGroup's minResources" if gang.min_resources is not None else \
             f"{gang.min_members} × one member's request"
         held = f", its reservation holding {format_list(self.held)}" if self.held else ""
+        group = (f", with the minimums of the rest of its gang group ({', '.join(self.group)}), "
+                 f"{format_list(self.group_rest)}" if self.group else "")
         verdict = "fits now" if self.fits else "does not fit now"
         return (f"{head}: the minimum needs {format_list(self.need)} ({how}); the rest of it, "
-                f"{format_list(self.rest)}{held}, {verdict}")
+                f"{format_list(self.rest)}{held}{group}, {verdict}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"gang": self.gang.key, "source": self.gang.source, "minMembers": self.gang.min_members,
-                "members": self.members, "need": _texts(self.need), "rest": _texts(self.rest),
-                "held": _texts(self.held), "complete": self.complete, "fits": self.fits,
-                "levels": [level.as_dict() for level in self.levels]}
+        fields = {"gang": self.gang.key, "source": self.gang.source, "minMembers": self.gang.min_members,
+                  "members": self.members, "need": _texts(self.need), "rest": _texts(self.rest),
+                  "held": _texts(self.held), "complete": self.complete, "fits": self.fits,
+                  "levels": [level.as_dict() for level in self.levels]}
+        if self.group:  # a gang of a gang group: the other gangs its first member reserves for too
+            fields.update(group=list(self.group), groupRest=_texts(self.group_rest))
+        return fields
 
 
 def gang_fit(tree: QuotaTree, leaf: str, gang: Gang, requests: Mapping[str, Quantity], ledger: ReservationLedger,
@@ -106,7 +115,18 @@ def gang_fit(tree: QuotaTree, leaf: str, gang: Gang, requests: Mapping[str, Quan
     need = reservation.need if reservation is not None else gang_need(gang, requests)
     rest = remaining_need(need, gang.min_members, members, asked)
     held = ledger.gang_hold(gang.key)
-    adds = {name: quantity for name, quantity in subtract_lists(rest, held).items() if quantity > ZERO}
+    group: list[str] = []
+    group_rest: ResourceList = {}
+    if reservation is None and members < gang.min_members:
+        # As decide does: the member that opens its gang's reservation opens its group's too.
+        for other in gang.group:
+            others, their_asks = ledger.gang_members(other.key)
+            if ledger.gang(other.key) is None and others < other.min_members:
+                group.append(other.key)
+                group_rest = add_lists(group_rest, remaining_need(gang_need(other, requests), other.min_members,
+                                                                 others, their_asks))
+    adds = {name: quantity for name, quantity in add_lists(subtract_lists(rest, held), group_rest).items()
+            if quantity > ZERO}
     levels: list[GangLevel] = []
     for quota in tree.chain(leaf) if leaf in tree.quotas else []:
         if quota.name in UNCHECKED_QUOTAS:
@@ -117,7 +137,7 @@ def gang_fit(tree: QuotaTree, leaf: str, gang: Gang, requests: Mapping[str, Quan
             before = limit[name] - used.get(name, ZERO)
             needs = adds.get(name, ZERO)
             levels.append(GangLevel(quota, name, limit[name], used.get(name, ZERO), needs, before, before - needs))
-    return GangFit(gang, members, need, rest, held, tuple(levels))
+    return GangFit(gang, members, need, rest, held, tuple(levels), tuple(group), group_rest)
 
 
 def decide_member(tree: QuotaTree, usage: Totals, ledger: ReservationLedger, pod: PodQuotaRequest,

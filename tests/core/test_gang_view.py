@@ -81,3 +81,17 @@ def test_members_draw_from_a_reservation_another_admission_opened() -> None:
     # What the gang adds beyond what it holds: nothing, at every level.
     assert [level.needs.is_zero() for level in fit.levels] == [True, True]
     assert add_lists(base.used("train")) == {n: q.scaled(8) for n, q in ONE_CARD.items()}
+
+
+def test_a_gang_fit_counts_the_minimums_of_the_rest_of_its_gang_group() -> None:
+    other = Gang("team-train", "h", 4, 600, FROM_ANNOTATIONS)
+    grouped = Gang("team-train", "g", 4, 600, FROM_ANNOTATIONS, group=(other,))
+    nothing_used: dict[str, Quantity] = {}
+    fits = gang_fit(tree(8), "train", grouped, ONE_CARD, ReservationLedger(), lambda quota: nothing_used)
+    assert fits.fits and fits.group == ("team-train/h",)
+    assert fits.group_rest == {CORE: Quantity.parse("400"), RATIO: Quantity.parse("400")}
+    assert "with the minimums of the rest of its gang group (team-train/h)" in fits.summary()
+    # Each gang alone would fit in seven cards; the group of two does not.
+    assert not gang_fit(tree(7), "train", grouped, ONE_CARD, ReservationLedger(), lambda quota: nothing_used).fits
+    assert gang_fit(tree(7), "train", Gang("team-train", "g", 4, 600, FROM_ANNOTATIONS), ONE_CARD,
+                    ReservationLedger(), lambda quota: nothing_used).fits
