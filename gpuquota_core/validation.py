@@ -151,7 +151,12 @@ def _combination_hint(names: frozenset[str]) -> str:
         return f"ask for either {GPU_MEMORY} (bytes) or {GPU_MEMORY_RATIO} (percent), not both"
     if names & {GPU_CORE, GPU_SHARED, NPU_CORE} and not names & {GPU_MEMORY, GPU_MEMORY_RATIO}:
         return f"add a memory request: {GPU_MEMORY_RATIO} (percent of a card) or {GPU_MEMORY} (bytes)"
-    return "see the supported combinations in the README"
+    # Otherwise name what Koordinator would take: the combinations that hold every name asked for.
+    wider = sorted(" + ".join(sorted(combination)) for combination in VALID_GPU_COMBINATIONS if names < combination)
+    if wider:
+        return f"Koordinator schedules these names only as one of: {'; '.join(wider)}"
+    return ("Koordinator schedules GPU names only in these combinations: "
+            + "; ".join(sorted(" + ".join(sorted(combination)) for combination in VALID_GPU_COMBINATIONS)))
 
 
 def validate_gpu_request(pod_request: Mapping[str, Quantity]) -> list[GpuRequestProblem]:

@@ -112,8 +112,9 @@ INVALID = [
                  f"(percent of a card) or {MEMORY} (bytes)", id="gpu.shared+gpu-core"),
     pytest.param({NPU_CORE: "4"}, f"{COMBINATION}: [{NPU_CORE}]: add a memory request: {RATIO} (percent of a card) "
                  f"or {MEMORY} (bytes)", id="npu-core-alone"),
-    pytest.param({NPU_CORE: "4", MEMORY: "8Gi"}, f"{COMBINATION}: [{NPU_CORE} {MEMORY}]: see the supported "
-                 "combinations in the README", id="npu-core+gpu-memory"),
+    pytest.param({NPU_CORE: "4", MEMORY: "8Gi"}, f"{COMBINATION}: [{NPU_CORE} {MEMORY}]: Koordinator schedules these "
+                 f"names only as one of: {NPU_CORE} + {NPU_CPU} + {NPU_DVPP} + {MEMORY} + {SHARED}; {NPU_CORE} + "
+                 f"{NPU_CPU} + {MEMORY} + {SHARED}", id="npu-core+gpu-memory"),
     pytest.param({MEMORY: "8Gi", RATIO: "50"}, f"{COMBINATION}: [{MEMORY} {RATIO}]: ask for either {MEMORY} (bytes) "
                  f"or {RATIO} (percent), not both", id="gpu-memory+gpu-memory-ratio"),
     pytest.param({CORE: "50", MEMORY: "8Gi", RATIO: "50"}, f"{COMBINATION}: [{CORE} {MEMORY} {RATIO}]: ask for "
@@ -126,7 +127,8 @@ INVALID = [
     pytest.param({KGPU: "100", RATIO: "100"}, f"{COMBINATION}: [{KGPU} {RATIO}]: {KGPU} cannot be combined with other "
                  f"GPU names; use {CORE} + {RATIO}", id="koordinator.sh/gpu+gpu-memory-ratio"),
     pytest.param({NPU_CORE: "4", NPU_CPU: "2", MEMORY: "8Gi"}, f"{COMBINATION}: [{NPU_CORE} {NPU_CPU} {MEMORY}]: "
-                 "see the supported combinations in the README", id="npu-without-shared"),
+                 f"Koordinator schedules these names only as one of: {NPU_CORE} + {NPU_CPU} + {NPU_DVPP} + {MEMORY} + "
+                 f"{SHARED}; {NPU_CORE} + {NPU_CPU} + {MEMORY} + {SHARED}", id="npu-without-shared"),
 ]
 
 
