@@ -279,8 +279,10 @@ def test_webhook_role_reads_and_writes_only_its_ledger_and_events(rendered: list
     role = find(rendered, "ClusterRole", "gpuquota-webhook")
     granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
+    # PodGroups: a gang's minimum when its members name one (gpuquota_core/gang.py).
     reads = {(group, resource, verb) for group, resource in (("", "pods"), ("", "nodes"),
-                                                                   ("scheduling.sigs.k8s.io", "elasticquotas"))
+                                                                   ("scheduling.sigs.k8s.io", "elasticquotas"),
+                                                                   ("scheduling.sigs.k8s.io", "podgroups"))
              for verb in ("get", "list", "watch")}
     # Events about refused pods (webhook/quota/events.py): created, then read and patched to raise their count.
     events = {("", "events", verb) for verb in ("create", "get", "patch")}
