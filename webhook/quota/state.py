@@ -91,7 +91,7 @@ class QuotaView:
         pod_key = f"{admission.namespace}/{admission.name}"
         replay_of = ledger.made_by(pod_key, admission.uid)
         gang = None
-        if old is None and (admission.gang_annotations or admission.labels):
+        if old is None:  # only a CREATE joins a gang
             gang = gang_of(admission.namespace, admission.labels, admission.gang_annotations, self.pod_groups)
             unseen = unseen_pod_group(admission.namespace, admission.labels, self.pod_groups)
             if unseen and self.pod_groups_listed:
@@ -114,8 +114,7 @@ class QuotaView:
         # CREATE and UPDATE alike: until the watch shows this version of the pod, what it adds (a
         # relabel's new leaf, a resize's growth) is held in the ledger.
         for opening in decision.opens_gangs:
-            self.gang_openings.note(opening.gang, opening.gang.partition("/")[0], new.quota_label,
-                                    opening.min_members, opening.waiting_seconds)
+            self.gang_openings.note(opening.gang, new.quota_label, opening.min_members, opening.waiting_seconds)
         reservation = hold_admitted(ledger, decision, pod_key, admission.uid, new.requests, now,
                                     pod_uid=admission.pod_uid, caller=admission.caller)
         if decision.gang:
@@ -135,7 +134,6 @@ class QuotaView:
 
 @dataclass(frozen=True, slots=True)
 class _Opened:
-    namespace: str
     quota_label: str
     min_members: int
     until: float  # monotonic
@@ -158,10 +156,11 @@ class GangOpenings:
         self._lock = threading.Lock()
         self._opened: dict[str, _Opened] = {}
 
-    def note(self, gang: str, namespace: str, quota_label: str, min_members: int, waiting_seconds: int) -> None:
+    def note(self, gang: str, quota_label: str, min_members: int, waiting_seconds: int) -> None:
+        """``gang``: namespace/name; ``quota_label``: the opening member's (the Event's quota)."""
         with self._lock:
             if gang in self._opened or len(self._opened) < self.MOST:
-                self._opened[gang] = _Opened(namespace, quota_label, min_members, self._clock() + waiting_seconds)
+                self._opened[gang] = _Opened(quota_label, min_members, self._clock() + waiting_seconds)
 
     def ended(self) -> list[tuple[str, _Opened]]:
         """The gangs whose waiting time is over, each returned once."""
@@ -237,10 +236,12 @@ class QuotaState:
             return []
         with self._lock:
             stored = {gang: self.usage.gang_members(gang)[0] for gang, _ in ended}
-        return [gang_partly_admitted(gang, stored[gang], opened.min_members, opened.namespace, opened.quota_label)
+        return [gang_partly_admitted(gang, stored[gang], opened.min_members, gang.partition("/")[0],
+                                     opened.quota_label)
                 for gang, opened in ended if 0 < stored[gang] < opened.min_members]
 
     def _gang_members_stored(self, gang: str) -> tuple[int, ResourceList]:
+        # Looked up on every call, not bound once: every re-list of pods replaces self.usage.
         return self.usage.gang_members(gang)
 
     @classmethod
