@@ -698,10 +698,6 @@ def gang_faults(cluster: Cluster, tree: Tree) -> dict[str, Callable[[], Fault]]:
         poll(lambda: bool(cluster.api.core.read_namespaced_config_map(ledger, cluster.ledger_namespace)),
              "the race wrote the ledger")
 
-    def delete_ledger() -> None:
-        written()
-        cluster.api.core.delete_namespaced_config_map(ledger, cluster.ledger_namespace)
-
     def overwrite_ledger() -> None:
         written()
         cluster.api.core.patch_namespaced_config_map(ledger, cluster.ledger_namespace,
@@ -720,13 +716,12 @@ def gang_faults(cluster: Cluster, tree: Tree) -> dict[str, Callable[[], Fault]]:
         "etcd paused": lambda: timed(cluster.plane.pause_etcd, cluster.plane.resume_etcd, seconds=7.0),
         "a forwarder's quota service killed": lambda: Fault(lambda: os.kill(quota_service_pid(
             next(server for server in cluster.replicas if server is not the_writer(cluster)).pid), signal.SIGKILL)),
-        "ledger deleted": lambda: Fault(delete_ledger),
         "ledger overwritten with garbage": lambda: Fault(overwrite_ledger),
     }
 
 
 @pytest.mark.parametrize("fault_name", ["writer paused", "writer's quota service killed", "apiserver restarted",
-                                        "etcd paused", "a forwarder's quota service killed", "ledger deleted",
+                                        "etcd paused", "a forwarder's quota service killed",
                                         "ledger overwritten with garbage"])
 def test_two_gangs_racing_through_a_fault_store_one_whole_and_nothing_of_the_other(cluster_ok: Cluster,
                                                                                    fault_name: str) -> None:
