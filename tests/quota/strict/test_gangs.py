@@ -12,6 +12,7 @@ from fakeledger import LEDGER, QUOTA_LABEL, RATIO, TTL, FakeCore, Replica, slow_
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.pod_admission import PodAdmission
+from webhook.admission.status import status_of
 from webhook.quota.strict.accounting import Mode
 from webhook.quota.strict.withdrawals import Withdrawal, withdraw
 
@@ -114,3 +115,12 @@ def test_a_deleted_ledger_holding_a_gang_reservation_holds_its_tree_only_as_long
     # Not for the gang's ten minutes: once the pods' reservations have expired, the tree admits again.
     clock[0] += TTL + 1
     assert first_look_after.admit("p2").allowed
+    # The gang's reservation is carried into the new object, whichever replica let the old one go:
+    # its other seven members still find their room, and no plain pod takes it meanwhile.
+    assert "deletionTimestamp" not in core.config_maps[LEDGER]["metadata"]
+    assert {"~gang/team/gang-a", "team/p2"} <= core.stored()
+    refused = first_look_after.admit("p3", "200")  # 800 held for the gang and p2's 100 leave 100
+    assert not refused.allowed and status_of(refused.reason) == 403, refused.message
+    assert all(member(first_look_after, "gang-a", index) for index in range(1, 8))
+    # gang-a-0's own reservation expired unconfirmed (no watch here): the gang still holds its card.
+    assert first_look_after.admit("p4").allowed and not first_look_after.admit("p5").allowed

@@ -318,7 +318,7 @@ class LedgerStore:
         with self._lock:
             record = self._tree(tree_root)
             if release:  # gone now; a read finds it missing, and ``lost`` knows nothing was lost
-                record.released()
+                record.released(self.clock())
             else:
                 record.written(str(written.get("uid", "")), str(written["resourceVersion"]), stored, counted_through)
         return True

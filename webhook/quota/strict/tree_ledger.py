@@ -72,8 +72,9 @@ class TreeLedger:
         """The object this replica knew is gone: carry what it held and hold the tree until
         ``hold_until`` (a tree already found missing keeps its first hold). How many it carries."""
         if self.terminating is not None and now >= self.terminating[0]:
-            # Gone through its finalizer once everything it held had expired: nothing was lost.
-            self.terminating, self.copy, self.known, self.carried = None, None, None, {}
+            # Gone through its finalizer once everything it held had expired, but for the gang
+            # reservations ``released`` carries: nothing was lost.
+            self.terminating, self.copy, self.known = None, None, None
             self.missing_judged = True
             return 0
         self.terminating, self.copy = None, None
@@ -130,8 +131,15 @@ class TreeLedger:
         self.known = (uid, stored)
         self.copy = (version, stored)
 
-    def released(self) -> None:
-        """The finalizer dropped: the apiserver removes the object, and nothing was lost with it."""
+    def released(self, now: float) -> None:
+        """The finalizer dropped: the apiserver removes the object, and nothing was lost with it.
+
+        The object was let go once its pods' reservations had expired, not its gangs' (a gang waits
+        minutes, and the whole tree would be held that long): the gang reservations still open are
+        carried into the next object, so a gang part-way through its members keeps its room."""
+        if self.known is not None:
+            self.carry({key: item for key, item in self.known[1].items()
+                        if item.gang is not None and item.reservation.expires_at > now})
         self.copy, self.known, self.rebuilding_until = None, None, None
 
     def hold_to_record(self, now: float) -> float:
