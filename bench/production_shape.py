@@ -152,7 +152,7 @@ TITLES = {"native": "native ResourceQuota (`requests.nvidia.com/gpu`)", "local":
           "koord3": "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy",
           GO_BOTH: "the two-webhook limit: Go stdlib reference behind our two configurations (validating: "
                    "decode and allow)"}
-# Per mode of ours, the names of its process groups in the CPU table: its servers, then its HAProxy.
+# Per mode with servers of its own, the names of its process groups in the CPU table: its servers, then its HAProxy.
 GROUPS = {"local": ("local server", ""), "strict": ("strict replicas", "HAProxy"),
           "koord": ("koord-manager", ""), "koord3": ("koord-manager replicas", "koord-manager's HAProxy"),
           GO_BOTH: ("Go reference", "")}
