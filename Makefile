@@ -100,8 +100,8 @@ property-long: $(STAMP)
 	  $(BIN)/pytest -q --timeout 0 tests/cli/test_one_verdict_property.py \
 	    tests/webhook/admission/test_one_verdict_served.py tests/core/test_one_truth.py $(PYTEST_ARGS)
 
-## bench: the production shape against native ResourceQuota (bench/production_shape.py), then admission over TLS (bench/run.py)
-bench: $(STAMP) control-plane test-tools
+## bench: the production shape against native ResourceQuota, the two-webhook limit and koord-manager x3 (bench/production_shape.py), then admission over TLS (bench/run.py)
+bench: $(STAMP) control-plane koordinator test-tools
 	bench/run.sh
 
 clean:

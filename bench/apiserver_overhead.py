@@ -34,14 +34,10 @@ import json
 import os
 import random
 import shutil
-import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +52,11 @@ from admissionchain import (  # noqa: E402
 from controlplane import (  # noqa: E402
     ControlPlane,
     create_canonical_gpu_node,
-    free_ports,
     install_elasticquota_crd,
     locate_binaries,
     make_api,
 )
+from goreference import GoReference, start_go_reference  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from webhookproc import WebhookProcess  # noqa: E402
 
@@ -113,30 +109,6 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-GO_PROCESSES: list[subprocess.Popen[bytes]] = []
-
-
-def start_go_reference(work: Path, cert_dir: Path) -> str:
-    """bench/go-reference (net/http + crypto/tls, the same whole-card rewrite) on a free port."""
-    binary = work / "go-reference"
-    subprocess.run(["go", "build", "-o", str(binary), "."], cwd=ROOT / "bench" / "go-reference", check=True)
-    port = free_ports(1)[0]
-    GO_PROCESSES.append(subprocess.Popen([str(binary), "-addr", f"127.0.0.1:{port}", "-cert",
-                                          str(cert_dir / "tls.crt"), "-key", str(cert_dir / "tls.key")],
-                                         stderr=subprocess.DEVNULL))
-    url = f"https://127.0.0.1:{port}"
-    context = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/mutate-pods", timeout=2, context=context)
-        except urllib.error.HTTPError:
-            return url  # it answers (400 for an empty body): up
-        except OSError:
-            assert time.monotonic() < deadline, "the Go reference did not start"
-            time.sleep(0.1)
-
-
 def mutated(api: Any, namespace: str) -> bool:
     stored = api.core.create_namespaced_pod(namespace, gpu_pod("probe", namespace), dry_run="All")
     return "koordinator.sh/gpu-core" in (stored.spec.containers[0].resources.requests or {})
@@ -183,13 +155,12 @@ def main() -> None:
             raise SystemExit(f"unknown modes: {', '.join(sorted(unknown))} (known: {', '.join(plan)})")
         plan = {mode: target for mode, target in plan.items() if mode in wanted}
     accountings = {target for target, _ in plan.values() if target in ("local", "strict", "baseline")}
-    if any(target == "go" for target, _ in plan.values()):
-        accountings.add("local")  # the Go reference serves the local server's certificate
     work = Path(tempfile.mkdtemp(prefix="gpuquota-bench-overhead-"))
     plane = ControlPlane(locate_binaries(), base_dir=work / "cp")
     plane.start()
     api = make_api(plane.kubeconfig_path)
     servers: dict[str, WebhookProcess] = {}
+    go: GoReference | None = None
     results: dict[str, list[float]] = {mode: [] for mode in plan}
     try:
         install_elasticquota_crd(api)
@@ -213,14 +184,14 @@ def main() -> None:
                 "--kubeconfig", str(plane.kubeconfig_path),
                 "--accounting", "strict" if server == "strict" else "local",
                 "--ledger-namespace", "bench-strict", *worker_args]).start()
-        uses_go = any(target == "go" for target, _ in plan.values())
-        go_url = start_go_reference(work, servers["local"].cert_dir) if uses_go else ""
+        if any(target == "go" for target, _ in plan.values()):
+            go = start_go_reference(work / "go-reference")
         for mode, (target, which) in plan.items():
             if not target:
                 continue
-            url = go_url if target == "go" else servers[target].url
-            ca_bundle = servers["local" if target == "go" else target].ca_bundle  # Go serves local's cert
-            documents = local_webhook_configurations(url, ca_bundle, name_suffix=f"-{mode}",
+            endpoint = go if target == "go" else servers[target]
+            assert endpoint is not None  # started above whenever a mode points at it
+            documents = local_webhook_configurations(endpoint.url, endpoint.ca_bundle, name_suffix=f"-{mode}",
                                                      namespace_selector={"matchLabels": {MODE_LABEL: mode}})
             if which == "mutating":
                 documents = [d for d in documents if d["kind"] == "MutatingWebhookConfiguration"]
@@ -238,13 +209,14 @@ def main() -> None:
                     results[mode].append(elapsed)
         opened = passive_opens() - opened
     finally:
-        for process in GO_PROCESSES:
-            process.terminate()
+        if go is not None:
+            go.stop()
         for server in servers.values():
             server.stop()
         api.close()
         plane.stop()
-        for server_dir in (work / "cp", *(work / server for server in servers)):  # etcd's data, logs, certs
+        # etcd's data, logs, certificates; the Go reference's binary.
+        for server_dir in (work / "cp", work / "go-reference", *(work / server for server in servers)):
             shutil.rmtree(server_dir, ignore_errors=True)
     base = results["none"]
     print(f"{cycles} cycles of one create per mode, shuffled order (after {WARMUP} warm-up cycles), one client, "

@@ -17,6 +17,11 @@ the shape users run. Every mode has its own namespaces:
   selected by the namespace label. Its admission counts resource names as written, so its quotas
   name the pods' own ``nvidia.com/gpu`` (the best it can do for this workload; a
   ``gpu-memory-ratio`` max would not count these pods at all), and it checks the leaf only.
+- ``go-both``: the two-webhook limit. bench/go-reference (Go stdlib, bench/goreference.py) behind the
+  project's mutating and validating configurations, selected by the namespace label: it does the
+  same rewrite and its validating path decodes and allows, so this is the least a create passing our
+  two webhooks can cost. No quota applies, so it has no burst with room for fewer; the table shows
+  every mode's sequential overhead against it as well as against native.
 
 Every create is the same one-card ``nvidia.com/gpu`` pod (one Node advertises the canonical names,
 so our webhook rewrites it as in a cluster where Koordinator's device plugin runs). It measures:
@@ -32,7 +37,8 @@ so our webhook rewrites it as in a cluster where Koordinator's device plugin run
    count at the ancestor is the one checked. Native's room is its namespace's ResourceQuota.
 
 The bursts of a repetition (every mode, both kinds) run in a shuffled order. Prints a Markdown
-table of medians with their ranges and each of ours against native, and where the samples are.
+table of medians with their ranges and each mode against native (its sequential overhead against
+go-both's too, when go-both runs), and where the samples are.
 
 To weigh what changes do on this shape, each ``--variant NAME=CHECKOUT`` (repeatable) adds the
 mode ``strict-NAME``: three more ``--accounting strict`` replicas behind their own HAProxy and with
@@ -47,12 +53,13 @@ runs with its checkout's own webhook configurations. ``--balance NAME=first`` pu
 variant NAME on its first replica while it is up (the other two stand by, watching): one writer per
 ledger object with no forwarding, the most an owner per quota tree could give on the ledger's side.
 ``--modes`` limits the run to some modes (``none`` always runs; a server no chosen mode needs is not
-started).
+started). The Koordinator modes and ``go-both`` run only when ``--modes`` names them (bench/run.sh,
+``make bench``, names them).
 
 Usage: .venv/bin/python bench/production_shape.py [--repetitions 10] [--bursts 10] [--cycles 300]
        [--burst-size 300] [--clients 32] [--room 100] [--issue-sizes] [--workers N]
        [--baseline CHECKOUT] [--variant NAME=CHECKOUT ...] [--balance NAME=first ...]
-       [--modes none,native,strict,strict-baseline,strict-NAME,koord,koord3]
+       [--modes none,native,go-both,strict,strict-baseline,strict-NAME,koord,koord3]
 """
 
 from __future__ import annotations
@@ -105,6 +112,7 @@ from controlplane import (  # noqa: E402
     locate_binaries,
     make_api,
 )
+from goreference import GoReference, start_go_reference  # noqa: E402
 from koordinator import install_koordinator_crds, locate_koordinator  # noqa: E402
 from koordmanager import (  # noqa: E402
     KoordManager,
@@ -127,6 +135,12 @@ STRICT_BASELINE = VARIANT_PREFIX + BASELINE
 VARIANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,22}[a-z0-9])?")
 MODES = ("native", "local", "strict")  # what runs unless --modes or --variant says otherwise
 KOORDINATOR = ("koord", "koord3")  # Koordinator's own quota admission, only when --modes names them
+# The Go reference behind our two configurations, only when --modes names it: the sequential overheads'
+# second yardstick beside native, the least two webhook calls can add.
+GO_BOTH = "go-both"
+OPT_IN = (GO_BOTH, *KOORDINATOR)
+# How the table names a reference when it gives a mode's ratio to it.
+REFERENCE_NAMES = {"native": "native", "strict": "strict", GO_BOTH: "the two-webhook limit"}
 VENDOR_GPU = "nvidia.com/gpu"
 IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
 # Named in the table's title; EnableQuotaAdmission is what makes koord-manager admit by quota.
@@ -135,10 +149,13 @@ UNADMITTED = "none"  # the namespace every sequential create is paired against
 TITLES = {"native": "native ResourceQuota (`requests.nvidia.com/gpu`)", "local": "ours, local, 1 server",
           "strict": "ours, strict, 3 replicas + HAProxy",
           "koord": "Koordinator (koord-manager, EnableQuotaAdmission), 1 replica",
-          "koord3": "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy"}
-# Per mode of ours, the names of its process groups in the CPU table: its servers, then its HAProxy.
+          "koord3": "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy",
+          GO_BOTH: "the two-webhook limit: Go stdlib reference behind our two configurations (validating: "
+                   "decode and allow)"}
+# Per mode with servers of its own, the names of its process groups in the CPU table: its servers, then its HAProxy.
 GROUPS = {"local": ("local server", ""), "strict": ("strict replicas", "HAProxy"),
-          "koord": ("koord-manager", ""), "koord3": ("koord-manager replicas", "koord-manager's HAProxy")}
+          "koord": ("koord-manager", ""), "koord3": ("koord-manager replicas", "koord-manager's HAProxy"),
+          GO_BOTH: ("Go reference", "")}
 MODE_LABEL = "gpuquota-bench-mode"
 NATIVE_RESOURCE = "requests.nvidia.com/gpu"
 LEDGER_NAMESPACE = "gpuquota-ledger"
@@ -157,6 +174,16 @@ def is_variant(mode: str) -> bool:
 def is_ours(mode: str) -> bool:
     """Whether our webhook admits the mode's pods (local, strict and every variant of strict)."""
     return mode in ("local", "strict") or is_variant(mode)
+
+
+def selected_by_label(mode: str) -> bool:
+    """Whether webhook configurations select the mode's namespaces by its label (every mode but native)."""
+    return is_ours(mode) or mode in OPT_IN
+
+
+def has_room(mode: str) -> bool:
+    """Whether a quota limits the mode's pods, so that it has bursts with room for fewer (not go-both)."""
+    return mode != GO_BOTH
 
 
 def variant_name(mode: str) -> str:
@@ -206,7 +233,7 @@ def variant_checkouts(specs: Iterable[str]) -> dict[str, Path]:
 def chosen_modes(wanted: str | None, variants: Iterable[str]) -> tuple[str, ...]:
     """The modes to measure, in the table's order (``none`` aside): every default one and every variant
     when ``wanted`` is None, else those it names (ValueError for an unknown mode, or for none)."""
-    known = ("native", "local", "strict", *variants, *KOORDINATOR)
+    known = ("native", GO_BOTH, "local", "strict", *variants, *KOORDINATOR)
     if wanted is None:
         return tuple(mode for mode in known if mode in MODES or is_variant(mode))
     chosen = set(wanted.split(",")) - {UNADMITTED}
@@ -281,6 +308,7 @@ class Rig:
     servers: dict[str, list[WebhookProcess]] = field(default_factory=dict)  # per mode of ours, once started
     balancers: dict[str, HAProxy] = field(default_factory=dict)  # per mode behind HAProxy
     koord_managers: dict[str, list[KoordManager]] = field(default_factory=dict)  # per Koordinator mode
+    go_reference: GoReference | None = None  # go-both's server, once started
 
     def servers_of(self, mode: str) -> list[WebhookProcess]:
         return self.servers.get(mode, [])
@@ -294,6 +322,8 @@ class Rig:
         groups |= {process_groups(mode)[0]: [manager.pid for manager in managers]
                    for mode, managers in self.koord_managers.items()}
         groups |= {process_groups(mode)[1]: [balancer.process.pid] for mode, balancer in self.balancers.items()}
+        if self.go_reference is not None:
+            groups[process_groups(GO_BOTH)[0]] = [self.go_reference.pid]
         return groups
 
 
@@ -330,8 +360,9 @@ def shipped_writer_args(checkout: Path) -> list[str]:
 
 def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: list[str],
                   variants: dict[str, Path], balances: dict[str, str] | None = None) -> None:
-    """The servers of the chosen modes of ours (a variant's from its checkout), each kept in ``rig`` as soon
-    as it serves (so stop_rig stops whatever came up), and the webhook configurations pointing at them."""
+    """The servers of the chosen modes of ours (a variant's from its checkout) and go-both's Go reference,
+    each kept in ``rig`` as soon as it serves (so stop_rig stops whatever came up), and the webhook
+    configurations pointing at them; then Koordinator's."""
     kubeconfig = ["--kubeconfig", str(rig.plane.kubeconfig_path)]
     urls: dict[str, tuple[str, str]] = {}
     # A variant runs with its own checkout's webhook configurations, so a variant may change them too.
@@ -350,6 +381,9 @@ def start_servers(rig: Rig, work: Path, modes: tuple[str, ...], worker_args: lis
             *worker_args], env=env, cwd=cwd, balance=(balances or {}).get(mode, "roundrobin"))
         rig.servers[mode], rig.balancers[mode] = replicas, balancer
         urls[mode] = (balancer.url, replicas[0].ca_bundle)
+    if GO_BOTH in modes:
+        rig.go_reference = start_go_reference(work / GO_BOTH)
+        urls[GO_BOTH] = (rig.go_reference.url, rig.go_reference.ca_bundle)
     for mode, (url, ca_bundle) in urls.items():
         register_webhook_configurations(rig.api, local_webhook_configurations(
             url, ca_bundle, name_suffix=f"-{mode}", namespace_selector={"matchLabels": {MODE_LABEL: mode}},
@@ -373,16 +407,19 @@ def stop_rig(rig: Rig | None, work: Path) -> None:
         for servers in rig.servers.values():
             for server in servers:
                 server.stop()
+        if rig.go_reference is not None:
+            rig.go_reference.stop()
         rig.api.close()
         rig.plane.stop()
-    # etcd's data, logs, certificates (koord-manager's are under cp), one directory per mode of ours.
+    # etcd's data, logs, certificates (koord-manager's are under cp), one directory per mode of ours and
+    # go-both's (the Go reference's binary and certificates).
     for directory in work.iterdir():
         if directory.is_dir():
             shutil.rmtree(directory, ignore_errors=True)
 
 
 def create_namespace(api: Api, name: str, mode: str) -> None:
-    labels = {MODE_LABEL: mode} if is_ours(mode) or mode in KOORDINATOR else {}
+    labels = {MODE_LABEL: mode} if selected_by_label(mode) else {}
     api.core.create_namespace({"metadata": {"name": name, "labels": labels}})
 
 
@@ -429,8 +466,13 @@ class Target:
 
 
 def prepare_burst_target(rig: Rig, mode: str, namespace: str, room: int, burst_size: int) -> Target:
-    """A fresh namespace with room for ``room`` one-card pods, admitting (and refusing beyond room) when returned."""
+    """A fresh namespace with room for ``room`` one-card pods, admitting (and refusing beyond room) when returned;
+    go-both's admits every pod, whatever ``room`` says."""
     create_namespace(rig.api, namespace, mode)
+    if mode == GO_BOTH:
+        # No quota and nothing refused: ready once the apiserver calls the Go reference for the namespace.
+        wait_until_webhook_is_called(rig.api, namespace)
+        return Target(namespace, (namespace,), room)
     if mode == "native":
         create_native_quota(rig.api, namespace, room)
         target = Target(namespace, (namespace,), room)  # the label is the same pod's; nothing reads it here
@@ -536,6 +578,8 @@ def sequential_namespaces(rig: Rig, modes: tuple[str, ...], room: int) -> None:
             for server in rig.servers_of(mode):
                 eventually(lambda s=server, n=namespace: admits_quota(s, n, n), f"{server.port} sees {namespace}")
             wait_until_webhook_is_called(rig.api, namespace)
+        elif mode == GO_BOTH:
+            wait_until_webhook_is_called(rig.api, namespace)
     if "native" in modes:
         eventually(lambda: admitted_dry_run(rig.api, "seq-native", "seq-native"), "seq-native admits a pod")
     assert not refused_for_quota(rig.api, f"seq-{UNADMITTED}", "none", room + 1), \
@@ -564,16 +608,18 @@ def spread(values: list[float], digits: int) -> str:
     return f"{middle:.{digits}f} [{min(values):.{digits}f} – {max(values):.{digits}f}]"
 
 
-def compared(mode: str, values: dict[str, list[float]]) -> str:
-    """How ``mode``'s median compares with native's (every mode of ours) and with strict's (every variant),
-    for those of them measured in this run."""
-    references = [reference for reference in ("native", "strict") if reference in values and reference != mode
-                  and (reference == "native" or is_variant(mode))]
+def compared(mode: str, values: dict[str, list[float]], *, against_limit: bool = False) -> str:
+    """How ``mode``'s median compares with native's (every other mode), with strict's (every variant) and,
+    when ``against_limit``, with go-both's (every other mode), for those of them measured in this run."""
+    applies = {"native": True, "strict": is_variant(mode), GO_BOTH: against_limit}
+    references = [reference for reference, wanted in applies.items() if wanted and reference in values
+                  and reference != mode]
     ratios = []
     for reference in references:
         theirs = statistics.median(values[reference])
-        ratios.append(f"{reference}'s median is not above zero: no ratio" if theirs <= 0
-                      else f"**{statistics.median(values[mode]) / theirs:.2f}x** {reference}")
+        name = REFERENCE_NAMES[reference]
+        ratios.append(f"{name}'s median is not above zero: no ratio" if theirs <= 0
+                      else f"**{statistics.median(values[mode]) / theirs:.2f}x** {name}")
     return f" ({', '.join(ratios)})" if ratios else ""
 
 
@@ -591,15 +637,16 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
         " range: the repetitions' p50s)":
             {mode: f"{statistics.median(overhead[mode]):+.2f}" + (
                 f" [{min(per_repetition[mode]):+.2f} – {max(per_repetition[mode]):+.2f}]"
-                if len(per_repetition[mode]) > 1 else "") + compared(mode, overhead)
+                if len(per_repetition[mode]) > 1 else "") + compared(mode, overhead, against_limit=True)
              for mode in modes},
         f"burst of {args.burst_size} creates, {args.clients} clients, room for all: pods/s":
             {mode: spread(rate[mode], 1) + compared(mode, rate) for mode in modes},
         "pods refused with room for all (per burst: median, max; bursts with any refusal)":
             {mode: refusals(bursts(mode, "all")) for mode in modes},
         f"room for {args.room}, {args.burst_size} creates: stored (leaf, and at the ancestor)":
-            {mode: stored_cell(bursts(mode, "room"), args.room, mode) for mode in modes},
-        "CPU per admitted pod, all processes (apiserver, etcd, our servers, HAProxy), ms":
+            {mode: stored_cell(bursts(mode, "room"), args.room, mode) if has_room(mode)
+             else "n/a (no quota: it admits every pod)" for mode in modes},
+        "CPU per admitted pod, all processes (apiserver, etcd, the webhook servers, HAProxy), ms":
             {mode: spread(cpu[mode], 2) + compared(mode, cpu) for mode in modes},
     }
     lines = ["| | " + " | ".join(title(mode) for mode in modes) + " |", "|---" * (len(modes) + 1) + "|"]
@@ -660,7 +707,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="HAProxy's balance algorithm in front of variant NAME (default roundrobin; first: "
                              "every connection to the first replica that is up, the others standing by); repeatable")
     parser.add_argument("--modes", help=f"comma-separated modes to measure (default: {', '.join(MODES)} and every "
-                                        f"variant; {UNADMITTED} always runs; also known: {', '.join(KOORDINATOR)})")
+                                        f"variant; {UNADMITTED} always runs; also known: {', '.join(OPT_IN)})")
     args = parser.parse_args(argv)
     if args.repetitions is None:
         args.repetitions = ISSUE_REPETITIONS if args.issue_sizes else DEFAULT_ROUNDS
@@ -722,7 +769,7 @@ def main(argv: list[str]) -> None:
                 samples.paired_ms[mode].append(paired[mode])
             full = len(range(repetition, args.bursts, args.repetitions))  # this repetition's share of the bursts
             jobs = [(mode, "all", index) for mode in modes for index in range(full)] + \
-                   [(mode, "room", 0) for mode in modes]
+                   [(mode, "room", 0) for mode in modes if has_room(mode)]
             shuffle.shuffle(jobs)
             for mode, kind, index in jobs:
                 room = args.burst_size if kind == "all" else args.room
@@ -736,7 +783,9 @@ def main(argv: list[str]) -> None:
     print(f"{args.repetitions} repetitions; sequential: {args.cycles} cycles per repetition of one create per mode "
           f"and one into a namespace no admission applies to, shuffled (after {WARMUP_CYCLES} warm-up cycles), "
           f"one kept-alive connection; bursts: {args.bursts} per mode with room for all and "
-          f"{args.repetitions} with room for {args.room}, {args.burst_size} creates from {args.clients} threads "
+          f"{args.repetitions} with room for {args.room}"
+          + (f" ({GO_BOTH} none: no quota applies)" if GO_BOTH in modes else "")
+          + f", {args.burst_size} creates from {args.clients} threads "
           f"each, every repetition's bursts in a shuffled order; medians [min – max]\n")
     for mode, checkout in args.variants.items():
         balance = f", HAProxy balance {args.balances[mode]}" if mode in args.balances else ""

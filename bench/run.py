@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from controlplane import free_ports  # noqa: E402  (tests/controlplane.py)
+from goreference import build_go_reference  # noqa: E402
 
 from webhook.serving.settings import Settings  # noqa: E402
 
@@ -251,8 +252,7 @@ def main() -> None:
     certs = work / "certs"
     subprocess.run([BIN / "gpuquota", "certs", "generate", "--out", certs, "--dns", "localhost", "--ip", "127.0.0.1"],
                    check=True, capture_output=True)
-    goref = work / "goref"
-    subprocess.run(["go", "build", "-o", goref, "."], cwd=ROOT / "bench" / "go-reference", check=True)
+    goref = build_go_reference(work / "go-reference")
     generator = work / "loadgen"
     subprocess.run(["go", "build", "-o", generator, "."], cwd=ROOT / "bench" / "loadgen", check=True)
     servers = [

@@ -24,6 +24,8 @@ print(json.dumps({"modes": args.modes, "rounds": [args.repetitions, args.bursts]
                   "titles": [shape.title(mode) for mode in args.modes],
                   "groups": [shape.process_groups(mode) for mode in ours],
                   "ledgers": [shape.ledger_namespace(mode) for mode in ours],
+                  "labelled": [mode for mode in args.modes if shape.selected_by_label(mode)],
+                  "room_bursts": [mode for mode in args.modes if shape.has_room(mode)],
                   "balances": args.balances}))
 """
 
@@ -87,7 +89,7 @@ def test_malformed_variants_are_refused_with_the_spec_named(tmp_path: Path) -> N
     assert refusal("--baseline", ".", "--variant", "baseline=.").endswith(
         "the name baseline is given twice (--baseline is --variant baseline=CHECKOUT)")
     assert refusal("--modes", "none,native,strict-x").endswith(
-        "error: unknown modes: strict-x (known: native, local, strict, koord, koord3); "
+        "error: unknown modes: strict-x (known: native, go-both, local, strict, koord, koord3); "
         "strict-x needs --variant x=CHECKOUT")
 
 
@@ -96,3 +98,54 @@ def test_a_variant_may_name_haproxys_balance_and_only_a_measured_variant_may() -
     assert got["balances"] == {"strict-owner": "first"}
     assert "--balance 'other=first'" in refusal("--variant", "owner=.", "--balance", "other=first")
     assert "--balance 'owner=random'" in refusal("--variant", "owner=.", "--balance", "owner=random")
+
+
+def test_the_two_webhook_limit_runs_only_when_named_and_is_measured_beside_native() -> None:
+    assert "go-both" not in parsed()["modes"]
+    got = parsed("--variant", "a=.", "--modes", "none,strict,go-both,koord3,native,strict-a")
+    # The references first (native, then the limit), then ours, then Koordinator's.
+    assert got["modes"] == ["native", "go-both", "strict", "strict-a", "koord3"]
+    assert got["titles"][1] == ("the two-webhook limit: Go stdlib reference behind our two configurations "
+                                "(validating: decode and allow)")
+    # Not ours: no ledger, no replicas of ours; its namespaces are selected by our configurations' label.
+    assert got["ledgers"] == ["gpuquota-ledger", "gpuquota-ledger-a"]
+    assert got["labelled"] == ["go-both", "strict", "strict-a", "koord3"]
+    # It admits every pod: no burst with room for fewer.
+    assert got["room_bursts"] == ["native", "strict", "strict-a", "koord3"]
+
+
+TABLE_WITH_THE_LIMIT = """
+import sys
+from collections import Counter
+sys.path.insert(0, "bench")
+import production_shape as shape
+args = shape.parse(["--modes", "native,go-both,strict", "--room", "3", "--burst-size", "10", "--clients", "4"])
+samples = shape.Samples(args.modes)
+samples.paired_ms = {"native": [[2.0]], "go-both": [[4.0]], "strict": [[5.0]]}
+groups = {"apiserver + etcd": 1.0, "Go reference": 0.5, "strict replicas": 2.0, "HAProxy": 0.1}
+for mode, kinds in (("native", ("all", "room")), ("go-both", ("all",)), ("strict", ("all", "room"))):
+    for kind in kinds:
+        stored = 10 if kind == "all" else 3
+        samples.bursts.append(shape.BurstResult(mode, kind, 1.0, stored, Counter(), groups, stored,
+                                                [stored] if mode == "native" else [2, 1]))
+print(shape.process_groups("go-both"))
+print(shape.table(samples, args))
+"""
+
+
+def test_the_table_weighs_every_sequential_overhead_against_the_two_webhook_limit() -> None:
+    result = subprocess.run([sys.executable, "-c", TABLE_WITH_THE_LIMIT], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    groups, *table = result.stdout.splitlines()
+    assert groups == "('Go reference', '')"
+    rows = {cells[0]: cells[1:] for cells in ([cell.strip() for cell in line.strip("|").split("|")]
+                                               for line in table if line.startswith("| ") and "---" not in line)}
+    overhead = next(cells for title, cells in rows.items() if title.startswith("added to a sequential create"))
+    assert overhead == ["+2.00 (**0.50x** the two-webhook limit)", "+4.00 (**2.00x** native)",
+                        "+5.00 (**2.50x** native, **1.25x** the two-webhook limit)"]
+    # The limit has no quota: its room-for-fewer cell says so; the bursts' rows weigh against native only.
+    room = next(cells for title, cells in rows.items() if title.startswith("room for 3"))
+    assert room[1] == "n/a (no quota: it admits every pod)" and room[2].startswith("3 of 3 at the ancestor")
+    rate = next(cells for title, cells in rows.items() if title.startswith("burst of 10 creates"))
+    assert rate == ["10.0", "10.0 (**1.00x** native)", "10.0 (**1.00x** native)"]
