@@ -136,9 +136,7 @@ class Explanation:
     def replicas_admitted(self) -> int | None:
         """Of a workload's pods, how many the webhook admits, under warn or dry-run too (None: not
         counted, the pod is refused before its quota is reached, or a single pod)."""
-        if self.in_turn is not None:
-            return self.in_turn.admitted
-        return self.fit
+        return None if self.in_turn is None else self.in_turn.admitted
 
     def admitted_word(self) -> str:
         """``all``, ``some`` or ``none`` of a workload's pods admitted (a single pod: admitted or not)."""
@@ -204,7 +202,8 @@ class _SnapshotDecider:
               "context's, or 'default' with --state).")
 @click.option("-o", "--output", "fmt", default="text", type=click.Choice(["text", "json", "yaml"]))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The webhook's YAML conversion table, enforcement modes included (built-in defaults without it).")
+              help="The webhook's YAML config file (its conversion table and enforcement modes, as 'serve "
+              "--config' reads it; built-in defaults, every check enforced, without it).")
 def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
             namespace: str | None, fmt: str, config_path: Path | None) -> None:
     """Show what the webhook would do with a pod before it is created.
@@ -213,7 +212,8 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     refuse it and with which message, the quota chain it resolves to and by which rule, and the
     room at each level before and after; for a gang member, whether its gang's whole minimum fits.
     Exit 0 when every pod would be admitted, 1 when one is refused, 4 when only some of a
-    workload's pods fit now.
+    workload's pods are admitted now (under warn or dry-run enforcement, --config, the pods they
+    let through over the quota are admitted too, as the webhook admits them).
     """
     config = snapshot.conversion_config(config_path)
     if state_paths and (kubeconfig or context):
@@ -439,7 +439,7 @@ def _judged(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDec
         request = PodQuotaRequest(namespace, str(metadata.get("name") or metadata.get("generateName") or ""),
                                   str(labels.get(POD_QUOTA_LABEL) or ""), requests, gpu_memory_unknown(requests))
         if not verdict.allowed:
-            result.fit = 0
+            result.fit, result.in_turn = 0, InTurn(subject.replicas, 0, 0, 0)
         else:
             result.in_turn = workload_in_turn(
                 state.tree, state.usage, scratch_ledger(reserved, state.usage), request, gang, subject.replicas,
