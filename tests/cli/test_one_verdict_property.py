@@ -1,4 +1,4 @@
-"""One verdict in every view, as a property over generated clusters (issue 36).
+"""One verdict in every view, as a property over generated clusters.
 
 For a generated cluster (tests/clustergen.py) written as manifest files, every view the CLI gives
 is run through click on those files: ``audit -o json`` and ``-o policyreport``, ``explain -o json``,
