@@ -22,7 +22,7 @@ import click
 from gpuquota_core import shared_ledger
 from gpuquota_core.audit import TEMPLATE_PATHS, template_of, template_pod_name
 from gpuquota_core.conversion import ConversionConfig
-from gpuquota_core.enforcement import INVALID
+from gpuquota_core.enforcement import INVALID, InTurn, Mode, Relaxed
 from gpuquota_core.gang import POD_GROUP_KIND
 from gpuquota_core.gang_view import (
     FIT_ALL,
@@ -31,8 +31,8 @@ from gpuquota_core.gang_view import (
     gang_fit,
     how_many_fit,
     pod_gang,
-    pods_admitted_in_turn,
     scratch_ledger,
+    workload_in_turn,
 )
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import NodeView, RewritePolicy
@@ -92,7 +92,10 @@ class Explanation:
     rule_text: str = ""
     chain: list[str] = field(default_factory=list)
     levels: list[LevelHeadroom] = field(default_factory=list)
-    fit: int | None = None  # of a workload's replicas, how many the webhook would admit one after another now
+    fit: int | None = None  # of a workload's replicas, how many fit the quota one after another now
+    # What enforcement does with the workload's pods one after another: how many it admits, and how
+    # many of those only because a check is in warn or dry-run (None for a single pod).
+    in_turn: InTurn | None = None
     gang: GangFit | None = None  # the gang the pod is a member of: whether its whole minimum fits now
     mutation_note: str = ""
     patch: list[dict[str, Any]] = field(default_factory=list)
@@ -117,7 +120,11 @@ class Explanation:
                 "quota": self.quota, "rule": self.rule, "chain": self.chain,
                 "headroom": [level.as_dict() for level in self.levels],
                 "gang": None if self.gang is None else self.gang.as_dict(),
-                **({"replicas": self.subject.replicas, "replicasThatFit": self.fit, "fit": self.fit_word()}
+                **({"replicas": self.subject.replicas, "replicasThatFit": self.fit, "fit": self.fit_word(),
+                    "replicasAdmitted": self.replicas_admitted(),
+                    "replicasWouldBeRefused": None if self.in_turn is None else self.in_turn.would_be_refused,
+                    "wouldDenyBeyondFit": None if self.in_turn is None or self.in_turn.beyond_fit is None
+                    else _would_deny(self.in_turn.beyond_fit)}
                    if self.subject.replicas is not None else {})}
 
     def fit_word(self) -> str:
@@ -126,10 +133,27 @@ class Explanation:
             return FIT_ALL if self.admitted else FIT_NONE
         return how_many_fit(self.subject.replicas, self.fit)
 
+    def replicas_admitted(self) -> int | None:
+        """Of a workload's pods, how many the webhook admits, under warn or dry-run too (None: not
+        counted, the pod is refused before its quota is reached, or a single pod)."""
+        return None if self.in_turn is None else self.in_turn.admitted
+
+    def admitted_word(self) -> str:
+        """``all``, ``some`` or ``none`` of a workload's pods admitted (a single pod: admitted or not)."""
+        admitted = self.replicas_admitted()
+        if self.subject.replicas is None or admitted is None:
+            return FIT_ALL if self.admitted else FIT_NONE
+        return how_many_fit(self.subject.replicas, admitted)
+
     @property
     def exit_status(self) -> int:
-        word = self.fit_word()
+        # What the webhook does: a pod a check in warn or dry-run lets through is admitted.
+        word = self.admitted_word()
         return 0 if word == FIT_ALL else REFUSED_EXIT if word == FIT_NONE else SOME_FIT_EXIT
+
+
+def _would_deny(relaxed: Relaxed) -> dict[str, str]:
+    return {"check": relaxed.check, "mode": relaxed.mode.value, "message": relaxed.message}
 
 
 class _SnapshotDecider:
@@ -178,7 +202,8 @@ class _SnapshotDecider:
               "context's, or 'default' with --state).")
 @click.option("-o", "--output", "fmt", default="text", type=click.Choice(["text", "json", "yaml"]))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The webhook's YAML conversion table, enforcement modes included (built-in defaults without it).")
+              help="The webhook's YAML config file (its conversion table and enforcement modes, as 'serve "
+              "--config' reads it; built-in defaults, every check enforced, without it).")
 def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: str | None, context: str | None,
             namespace: str | None, fmt: str, config_path: Path | None) -> None:
     """Show what the webhook would do with a pod before it is created.
@@ -187,7 +212,8 @@ def explain(paths: tuple[str, ...], state_paths: tuple[str, ...], kubeconfig: st
     refuse it and with which message, the quota chain it resolves to and by which rule, and the
     room at each level before and after; for a gang member, whether its gang's whole minimum fits.
     Exit 0 when every pod would be admitted, 1 when one is refused, 4 when only some of a
-    workload's pods fit now.
+    workload's pods are admitted now (under warn or dry-run enforcement, --config, the pods they
+    let through over the quota are admitted too, as the webhook admits them).
     """
     config = snapshot.conversion_config(config_path)
     if state_paths and (kubeconfig or context):
@@ -383,8 +409,7 @@ def _judged(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDec
     verdict = validated.response
     result = Explanation(subject, verdict.allowed, verdict.code, verdict.reason, verdict.message, rewrites, notes,
                          warnings=list(verdict.warnings),
-                         would_deny=[{"check": r.check, "mode": r.mode.value, "message": r.message}
-                                     for r in validated.relaxed],
+                         would_deny=[_would_deny(r) for r in validated.relaxed],
                          mutation_note=mutated.note, patch=[dict(op) for op in response.patch or ()])
     if not verdict.allowed and verdict.reason == INVALID:
         # /validate-pods refused the GPU request itself (its note lists the rules): the quota
@@ -413,9 +438,13 @@ def _judged(subject: Subject, handlers: AdmissionHandlers, decider: _SnapshotDec
     if subject.replicas is not None:
         request = PodQuotaRequest(namespace, str(metadata.get("name") or metadata.get("generateName") or ""),
                                   str(labels.get(POD_QUOTA_LABEL) or ""), requests, gpu_memory_unknown(requests))
-        result.fit = 0 if not verdict.allowed else pods_admitted_in_turn(
-            state.tree, state.usage, scratch_ledger(reserved, state.usage), request, gang, subject.replicas,
-            time.time())
+        if not verdict.allowed:
+            result.fit, result.in_turn = 0, InTurn(subject.replicas, 0, 0, 0)
+        else:
+            result.in_turn = workload_in_turn(
+                state.tree, state.usage, scratch_ledger(reserved, state.usage), request, gang, subject.replicas,
+                time.time(), handlers.config.enforcement, validated.relaxed)
+            result.fit = result.in_turn.fit
     return result
 
 
@@ -432,15 +461,45 @@ def _mutation_summary(e: Explanation) -> str:
     return f"no rewrite ({e.mutation_note})"
 
 
+# How a pod that a check in warn or dry-run lets through passes (docs/deploy.md, the enforcement modes).
+PASSES = {Mode.WARN: "pass with a warning", Mode.DRY_RUN: "pass silently, recorded as would-deny"}
+
+
+def _verdict(e: Explanation) -> str:
+    if not e.admitted:
+        return f"REFUSED ({e.code} {e.reason})"
+    turn = e.in_turn
+    if turn is None or turn.fit >= turn.replicas:
+        return "ADMITTED"
+    if turn.beyond_fit is None:
+        return f"ADMITTED, but only {turn.fit} of {turn.replicas} pods fit now"
+    over = turn.replicas - turn.fit
+    how = f"{PASSES[turn.beyond_fit.mode]} ({turn.beyond_fit.check}, {turn.beyond_fit.mode.value} mode)"
+    if turn.fit == 0:
+        return (f"ADMITTED, all {turn.replicas} pods, but none fit now: all {over} would be refused under enforce "
+                f"and {how}")
+    return (f"ADMITTED, all {turn.replicas} pods, but only {turn.fit} fit now: the other {over} would be refused "
+            f"under enforce and {how}")
+
+
+def _beyond_fit(turn: InTurn) -> list[str]:
+    """The refusal the pods beyond those that fit meet, let through by warn or dry-run; the first
+    pod's own would-deny says it when none fits."""
+    relaxed = turn.beyond_fit
+    if relaxed is None or turn.fit == 0:
+        return []
+    pods = f"pod {turn.replicas}" if turn.fit + 1 == turn.replicas else f"pods {turn.fit + 1} to {turn.replicas}"
+    return [f"  {pods} would be refused ({relaxed.check}, {relaxed.mode.value} mode): {relaxed.message}"]
+
+
 def render(e: Explanation) -> str:
-    verdict = "ADMITTED" if e.admitted else f"REFUSED ({e.code} {e.reason})"
-    if e.admitted and e.fit_word() != FIT_ALL:
-        verdict += f", but only {e.fit} of {e.subject.replicas} pods fit now"
-    lines = [f"{e.subject.source}: {verdict}"]
+    lines = [f"{e.subject.source}: {_verdict(e)}"]
     if e.message:
         lines.append(f"  {e.message}")
     for would in e.would_deny:
         lines.append(f"  would be refused ({would['check']}, {would['mode']} mode): {would['message']}")
+    if e.in_turn is not None:
+        lines += _beyond_fit(e.in_turn)
     lines.append("")
     lines.append("Mutation (/mutate-pods):")
     if not e.rewrites:
@@ -468,8 +527,12 @@ def render(e: Explanation) -> str:
         lines += ["  " + line for line in rendered.splitlines()]
     if e.subject.replicas is not None and e.fit is not None:
         word = e.fit_word()
-        lines.append(f"  replicas: {e.subject.replicas}; pods alike that fit now: {e.fit}"
-                     + ("" if word == FIT_ALL else f" ({word})"))
+        line = f"  replicas: {e.subject.replicas}; pods alike that fit now: {e.fit}" + (
+            "" if word == FIT_ALL else f" ({word})")
+        if e.in_turn is not None and e.in_turn.would_be_refused:
+            line += (f"; admitted: {e.in_turn.admitted}, {e.in_turn.would_be_refused} of them only by warn or "
+                     "dry-run enforcement")
+        lines.append(line)
     if e.gang is not None:
         lines.append(f"Gang: {e.gang.summary()}")
         if not e.gang.complete:

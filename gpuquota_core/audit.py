@@ -520,7 +520,11 @@ class PodQuotaJudge:
         ``gang``: the gang the pod is a member of (its answers are not remembered: few pods are)."""
         label = labels.get(POD_QUOTA_LABEL)
         label = label if isinstance(label, str) else ""
-        key = (namespace, label, shape) if shape is not None and gang is None else None
+        unseen = unseen_pod_group(namespace, {k: value for k, value in labels.items() if isinstance(value, str)},
+                                  self.pod_groups) if gang is None else ""
+        # The remembered answers are keyed by what the quota decision reads, which says nothing of
+        # a PodGroup label: a member of a PodGroup not seen is never answered from them.
+        key = (namespace, label, shape) if shape is not None and gang is None and not unseen else None
         if key is not None and key in self._allowed:
             return None
         try:
@@ -529,8 +533,6 @@ class PodQuotaJudge:
         except PodShapeError:
             return None  # reported by the spec check already
         request = PodQuotaRequest(namespace, name, label, requests, gpu_memory_unknown(requests))
-        unseen = unseen_pod_group(namespace, {key: value for key, value in labels.items() if isinstance(value, str)},
-                                  self.pod_groups) if gang is None else ""
         if unseen:
             # The webhook refuses it for now (503, retryable): its gang's minimum is not known.
             return Decision(False, message=pod_group_not_seen(namespace, name, unseen), reason=POD_GROUP_NOT_SEEN)

@@ -123,6 +123,61 @@ class Relaxed:
         return warning_text(self.check, self.message)
 
 
+@dataclass(frozen=True, slots=True)
+class Enforced:
+    """What enforcement does with one check's answer: admit or refuse, and the would-deny that let a
+    refusal pass (None when the check admitted, or refused and is enforced)."""
+
+    admitted: bool
+    relaxed: Relaxed | None = None
+
+
+ADMITTED = Enforced(True)
+
+
+def enforced(config: EnforcementConfig, allowed: bool, reason: str, message: str) -> Enforced:
+    """The one rule of what enforcement admits, for the webhook and every view that replays it: a
+    refusal passes when its check is in ``warn`` or ``dry-run`` (reasons that are no check, such as
+    an unavailable quota view, are always enforced: :meth:`EnforcementConfig.mode_for`)."""
+    if allowed:
+        return ADMITTED
+    mode = config.mode_for(reason)
+    if mode is Mode.ENFORCE:
+        return Enforced(False)
+    return Enforced(True, Relaxed(reason, mode, message))
+
+
+@dataclass(frozen=True, slots=True)
+class InTurn:
+    """What enforcement does with ``replicas`` pods alike (a workload's), created one after another."""
+
+    replicas: int
+    fit: int  # admitted by the checks themselves, before the first one a check refuses
+    admitted: int  # admitted in the end: ``fit``, or every pod when warn or dry-run lets the refusal pass
+    would_be_refused: int  # of ``admitted``, those that pass only by a check in warn or dry-run
+    # The would-deny of the first pod beyond ``fit`` (None: every pod fits, or the refusal is enforced).
+    beyond_fit: Relaxed | None = None
+
+
+def in_turn(config: EnforcementConfig, replicas: int, fit: int, refusal: tuple[str, str] | None,
+            each: tuple[Relaxed, ...] = ()) -> InTurn:
+    """``replicas`` pods alike of which the first ``fit`` are admitted and the next is refused for
+    ``refusal`` (reason, message; None: nothing refuses it). ``each``: the would-denies the first pod
+    carries, which every pod alike carries too.
+
+    A pod that warn or dry-run lets through holds no room (the quota service refused it, so it
+    reserved nothing), so every pod after it meets the same refusal: either all the pods beyond
+    ``fit`` pass, each a would-deny, or none of them does.
+    """
+    fit = min(fit, replicas)
+    relaxed = None
+    if fit < replicas and refusal is not None:
+        ruling = enforced(config, False, *refusal)
+        relaxed = ruling.relaxed
+    admitted = replicas if relaxed is not None else fit
+    return InTurn(replicas, fit, admitted, admitted if each else admitted - fit, relaxed)
+
+
 def warning_text(check: str, message: str) -> str:
     """What ``warn`` puts into ``response.warnings`` (kubectl prints it after ``Warning:``)."""
     return f"gpuquota would deny ({check}, enforcement: warn): {message}"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .enforcement import EnforcementConfig, InTurn, Relaxed, in_turn
 from .gang import Gang, gang_metadata, gang_need, gang_of
 from .ledger import ReservationLedger, remaining_need
 from .quantity import ZERO, Quantity
@@ -150,7 +151,25 @@ def decide_member(tree: QuotaTree, usage: Totals, ledger: ReservationLedger, pod
 def pods_admitted_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
                           gang: Gang | None, replicas: int, now: float) -> int:
     """How many of ``replicas`` pods like ``pod``, created one after another now, the webhook's quota
-    decision admits. ``ledger`` is changed: pass a scratch copy (``scratch_ledger``).
+    decision admits. ``ledger`` is changed: pass a scratch copy (``scratch_ledger``)."""
+    return _in_turn(tree, usage, ledger, pod, gang, replicas, now)[0]
+
+
+def workload_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
+                     gang: Gang | None, replicas: int, now: float, enforcement: EnforcementConfig,
+                     each: tuple[Relaxed, ...] = ()) -> InTurn:
+    """What the webhook does with ``replicas`` pods like ``pod`` created one after another now, under
+    ``enforcement``: how many the quota decision admits, and whether warn or dry-run lets the rest
+    through (``enforcement.in_turn``, the webhook's own rule). ``each``: the would-denies the first
+    pod carries. ``ledger`` is changed: pass a scratch copy (``scratch_ledger``)."""
+    fit, refusal = _in_turn(tree, usage, ledger, pod, gang, replicas, now)
+    return in_turn(enforcement, replicas, fit, None if refusal is None else (refusal.reason, refusal.message), each)
+
+
+def _in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
+             gang: Gang | None, replicas: int, now: float) -> tuple[int, Decision | None]:
+    """How many of ``replicas`` pods like ``pod`` the quota decision admits one after another, and
+    its refusal of the next one (None when all are admitted).
 
     Gang members are replayed through ``decide`` one by one, each admitted one reserving as the
     webhook's state does (the first opening its gang's reservation), until the gang's minimum takes
@@ -163,22 +182,31 @@ def pods_admitted_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: Reservatio
         member = replace(pod, name=f"{pod.name}{admitted}")
         decision = decide_member(tree, usage, ledger, member, gang)
         if not decision.allowed:
-            return admitted
+            return admitted, decision
         if not decision.quotas:
-            return replicas  # not quota-checked: every pod alike is admitted
+            return replicas, None  # not quota-checked: every pod alike is admitted
         hold_admitted(ledger, decision, f"{member.namespace}/{member.name}",
                       f"replay-{member.namespace}/{member.name}", member.requests, now)
         admitted += 1
     if admitted >= replicas:
-        return replicas
+        return replicas, None
     plain = replace(pod, name=f"{pod.name}{admitted}")
     decision = decide(tree, usage, ledger, plain)
     if not decision.allowed:
-        return admitted
+        return admitted, decision
     levels = chain_headroom(tree, resolution, pod.requests, lambda quota: add_lists(usage.used(quota),
                                                                                    ledger.used(quota)))
     room = pods_that_fit(levels)
-    return replicas if room is None else min(replicas, admitted + room)
+    if room is None or admitted + room >= replicas:
+        return replicas, None
+    # The pods that fit held at once, as their reservations would add up, so that the refusal of
+    # the next one is the webhook's own, its figures and pod name included.
+    ledger.reserve(f"{plain.namespace}/replay-{plain.name}", f"replay-{plain.namespace}/{plain.name}",
+                   decision.quotas, {name: q.scaled(room) for name, q in plain.requests.items()}, now,
+                   charges={quota: {name: q.scaled(room) for name, q in charge.items()}
+                            for quota, charge in decision.charges.items()})
+    admitted += room
+    return admitted, decide(tree, usage, ledger, replace(pod, name=f"{pod.name}{admitted}"))
 
 
 def scratch_ledger(base: ReservationLedger, usage: UsageIndex) -> ReservationLedger:
@@ -344,4 +372,5 @@ def _gpu(resources: Mapping[str, Quantity]) -> ResourceList:
 
 __all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GANG_CHECKS", "GANG_MEMBERS_DISAGREE", "GANG_NEVER_FITS",
            "GANG_PARTLY_ADMITTED", "GangFit", "GangLevel", "GangMember", "GangProblem", "decide_member", "gang_fit",
-           "gang_problems", "how_many_fit", "pod_gang", "pods_admitted_in_turn", "scratch_ledger"]
+           "gang_problems", "how_many_fit", "pod_gang", "pods_admitted_in_turn", "scratch_ledger",
+           "workload_in_turn"]

@@ -1,4 +1,4 @@
-"""One verdict in every view, as a property over generated clusters (issue 36).
+"""One verdict in every view, as a property over generated clusters.
 
 For a generated cluster (tests/clustergen.py) written as manifest files, every view the CLI gives
 is run through click on those files: ``audit -o json`` and ``-o policyreport``, ``explain -o json``,
@@ -19,10 +19,14 @@ And the webhook's own answer keeps the GPU vendor: a pod rewritten from ``nvidia
 and AMD nodes, labelled or not).
 
 A pod the cluster already holds is judged as if created in its own place (the cluster without
-it); a workload's template as the pod its controller would create now. The audit's pod verdict is
-the webhook's with the quotas otherwise empty (how full a quota is, is its ``quota-over-limit``).
-With no Node in the input the views judge as ``rewrite: always`` would (they say so), and so does
-the reference here.
+it); a workload's template as the pod its controller would create now. Each cluster is explained
+under one of several enforcement configs (``--config``: every check enforced, the quota check in
+warn, everything in dry-run, ...), and the reference answers under the same one: for a workload, the
+webhook's handlers admitting its pods one after another say how many are admitted, how many only
+with a would-deny, and which; explain must say the same and end with the matching exit status.
+The audit's pod verdict is the webhook's with the quotas otherwise empty, every check enforced
+(how full a quota is, is its ``quota-over-limit``). With no Node in the input the views judge as
+``rewrite: always`` would (they say so), and so does the reference here.
 
 A difference is a bug in a view. ``GPUQUOTA_VIEWS_EXAMPLES`` sets the number of clusters (``make
 property-long`` runs many more, randomized); tests/webhook/admission/test_one_verdict_served.py sends a few
@@ -44,10 +48,12 @@ import yaml
 from click.testing import CliRunner
 from clustergen import Cluster, broken_quota_trees, clusters, template_pod
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cli.main import cli
 from gpuquota_core.audit import TEMPLATE_PATHS, Severity, template_of
 from gpuquota_core.conversion import DEFAULT_CONFIG, DEFAULT_VENDORS, ConversionConfig
+from gpuquota_core.enforcement import INVALID, load_enforcement
 from gpuquota_core.gang_view import pod_gang
 from gpuquota_core.jsonpatch import apply
 from gpuquota_core.placement import (
@@ -60,7 +66,7 @@ from gpuquota_core.placement import (
     scheduled_names,
     spec_resources,
 )
-from gpuquota_core.pod_admission import PodAdmission, Verdict, read_pod_admission
+from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
@@ -81,6 +87,13 @@ YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoade
 POD_CHECKS = {"pod-legacy-gpu-request", "workload-legacy-gpu-request", "pod-invalid-gpu-request", "pod-quota-refused"}
 REVISIT_CHECKS = {"workload-legacy-gpu-request", "pod-invalid-gpu-request", "pod-quota-refused",
                   "gpu-request-unadvertised", "resourcequota-gpu-bypassed"}
+# The enforcement sections explain is given with --config (None: no --config, every check enforced).
+ENFORCEMENTS: list[str | None] = [
+    None,
+    "enforcement: {checks: {QuotaExceeded: warn}}\n",
+    "enforcement: {default: dry-run}\n",
+    "enforcement: {default: warn, checks: {Invalid: enforce, QuotaExceeded: dry-run}}\n",
+]
 
 
 # -- the reference: the webhook's own handlers over its own quota state ----------------------------
@@ -135,6 +148,8 @@ class Answer:
     rules: list[str] = field(default_factory=list)  # 422 Invalid: the validation rules
     pod: dict[str, Any] = field(default_factory=dict)  # as stored (patched)
     used: dict[str, dict[str, str]] = field(default_factory=dict)  # quota -> resource -> what the state counts
+    # The refusals warn or dry-run let through: check, mode, message.
+    would_deny: list[dict[str, str]] = field(default_factory=list)
 
 
 def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config: ConversionConfig,
@@ -157,8 +172,9 @@ def answer(pod: dict[str, Any], state_objects: Iterable[dict[str, Any]], config:
     outcome = handlers.validate_pod(decode_review(json.dumps(reviews.review(stored, dry_run=True)).encode()))
     verdict = outcome.response
     rules = outcome.note.split(",") if not verdict.allowed and verdict.reason == "Invalid" else []
+    would_deny = [{"check": r.check, "mode": r.mode.value, "message": r.message} for r in outcome.relaxed]
     return Answer(patch, list(mutated.warnings), verdict.allowed, verdict.code, verdict.reason or "",
-                  verdict.message or "", rules, stored, used)
+                  verdict.message or "", rules, stored, used, would_deny)
 
 
 
@@ -173,8 +189,8 @@ class Subject:
     empty: Answer  # against its quotas with nothing in them (the audit's question)
     existing: bool  # a pod the cluster holds and counts
     replicas: int | None = None  # a workload's pods at once
-    # Of those, how many the webhook's state admits when they are created one after another.
-    admitted_in_turn: int | None = None
+    # Of those, what the webhook does when they are created one after another.
+    in_turn: InTurnServed | None = None
 
     @property
     def explain_source(self) -> str:
@@ -182,32 +198,57 @@ class Subject:
         return f"Pod {where}" if self.kind == "Pod" else f"{self.kind} {where} (pod template)"
 
 
+@dataclass(frozen=True)
+class InTurnServed:
+    """A workload's pods through /validate-pods' handler one after another, each reserving."""
+
+    fit: int  # admitted by the quota decision itself
+    admitted: int  # admitted in the end, warn or dry-run letting some through
+    would_be_refused: int  # of those admitted, the ones with a would-deny
+    beyond_fit: dict[str, str] | None  # the quota decision's would-deny of the first pod beyond ``fit``
+
+
 def admitted_in_turn(now: Answer, objects: list[dict[str, Any]], config: ConversionConfig,
-                     replicas: int | None) -> int | None:
-    """The webhook's state admitting ``replicas`` pods as ``now`` stores them, one after another,
-    each reserved (not dry runs): how many it admits. None where the quota decision is never
-    reached (the pod is refused as invalid first)."""
+                     replicas: int | None) -> InTurnServed | None:
+    """The webhook's handlers admitting ``replicas`` pods as ``now`` stores them, one after another,
+    each reserved (not dry runs), under ``config``'s enforcement. None where the quota decision is
+    never reached (the pod is refused as invalid first)."""
     if replicas is None or now.rules:
         return None
     if not now.allowed:
-        return 0
+        return InTurnServed(0, 0, 0, None)
     state = QuotaState()
     state.load(objects)
-    admitted = 0
+    handlers = AdmissionHandlers(config, StateDecider(state))
+    fit = admitted = would_be_refused = 0
+    beyond_fit: dict[str, str] | None = None
     for index in range(replicas):
         metadata = {**now.pod["metadata"], "name": f"{now.pod['metadata'].get('generateName', '')}{index}",
                     "uid": f"in-turn-{index}"}
-        reading = read_pod_admission({**now.pod, "metadata": metadata}, None, config, uid=f"review-{index}",
-                                     operation="CREATE")
-        assert isinstance(reading.admission, PodAdmission), reading
-        admitted += state.admit_pod(reading.admission).allowed
-    return admitted
+        outcome = handlers.validate_pod(decode_review(json.dumps(reviews.review(
+            {**now.pod, "metadata": metadata}, uid=f"review-{index}")).encode()))
+        if not outcome.response.allowed:
+            continue
+        admitted += 1
+        would_be_refused += bool(outcome.relaxed)
+        # What the quota decision refused (validation's Invalid is judged before it, the same for every pod).
+        by_quota = [r for r in outcome.relaxed if r.check != INVALID]
+        if not by_quota:
+            fit += 1
+        elif beyond_fit is None:
+            assert index == fit, (index, fit)  # the pods the quota admits come first, then none of them
+            beyond_fit = {"check": by_quota[0].check, "mode": by_quota[0].mode.value, "message": by_quota[0].message}
+    return InTurnServed(fit, admitted, would_be_refused, beyond_fit)
 
 
-def reference(cluster: Cluster) -> tuple[list[Subject], QuotaState, ConversionConfig]:
+def reference(cluster: Cluster, enforcement: str | None = None) -> tuple[list[Subject], QuotaState, ConversionConfig]:
+    """``enforcement``: the section explain is given (its answers, ``now``); the audit's and
+    convert's (``empty``) are the webhook's without one."""
     view = NodeView.from_objects(cluster.nodes)
     # No Node to look at: every offline view judges as `rewrite: always` would (and says so).
     config = replace(DEFAULT_CONFIG, rewrite=RewritePolicy.ALWAYS) if view is None else DEFAULT_CONFIG
+    explained = config if enforcement is None else replace(
+        config, enforcement=load_enforcement(yaml.safe_load(enforcement)["enforcement"]))
     objects = cluster.objects
     # "Quotas otherwise empty": no pod counted; the PodGroups stay, as they say which pods form a gang.
     empty = [*cluster.quotas, *cluster.pod_groups]
@@ -216,17 +257,17 @@ def reference(cluster: Cluster) -> tuple[list[Subject], QuotaState, ConversionCo
         others = [o for o in objects if o is not pod]
         metadata = pod["metadata"]
         subjects.append(Subject("Pod", metadata["namespace"], metadata["name"], pod,
-                                answer(pod, others, config, view), answer(pod, empty, config, view),
+                                answer(pod, others, explained, view), answer(pod, empty, config, view),
                                 pod_is_counted(pod)))
     for workload in cluster.workloads:
         if workload["kind"] in TEMPLATE_PATHS:
             pod = template_pod(workload)
             metadata = workload["metadata"]
-            now = answer(pod, objects, config, view)
+            now = answer(pod, objects, explained, view)
             replicas = workload_replicas(workload)
             subjects.append(Subject(workload["kind"], metadata["namespace"], metadata["name"], pod,
                                     now, answer(pod, empty, config, view), False,
-                                    replicas, admitted_in_turn(now, objects, config, replicas)))
+                                    replicas, admitted_in_turn(now, objects, explained, replicas)))
     state = QuotaState()
     state.load(objects)
     return subjects, state, config
@@ -322,8 +363,17 @@ def check_explain(explanations: list[dict[str, Any]], subjects: list[Subject], s
                  if not w.startswith("gpuquota rewrote ")]
         assert explained["mutation"]["notes"] == notes, context
         assert explained["invalidRules"] == now.rules, context
-        # How many of a workload's pods fit now: what the webhook admits one after another.
-        assert explained.get("replicasThatFit") == subject.admitted_in_turn, context
+        assert explained["wouldDeny"] == now.would_deny, context
+        # How many of a workload's pods fit now, and how many are admitted (warn or dry-run letting
+        # some through, and which refusal): what the webhook does one after another.
+        turn = subject.in_turn
+        if subject.replicas is not None:
+            assert (explained["replicasThatFit"], explained["replicasAdmitted"], explained["replicasWouldBeRefused"],
+                    explained["wouldDenyBeyondFit"]) == (
+                (None, None, None, None) if turn is None else
+                (turn.fit, turn.admitted, turn.would_be_refused, turn.beyond_fit)), context
+        else:
+            assert "replicasThatFit" not in explained, context
         if now.rules:
             assert explained["headroom"] == [], context
             continue
@@ -343,7 +393,8 @@ def check_explain(explanations: list[dict[str, Any]], subjects: list[Subject], s
         for level in explained["headroom"]:
             assert level["quota"] in explained["chain"], context
             assert level["used"] == now.used.get(level["quota"], {}).get(level["resource"], "0"), context
-            assert level["charge"] == str(requests.get(level["resource"], ZERO)), context
+            # A negative request (invalid, admitted only when Invalid is in warn or dry-run) adds nothing.
+            assert level["charge"] == str(max(requests.get(level["resource"], ZERO), ZERO)), context
 
 
 def stored_pod_of(item: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -440,11 +491,11 @@ def check_vendor_kept(subjects: list[Subject], view: NodeView | None) -> None:
                                                                             [n.name for n in landing], stored)
 
 
-def check_views(cluster: Cluster, directory: Path) -> None:
+def check_views(cluster: Cluster, directory: Path, enforcement: str | None = None) -> None:
     if not cluster.objects:
         return  # every view refuses an input with nothing in it alike (tests/cli/test_empty_input.py)
     cluster.write(directory)
-    subjects, state, _ = reference(cluster)
+    subjects, state, _ = reference(cluster, enforcement)
     check_vendor_kept(subjects, NodeView.from_objects(cluster.nodes))
     files = str(directory)
     audit = json.loads(run(["audit", "-f", files, "-o", "json", "--fail-on", "none"]))
@@ -454,15 +505,20 @@ def check_views(cluster: Cluster, directory: Path) -> None:
     if subjects:
         explain_files = [f for name in ("pods", "workloads") if (directory / f"{name}.json").exists()
                          for f in ("-f", str(directory / f"{name}.json"))]
+        if enforcement is not None:
+            (directory.parent / "config.yaml").write_text(enforcement)
+            explain_files += ["--config", str(directory.parent / "config.yaml")]
         result = CliRunner().invoke(cli, ["explain", *explain_files, "--state", files, "-o", "json"])
         explained = json.loads(result.stdout)
         check_explain(explained["explanations"], subjects, state)
-        # The exit status says it too: 1 when one is refused (none of a workload's pods fits), else
-        # 4 when only some of a workload's pods fit, else 0 (docs/cli.md).
-        fits = [(s.now.allowed, s.replicas, s.admitted_in_turn) for s in subjects]
-        refused = any(not allowed or (replicas and fit == 0) for allowed, replicas, fit in fits)
-        some = any(replicas is not None and fit is not None and 0 < fit < replicas for _, replicas, fit in fits)
-        assert result.exit_code == (1 if refused else 4 if some else 0), (result.exit_code, fits)
+        # The exit status says it too: 1 when one is refused (none of a workload's pods is
+        # admitted), else 4 when only some of a workload's pods are, else 0 (docs/cli.md); warn
+        # and dry-run admit what they let through.
+        admitted = [(s.now.allowed, s.replicas, None if s.in_turn is None else s.in_turn.admitted) for s in subjects]
+        refused = any(not allowed or (replicas and count == 0) for allowed, replicas, count in admitted)
+        some = any(replicas is not None and count is not None and 0 < count < replicas
+                   for _, replicas, count in admitted)
+        assert result.exit_code == (1 if refused else 4 if some else 0), (result.exit_code, admitted)
         result = CliRunner().invoke(cli, ["convert", "-f", files, "-o", "json"])
         assert result.exit_code == (1 if any(s.empty.rules for s in subjects) else 0), result.output
         document = json.loads(result.stdout)
@@ -515,8 +571,8 @@ def test_quota_audit_and_explain_state_agree_on_a_broken_tree(quotas: list[dict[
 
 
 @PROFILE
-@given(cluster=clusters())
-def test_every_view_gives_the_webhooks_verdict_on_every_object(cluster: Cluster) -> None:
+@given(cluster=clusters(), enforcement=st.sampled_from(ENFORCEMENTS))
+def test_every_view_gives_the_webhooks_verdict_on_every_object(cluster: Cluster, enforcement: str | None) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        check_views(cluster, Path(directory))
+        check_views(cluster, Path(directory) / "cluster", enforcement)
 

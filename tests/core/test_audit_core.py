@@ -687,6 +687,15 @@ def test_gang_never_fits_is_reported_on_the_pod_group_and_reads_its_min_resource
                       "gang-never-fits") == []
 
 
+def test_a_member_of_a_pod_group_not_seen_is_refused_after_a_pod_alike_that_is_not_one() -> None:
+    # The same spec, namespace and quota: the first pod's answer must not be taken for the second's.
+    plain = pod("plain", "train", ONE_CARD, "team")
+    member = pod("member", "train", ONE_CARD, "team")
+    member["metadata"]["labels"]["pod-group.scheduling.sigs.k8s.io"] = "pg"
+    refused = only(audit_objects([TEAM, plain, member]), "pod-quota-refused")
+    assert (refused.name, refused.details["reason"]) == ("member", "PodGroupNotSeen")
+
+
 def test_gang_partly_admitted_stored_members_below_the_minimum() -> None:
     stored = [gang_pod(f"w-{index}", "w", 4) for index in range(3)]
     report = audit_objects([TEAM, *stored])

@@ -12,10 +12,14 @@ from gpuquota_core.enforcement import (
     ALWAYS_ENFORCED,
     CHECKS,
     DEFAULT_ENFORCEMENT,
+    Enforced,
     EnforcementConfig,
     EnforcementError,
+    InTurn,
     Mode,
     Relaxed,
+    enforced,
+    in_turn,
     load_enforcement,
 )
 
@@ -61,6 +65,35 @@ def test_only_checks_is_enough_and_empty_checks_is_fine() -> None:
         Mode.ENFORCE, {"ParentQuota": Mode.WARN})
     assert load_enforcement({"default": "warn", "checks": None}) == EnforcementConfig(Mode.WARN, {})
     assert load_enforcement({}) == DEFAULT_ENFORCEMENT
+
+
+QUOTA_WARN = EnforcementConfig(Mode.ENFORCE, {"QuotaExceeded": Mode.WARN})
+OVER = ("QuotaExceeded", "exceeded quota: a/b")
+
+
+def test_a_refusal_passes_only_when_its_check_is_in_warn_or_dry_run() -> None:
+    assert enforced(DEFAULT_ENFORCEMENT, True, "", "") == Enforced(True)
+    assert enforced(DEFAULT_ENFORCEMENT, False, *OVER) == Enforced(False)
+    assert enforced(QUOTA_WARN, False, *OVER) == Enforced(True, Relaxed("QuotaExceeded", Mode.WARN, OVER[1]))
+    assert enforced(QUOTA_WARN, False, "ParentQuota", "parent") == Enforced(False)
+    assert enforced(EnforcementConfig(Mode.DRY_RUN, {}), False, "NotReady", "not synced") == Enforced(False)
+
+
+def test_a_workloads_pods_in_turn_all_pass_beyond_the_room_or_none_does() -> None:
+    # Enforced: the three that fit, nothing passes beyond them.
+    assert in_turn(DEFAULT_ENFORCEMENT, 8, 3, OVER) == InTurn(8, 3, 3, 0)
+    # Warn: the five beyond the room pass too, each a would-deny.
+    assert in_turn(QUOTA_WARN, 8, 3, OVER) == InTurn(8, 3, 8, 5, Relaxed("QuotaExceeded", Mode.WARN, OVER[1]))
+    dry_run = in_turn(EnforcementConfig(Mode.DRY_RUN, {}), 8, 0, OVER)
+    assert (dry_run.admitted, dry_run.would_be_refused, dry_run.beyond_fit) == (
+        8, 8, Relaxed("QuotaExceeded", Mode.DRY_RUN, OVER[1]))
+    # A reason that is no check is never relaxed.
+    assert in_turn(EnforcementConfig(Mode.WARN, {}), 8, 0, ("PodGroupNotSeen", "x")) == InTurn(8, 0, 0, 0)
+    # Every pod fits: nothing to relax; a would-deny the first pod carries, every pod alike carries.
+    assert in_turn(QUOTA_WARN, 4, 4, None) == InTurn(4, 4, 4, 0)
+    invalid = (Relaxed("Invalid", Mode.WARN, "negative"),)
+    assert in_turn(QUOTA_WARN, 4, 4, None, invalid) == InTurn(4, 4, 4, 4)
+    assert in_turn(DEFAULT_ENFORCEMENT, 4, 1, OVER, invalid) == InTurn(4, 1, 1, 1)
 
 
 def test_the_warning_names_the_check_and_carries_the_denial_message() -> None:

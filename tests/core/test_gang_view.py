@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuquota_core.enforcement import DEFAULT_ENFORCEMENT, EnforcementConfig, InTurn, Mode
 from gpuquota_core.gang import FROM_ANNOTATIONS, Gang
-from gpuquota_core.gang_view import gang_fit, how_many_fit, pods_admitted_in_turn, scratch_ledger
+from gpuquota_core.gang_view import gang_fit, how_many_fit, pods_admitted_in_turn, scratch_ledger, workload_in_turn
 from gpuquota_core.ledger import GangReservation, ReservationLedger
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_decision import PodQuotaRequest
@@ -95,3 +96,23 @@ def test_a_gang_fit_counts_the_minimums_of_the_rest_of_its_gang_group() -> None:
     assert not gang_fit(tree(7), "train", grouped, ONE_CARD, ReservationLedger(), lambda quota: nothing_used).fits
     assert gang_fit(tree(7), "train", Gang("team-train", "g", 4, 600, FROM_ANNOTATIONS), ONE_CARD,
                     ReservationLedger(), lambda quota: nothing_used).fits
+
+
+def test_under_warn_the_pods_beyond_the_room_pass_with_the_refusal_the_first_of_them_meets() -> None:
+    warn = EnforcementConfig(Mode.ENFORCE, {"QuotaExceeded": Mode.WARN})
+    usage = UsageIndex(tree(3))
+    turn = workload_in_turn(tree(3), usage, scratch_ledger(ReservationLedger(), usage), request("plain-"), None, 8,
+                            1000.0, warn)
+    assert (turn.replicas, turn.fit, turn.admitted, turn.would_be_refused) == (8, 3, 8, 5)
+    assert turn.beyond_fit is not None and (turn.beyond_fit.check, turn.beyond_fit.mode) == ("QuotaExceeded", Mode.WARN)
+    # The fourth pod's refusal, with the three before it held as reservations.
+    assert turn.beyond_fit.message.startswith("exceeded quota: team-train/train, requested: ")
+    assert f"used: {CORE}=300,{RATIO}=300 ({CORE}=300,{RATIO}=300 of it reserved" in turn.beyond_fit.message
+    # A gang of eight in room for seven: none fits; in warn every member passes, enforced none does.
+    usage = UsageIndex(tree(7))
+    assert workload_in_turn(tree(7), usage, scratch_ledger(ReservationLedger(), usage), request(), GANG, 8, 1000.0,
+                            DEFAULT_ENFORCEMENT) == InTurn(8, 0, 0, 0)
+    gang_turn = workload_in_turn(tree(7), usage, scratch_ledger(ReservationLedger(), usage), request(), GANG, 8,
+                                 1000.0, warn)
+    assert (gang_turn.fit, gang_turn.admitted, gang_turn.would_be_refused) == (0, 8, 8)
+    assert gang_turn.beyond_fit is not None and gang_turn.beyond_fit.message.startswith("gang team-train/g needs ")
