@@ -45,7 +45,7 @@ import time
 from functools import partial
 from typing import Any
 
-from gunicorn import SERVER
+from gunicorn import SERVER, util
 from gunicorn.http.body import LengthReader
 from gunicorn.workers.gthread import _DEFER, TConn, ThreadWorker
 
@@ -114,22 +114,6 @@ class DeadlineSSLSocket(ssl.SSLSocket):
         super().sendall(data, flags)
 
 
-_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def http_date(timestamp: float | None = None) -> str:
-    """The Date header's value, as ``gunicorn.util.http_date`` writes it (RFC 7231's IMF-fixdate).
-
-    gunicorn goes through ``email.utils.formatdate`` and a timezone-aware datetime, which costs
-    about twice as much; every answer this worker writes directly carries one. The names are
-    fixed English, never the locale's, as the header requires.
-    """
-    t = time.gmtime(timestamp)
-    return (f"{_WEEKDAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
-            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
-
-
 def _peer_address(client: tuple[str, int] | str | bytes) -> str:
     """REMOTE_ADDR as gunicorn's WSGI environ gives it (a unix socket's peer is a name, not a pair)."""
     if isinstance(client, bytes):
@@ -180,7 +164,7 @@ class StickyThreadWorker(ThreadWorker):  # type: ignore[misc]  # gunicorn ships 
         major, minor = req.version
         own_headers = "".join(f"{name}: {value}\r\n" for name, value in answer.headers)
         head = (f"HTTP/{major}.{minor} {answer.status_line}\r\nServer: {SERVER}\r\n"
-                f"Date: {http_date()}\r\nConnection: {'close' if close else 'keep-alive'}\r\n"
+                f"Date: {util.http_date()}\r\nConnection: {'close' if close else 'keep-alive'}\r\n"
                 f"{own_headers}\r\n")
         conn.sock.sendall(head.encode("latin-1") + answer.body)  # one TLS record where gunicorn writes two
         return not close

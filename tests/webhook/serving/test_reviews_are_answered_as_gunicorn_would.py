@@ -19,14 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gunicorn import util
 from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
 from gunicorn.workers.gthread import ThreadWorker
 from reviews import body, pod, review
 from webhookproc import LOOPBACK, WebhookProcess
 
-from webhook.serving.gunicorn_worker import StickyThreadWorker, http_date
+from webhook.serving.gunicorn_worker import StickyThreadWorker
 from webhook.serving.routes import Answer
 
 REVIEW = body(review(pod(resources={"nvidia.com/gpu": "2"}), uid="uid-direct-1"))
@@ -176,19 +175,6 @@ def served_by(raw: bytes, monkeypatch: pytest.MonkeyPatch,
         ours.shutdown(socket.SHUT_WR)
         written = theirs.recv(65536)
     return ("wsgi" if through_wsgi else "direct"), endpoint, written, keep
-
-
-@pytest.mark.parametrize("timestamp", [0.0, 951782400.0, 1709164800.5, 1798675199.25, 4102444799.0, 1765000000.123456])
-def test_the_date_header_is_written_as_gunicorn_writes_it(timestamp: float) -> None:
-    # The epoch, leap days (2000, 2024), a year's last second, far ahead, and a fraction.
-    assert http_date(timestamp) == util.http_date(timestamp)
-
-
-def test_every_day_of_a_year_is_dated_as_gunicorn_dates_it() -> None:
-    start = 1798761600  # 2027-01-01T00:00:00Z
-    for day in range(366):
-        timestamp = start + day * 86400 + day * 3607 % 86400  # a different time of day each day
-        assert http_date(timestamp) == util.http_date(timestamp)
 
 
 def test_a_review_with_a_length_is_served_directly_with_the_peer_address(monkeypatch: pytest.MonkeyPatch) -> None:
