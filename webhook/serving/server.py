@@ -180,13 +180,6 @@ def conversion_config_or_stop(path: Path | None) -> ConversionConfig:
 
 def configure_logging(level: str) -> None:
     """One line per record on stderr for our loggers; the decision log is already JSON."""
-    # Every admission writes a record (the decision line), and building a LogRecord is most of what
-    # it costs: the caller's frame, file and line (a walk up the stack), the thread's and the
-    # process's names. No format this server writes reads them (ours is the message alone,
-    # gunicorn's the time, pid, level and message), so they are not gathered.
-    logging.logThreads = False
-    logging.logMultiprocessing = False
-    logging._srcfile = None  # the standard switch for the caller lookup (logging HOWTO, "Optimization")
     logger = logging.getLogger("gpuquota")
     logger.setLevel(level.upper())
     if not logger.handlers:
