@@ -193,9 +193,11 @@ class Committer:
                 continue
             # The watch gate guards decisions. A write that decides nothing (settling, withdrawing,
             # taking back) only gives room back or keeps it: it needs no gate, so a restarted writer
-            # takes back its predecessor's escrow before its own list of pods is done.
+            # takes back its predecessor's escrow before its own list of pods is done. A decision also
+            # waits for that list: a replica that forwarded kept no pods (pod_watch.py).
             gate = self.state.snapshot_once_pods_through(read.pods_counted_through if commit.batch else 0,
-                                                         commit.give_up_at - time.monotonic())
+                                                         commit.give_up_at - time.monotonic(),
+                                                         synced=bool(commit.batch))
             with gate as view:
                 if view is None:
                     raise _BatchRefused(
