@@ -9,7 +9,6 @@ until the staleness bound makes ``/readyz`` fail.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -68,78 +67,25 @@ def lister_for(api: client.ApiClient, kind: str) -> Lister:
                                                              ELASTICQUOTA_PLURAL, **kw)
 
 
-class WatchSwitch:
-    """Turns one kind's list and watch on and off (the pods of a strict replica that forwards its
-    decisions, ``webhook.quota.strict.pod_watch``). While off the loop waits; turning it off ends the
-    watch in flight at once rather than at its next event, and ``when_off`` forgets what it delivered."""
-
-    def __init__(self, when_off: Callable[[], None], on: bool = True) -> None:
-        self.when_off = when_off
-        self._condition = threading.Condition()
-        self._on = on
-        self._response: Any = None  # the watch stream in flight, ended when switched off
-
-    def is_on(self) -> bool:
-        with self._condition:
-            return self._on
-
-    def set(self, on: bool) -> None:
-        with self._condition:
-            if on == self._on:
-                return
-            self._on = on
-            response = self._response
-            self._condition.notify_all()
-        if not on and response is not None:
-            response.shutdown()  # unblocks the stream's read; the loop then sees the switch off
-
-    def wait_on(self, stop: threading.Event) -> None:
-        with self._condition:
-            while not self._on and not stop.is_set():
-                self._condition.wait(1.0)  # stop is an Event, not this condition: look at it now and then
-
-    @contextlib.contextmanager
-    def streaming(self, response: Any) -> Iterator[None]:
-        with self._condition:
-            self._response = response
-            on = self._on
-        if not on:
-            response.shutdown()
-        try:
-            yield
-        finally:
-            with self._condition:
-                self._response = None
-
-
 class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): only a new list can continue."""
 
 
 def sync_kind(state: SyncTarget, lister: Lister, kind: str, stop: threading.Event,
-              watch_seconds: int = WATCH_SECONDS, initial_backoff: float = 0.5, page_size: int = PAGE_SIZE,
-              switch: WatchSwitch | None = None) -> None:
-    """List and watch ``kind`` into ``state`` until ``stop``; with ``switch``, only while it is on."""
+              watch_seconds: int = WATCH_SECONDS, initial_backoff: float = 0.5, page_size: int = PAGE_SIZE) -> None:
     backoff = initial_backoff
     reason = "initial"
     while not stop.is_set():
-        if switch is not None and not switch.is_on():
-            switch.when_off()
-            switch.wait_on(stop)
-            reason = "initial"
-            continue
         try:
             metrics.RELISTS.labels(kind, reason).inc()
             version = list_into(state, lister, kind, page_size)
             backoff = initial_backoff
-            while not stop.is_set() and (switch is None or switch.is_on()):
-                version = watch_once(state, lister, kind, version, watch_seconds, switch)
+            while not stop.is_set():
+                version = watch_once(state, lister, kind, version, watch_seconds)
         except WatchExpired:
             reason = "gone"
             continue
         except Exception as error:  # any failure: log, back off, re-list
-            if switch is not None and not switch.is_on():
-                continue  # the switch ended the watch
             reason = "error"
             state.sync_failed(kind)
             log.warning("quota sync of %s failed, re-listing in %.1fs: %s", kind, backoff, error)
@@ -172,31 +118,25 @@ def list_into(state: SyncTarget, lister: Lister, kind: str, page_size: int = PAG
 
 
 def watch_once(state: SyncTarget, lister: Lister, kind: str, version: str,
-               watch_seconds: int = WATCH_SECONDS, switch: WatchSwitch | None = None) -> str:
+               watch_seconds: int = WATCH_SECONDS) -> str:
     """Apply one watch stream's events; returns the resourceVersion to continue from."""
     response = lister(watch=True, resource_version=version, allow_watch_bookmarks=True,
                       timeout_seconds=watch_seconds, _preload_content=False)
     try:
-        with switch.streaming(response) if switch is not None else contextlib.nullcontext():
-            version = _apply_stream(state, kind, response, version)
+        for line in _lines(response):
+            if not line.strip():
+                continue
+            event = orjson.loads(line)
+            obj = event.get("object") or {}
+            if event.get("type") == "ERROR":
+                if obj.get("code") == 410:
+                    raise WatchExpired(obj.get("message", "resourceVersion too old"))
+                raise RuntimeError(f"watch error: {obj.get('message')}")
+            version = (obj.get("metadata") or {}).get("resourceVersion", version)
+            obj.setdefault("kind", kind)
+            state.apply_event(kind, event["type"], obj)
     finally:
         response.release_conn()
-    return version
-
-
-def _apply_stream(state: SyncTarget, kind: str, response: Any, version: str) -> str:
-    for line in _lines(response):
-        if not line.strip():
-            continue
-        event = orjson.loads(line)
-        obj = event.get("object") or {}
-        if event.get("type") == "ERROR":
-            if obj.get("code") == 410:
-                raise WatchExpired(obj.get("message", "resourceVersion too old"))
-            raise RuntimeError(f"watch error: {obj.get('message')}")
-        version = (obj.get("metadata") or {}).get("resourceVersion", version)
-        obj.setdefault("kind", kind)
-        state.apply_event(kind, event["type"], obj)
     return version
 
 
@@ -212,9 +152,8 @@ def _lines(response: Any) -> Iterator[bytes]:
 
 
 def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int = WATCH_SECONDS,
-                    nodes: NodeState | None = None, pods: WatchSwitch | None = None) -> threading.Event:
-    """One loop per kind; with ``nodes``, Nodes too, and the thread that publishes their view; with
-    ``pods``, the pods' only while that switch is on."""
+                    nodes: NodeState | None = None) -> threading.Event:
+    """One loop per kind; with ``nodes``, Nodes too, and the thread that publishes their view."""
     stop = threading.Event()
     targets: list[tuple[SyncTarget, str]] = [(state, kind) for kind in (*KINDS, *OPTIONAL_KINDS)]
     if nodes is not None:
@@ -222,7 +161,6 @@ def start_live_sync(state: QuotaState, api: client.ApiClient, watch_seconds: int
         threading.Thread(target=nodes.publish_while, args=(stop,), daemon=True, name="node-view").start()
     for target, kind in targets:
         threading.Thread(target=sync_kind, args=(target, lister_for(api, kind), kind, stop, watch_seconds),
-                         kwargs={"page_size": PAGE_SIZES.get(kind, PAGE_SIZE),
-                                 "switch": pods if kind == "Pod" else None}, daemon=True,
+                         kwargs={"page_size": PAGE_SIZES.get(kind, PAGE_SIZE)}, daemon=True,
                          name=f"sync-{kind}").start()
     return stop

@@ -39,7 +39,6 @@ from webhook.quota.options import Accounting, QuotaServiceOptions
 from webhook.quota.state import QuotaState
 
 if TYPE_CHECKING:
-    from webhook.quota.cluster_state import WatchSwitch
     from webhook.quota.strict.accounting import StrictParts
 
 log = logging.getLogger("gpuquota.quota")
@@ -152,9 +151,8 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
 
         api = connect(str(options.kubeconfig_path) if options.kubeconfig_path else None, options.context)
         admitter: PodAdmitter | None = None
-        pods: WatchSwitch | None = None
         if options.accounting is Accounting.STRICT:
-            admitter, strict, pods = start_strict(api, state, options, parent_pid, path)
+            admitter, strict = start_strict(api, state, options, parent_pid, path)
             state.decider_problem = strict.readiness.problem  # /readyz: 503 while the ledger cannot be written
             threading.Thread(target=strict.readiness.run, args=(threading.Event(),),
                              daemon=True, name="ledger-check").start()
@@ -165,7 +163,7 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
                              daemon=True, name="ledger-escrow-settler").start()
         serve(state, path, admitter=admitter,
               events=start_event_service(state, ApiEventSink(api, reporting_instance())))
-        start_live_sync(state, api, nodes=nodes, pods=pods)
+        start_live_sync(state, api, nodes=nodes)
     # Die with the master: poll the parent (cheap; avoids orphans when the master is SIGKILLed).
     # SIGTERM exits through the same cleanup as the parent's end.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
@@ -178,12 +176,11 @@ def run_service(path: Path, parent_pid: int, options: QuotaServiceOptions) -> No
 
 
 def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, parent_pid: int,
-                 socket_path: Path) -> tuple[PodAdmitter, StrictParts, WatchSwitch | None]:
+                 socket_path: Path) -> tuple[PodAdmitter, StrictParts]:
     """Strict accounting, and the admitter the socket answers with: with ``--writer-lease`` the
-    election, the listener the holder answers on (ValueError when it cannot listen) and the switch of
-    the pod watch (on while this replica decides, ``strict.pod_watch``), else every admission decided
-    here, in the degraded mode. The escrow journal lives beside the socket, where the service the
-    master starts after this one finds it."""
+    election and the listener the holder answers on (ValueError when it cannot listen), else every
+    admission decided here, in the degraded mode. The escrow journal lives beside the socket, where
+    the service the master starts after this one finds it."""
     from kubernetes import client
 
     from webhook.quota.strict.accounting import DecideHere, strict_parts
@@ -194,10 +191,9 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, pare
         strict = strict_parts(state, core, options.ledger_namespace)
         log.info("strict accounting without a writer Lease: every replica decides here, in the degraded mode "
                  "(fresh reads, no escrow)")
-        return DecideHere(strict.accounting), strict, None
+        return DecideHere(strict.accounting), strict
     from webhook.quota.strict.forwarding import SingleWriter
     from webhook.quota.strict.peer import PeerClient, PeerListener, ServingKey, bind_peer_socket, join_address
-    from webhook.quota.strict.pod_watch import PodWatch
     from webhook.quota.strict.writer_lease import WriterLease
 
     if options.tls_dir is None:
@@ -217,8 +213,7 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, pare
     lease = WriterLease(api, options.ledger_namespace, options.writer_lease, identity, address)
     strict = strict_parts(state, core, options.ledger_namespace, journal=journal_path(socket_path),
                           forwarding=lambda: lease.writer_elsewhere() is not None)
-    pod_watch = PodWatch(state)
-    writer = SingleWriter(strict.accounting, lease, PeerClient(key), role_reported=pod_watch.role_is)
+    writer = SingleWriter(strict.accounting, lease, PeerClient(key))
     PeerListener(sock, key, writer).start()
     for result in quota_metrics.FORWARDED_RESULTS:  # at zero from the start, as the ledger writes are
         quota_metrics.FORWARDED_ADMISSIONS.labels(result)
@@ -232,7 +227,7 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, pare
     atexit.register(release)
     log.info("strict accounting: writer lease %s/%s, this replica answers the others at %s",
              options.ledger_namespace, options.writer_lease, address)
-    return writer, strict, pod_watch.switch
+    return writer, strict
 
 
 def advertised_host(peer_address: str) -> str:

@@ -205,9 +205,6 @@ class QuotaState:
         # What else must work for this instance to decide, as a problem ("" when none): strict
         # accounting's ledger namespace (StrictAccounting.ledger_problem). Called without the lock.
         self.decider_problem: Callable[[], str] | None = None
-        # Whether pods are listed and watched now: not at a strict replica that forwards its decisions
-        # (webhook.quota.strict.pod_watch), which is then ready without them.
-        self.pods_wanted = True
 
     @contextmanager
     def snapshot(self) -> Iterator[QuotaView]:
@@ -217,14 +214,11 @@ class QuotaState:
             yield self._view()
 
     @contextmanager
-    def snapshot_once_pods_through(self, version: int, timeout: float, *, synced: bool = False,
-                                   ) -> Iterator[QuotaView | None]:
+    def snapshot_once_pods_through(self, version: int, timeout: float) -> Iterator[QuotaView | None]:
         """:meth:`snapshot`, once the pod list and watch have reached resourceVersion ``version``
-        (pod_versions.py), and with ``synced`` once every kind is listed (a replica that has just
-        turned its pod watch on), waiting at most ``timeout`` seconds; the view is None when not."""
+        (pod_versions.py), waiting at most ``timeout`` seconds; the view is None when they have not."""
         with self._pods_advanced:
-            if self._pods_advanced.wait_for(lambda: self.pod_versions.seen_through >= version
-                                            and (self.synced or not synced), max(timeout, 0.0)):
+            if self._pods_advanced.wait_for(lambda: self.pod_versions.seen_through >= version, max(timeout, 0.0)):
                 yield self._view()
             else:
                 yield None
@@ -309,21 +303,6 @@ class QuotaState:
             self._listed_kinds.add(kind)
             self.synced = set(KINDS) <= self._listed_kinds
             self._contact(kind)
-            self._publish()
-
-    def want_pods(self, wanted: bool) -> None:
-        """Whether pods are listed and watched from now on (the switch of their loop follows)."""
-        with self._lock:
-            self.pods_wanted = wanted
-
-    def forget_pods(self) -> None:
-        """The pod watch was turned off: nothing is known of pods until the next list."""
-        with self._lock:
-            self._listed_kinds.discard("Pod")
-            self.synced = False
-            self.usage = UsageIndex(self.tree)
-            self.pod_versions = PodVersions()
-            self._failing_since.pop("Pod", None)
             self._publish()
 
     def apply_event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
@@ -451,7 +430,7 @@ class QuotaState:
     def ready(self) -> tuple[bool, str]:
         problem = self.decider_problem() if self.decider_problem is not None else ""
         with self._lock:
-            if not set(KINDS if self.pods_wanted else ("ElasticQuota",)) <= self._listed_kinds:
+            if not self.synced:
                 return False, "quota state not synced yet"
             stale = self._stale_kinds()
             self._publish()  # staleness grows with time alone: a readiness probe is when it shows

@@ -193,11 +193,9 @@ class Committer:
                 continue
             # The watch gate guards decisions. A write that decides nothing (settling, withdrawing,
             # taking back) only gives room back or keeps it: it needs no gate, so a restarted writer
-            # takes back its predecessor's escrow before its own list of pods is done. A decision also
-            # waits for that list: a replica that forwarded kept no pods (pod_watch.py).
+            # takes back its predecessor's escrow before its own list of pods is done.
             gate = self.state.snapshot_once_pods_through(read.pods_counted_through if commit.batch else 0,
-                                                         commit.give_up_at - time.monotonic(),
-                                                         synced=bool(commit.batch))
+                                                         commit.give_up_at - time.monotonic())
             with gate as view:
                 if view is None:
                     raise _BatchRefused(

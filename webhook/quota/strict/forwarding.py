@@ -57,8 +57,7 @@ class SingleWriter:
     forwarder forwards, and a replica that cannot ask the writer decides here, degraded."""
 
     def __init__(self, local: Decider, lease: WriterLease, peers: PeerClient,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 role_reported: Callable[[str], None] = lambda _role: None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.local = local
         self.lease = lease
         self.peers = peers
@@ -66,7 +65,6 @@ class SingleWriter:
         self._avoid: dict[str, float] = {}  # address -> monotonic time until which it is not asked
         self._lock = threading.Lock()
         self._role = ""  # the last role reported (metrics.WRITER_ROLES), for the log line on a change
-        self.role_reported = role_reported  # told every role reported (pod_watch.PodWatch.role_is)
 
     def role(self) -> str:
         """One of metrics.WRITER_ROLES: ``writer``, ``forwarding``, or ``degraded`` (deciding here)."""
@@ -79,7 +77,6 @@ class SingleWriter:
     def report_role(self, why: str = "") -> str:
         """Set the role gauge, log entering and leaving the degraded mode; the role."""
         role = self.role()
-        self.role_reported(role)
         with self._lock:
             before, self._role = self._role, role
         if role != before:
