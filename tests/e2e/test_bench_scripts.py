@@ -60,6 +60,16 @@ def test_cache_scale_measures_the_cache_and_the_whole_server() -> None:
     assert 0 < pss_synced <= rss_synced and 0 < pss_served <= rss_served
 
 
+def test_watch_fanout_measures_every_watcher_count() -> None:
+    output = run_script(["bench/watch_fanout.py", "--repetitions", "1", "--counts", "1,2", "--burst-size", "10",
+                         "--clients", "4"])
+    rows = table_rows(output, "1") + table_rows(output, "2")
+    assert len(rows) == 2, output
+    # CPU time is counted in clock ticks: ten pods may cost a watcher less than one.
+    assert all(float(cell.split()[0]) >= 0 for row in rows for cell in row[1:]), output
+    assert float(rows[0][1].split()[0]) > 0, output  # the apiserver stored ten pods
+
+
 def test_apiserver_overhead_times_every_mode() -> None:
     output = run_script(["bench/apiserver_overhead.py", "3", "2"])
     assert "3 cycles of one create per mode" in output
