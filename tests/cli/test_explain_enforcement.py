@@ -17,10 +17,10 @@ from typing import Any
 import yaml
 from click.testing import CliRunner
 from reviews import review
+from statedecider import StateDecider
 
 from cli.main import cli
 from gpuquota_core.conversion import load_config
-from gpuquota_core.pod_admission import PodAdmission, Verdict
 from webhook.admission.decisions import AdmissionHandlers
 from webhook.admission.review import decode_review
 from webhook.quota.state import QuotaState
@@ -65,23 +65,6 @@ def explain(tmp_path: Path, workload: dict[str, Any], cards: int, config: str | 
     return result.exit_code, result.stdout
 
 
-class _Decider:
-    def __init__(self, state: QuotaState) -> None:
-        self.state = state
-
-    def alive(self) -> tuple[bool, str]:
-        return True, ""
-
-    def ready(self) -> tuple[bool, str]:
-        return self.state.ready()
-
-    def admit_pod(self, admission: PodAdmission) -> Verdict:
-        return self.state.admit_pod(admission)
-
-    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
-        return self.state.review_elasticquota(quota)
-
-
 @dataclass
 class Served:
     admitted: int
@@ -93,7 +76,7 @@ def served_one_after_another(workload: dict[str, Any], cards: int, config: str |
     """The reference: /validate-pods' handler admitting the workload's pods one by one, each reserved."""
     state = QuotaState()
     state.load([NODE, quota(cards)])
-    handlers = AdmissionHandlers(load_config(yaml.safe_load(config or "{}")), _Decider(state))
+    handlers = AdmissionHandlers(load_config(yaml.safe_load(config or "{}")), StateDecider(state))
     template = workload["spec"]["template"]
     served = Served(0, 0, None)
     for index in range(workload["spec"]["parallelism"]):

@@ -49,6 +49,7 @@ from click.testing import CliRunner
 from clustergen import Cluster, broken_quota_trees, clusters, template_pod
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from statedecider import StateDecider
 
 from cli.main import cli
 from gpuquota_core.audit import TEMPLATE_PATHS, Severity, template_of
@@ -66,7 +67,6 @@ from gpuquota_core.placement import (
     scheduled_names,
     spec_resources,
 )
-from gpuquota_core.pod_admission import PodAdmission, Verdict
 from gpuquota_core.pod_records import pod_is_counted, remembered_pod_requests
 from gpuquota_core.policy_report import RESULT_FOR_SEVERITY
 from gpuquota_core.quantity import ZERO
@@ -97,25 +97,6 @@ ENFORCEMENTS: list[str | None] = [
 
 
 # -- the reference: the webhook's own handlers over its own quota state ----------------------------
-
-class StateDecider:
-    """The quota service's decision in-process: ``QuotaState.admit_pod`` (every review is a dry run)."""
-
-    def __init__(self, state: QuotaState) -> None:
-        self.state = state
-
-    def alive(self) -> tuple[bool, str]:
-        return True, ""
-
-    def ready(self) -> tuple[bool, str]:
-        return self.state.ready()
-
-    def admit_pod(self, admission: PodAdmission) -> Verdict:
-        return self.state.admit_pod(admission)
-
-    def review_elasticquota(self, quota: dict[str, Any]) -> Verdict:
-        return self.state.review_elasticquota(quota)
-
 
 def quota_review(quota: dict[str, Any]) -> dict[str, Any]:
     """An UPDATE of a stored quota that writes it as it is: what the webhook says of it as written."""
