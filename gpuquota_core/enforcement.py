@@ -123,28 +123,13 @@ class Relaxed:
         return warning_text(self.check, self.message)
 
 
-@dataclass(frozen=True, slots=True)
-class Enforced:
-    """What enforcement does with one check's answer: admit or refuse, and the would-deny that let a
-    refusal pass (None when the check admitted, or refused and is enforced)."""
-
-    admitted: bool
-    relaxed: Relaxed | None = None
-
-
-ADMITTED = Enforced(True)
-
-
-def enforced(config: EnforcementConfig, allowed: bool, reason: str, message: str) -> Enforced:
-    """The one rule of what enforcement admits, for the webhook and every view that replays it: a
-    refusal passes when its check is in ``warn`` or ``dry-run`` (reasons that are no check, such as
-    an unavailable quota view, are always enforced: :meth:`EnforcementConfig.mode_for`)."""
-    if allowed:
-        return ADMITTED
+def relaxed_refusal(config: EnforcementConfig, reason: str, message: str) -> Relaxed | None:
+    """The one rule of what enforcement does with a refusal, for the webhook and every view that
+    replays it: the would-deny that lets it pass when its check is in ``warn`` or ``dry-run``, None
+    when it is enforced (reasons that are no check, such as an unavailable quota view, always are:
+    :meth:`EnforcementConfig.mode_for`)."""
     mode = config.mode_for(reason)
-    if mode is Mode.ENFORCE:
-        return Enforced(False)
-    return Enforced(True, Relaxed(reason, mode, message))
+    return None if mode is Mode.ENFORCE else Relaxed(reason, mode, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +155,7 @@ def in_turn(config: EnforcementConfig, replicas: int, fit: int, refusal: tuple[s
     ``fit`` pass, each a would-deny, or none of them does.
     """
     fit = min(fit, replicas)
-    relaxed = None
-    if fit < replicas and refusal is not None:
-        ruling = enforced(config, False, *refusal)
-        relaxed = ruling.relaxed
+    relaxed = relaxed_refusal(config, *refusal) if fit < replicas and refusal is not None else None
     admitted = replicas if relaxed is not None else fit
     return InTurn(replicas, fit, admitted, admitted if each else admitted - fit, relaxed)
 

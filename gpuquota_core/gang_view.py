@@ -148,13 +148,6 @@ def decide_member(tree: QuotaTree, usage: Totals, ledger: ReservationLedger, pod
     return decide(tree, usage, ledger, pod, gang=(gang, ledger) if gang is not None else None)
 
 
-def pods_admitted_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
-                          gang: Gang | None, replicas: int, now: float) -> int:
-    """How many of ``replicas`` pods like ``pod``, created one after another now, the webhook's quota
-    decision admits. ``ledger`` is changed: pass a scratch copy (``scratch_ledger``)."""
-    return _in_turn(tree, usage, ledger, pod, gang, replicas, now)[0]
-
-
 def workload_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
                      gang: Gang | None, replicas: int, now: float, enforcement: EnforcementConfig,
                      each: tuple[Relaxed, ...] = ()) -> InTurn:
@@ -372,5 +365,4 @@ def _gpu(resources: Mapping[str, Quantity]) -> ResourceList:
 
 __all__ = ["FIT_ALL", "FIT_NONE", "FIT_SOME", "GANG_CHECKS", "GANG_MEMBERS_DISAGREE", "GANG_NEVER_FITS",
            "GANG_PARTLY_ADMITTED", "GangFit", "GangLevel", "GangMember", "GangProblem", "decide_member", "gang_fit",
-           "gang_problems", "how_many_fit", "pod_gang", "pods_admitted_in_turn", "scratch_ledger",
-           "workload_in_turn"]
+           "gang_problems", "how_many_fit", "pod_gang", "scratch_ledger", "workload_in_turn"]

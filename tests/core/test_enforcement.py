@@ -12,15 +12,14 @@ from gpuquota_core.enforcement import (
     ALWAYS_ENFORCED,
     CHECKS,
     DEFAULT_ENFORCEMENT,
-    Enforced,
     EnforcementConfig,
     EnforcementError,
     InTurn,
     Mode,
     Relaxed,
-    enforced,
     in_turn,
     load_enforcement,
+    relaxed_refusal,
 )
 
 
@@ -72,11 +71,10 @@ OVER = ("QuotaExceeded", "exceeded quota: a/b")
 
 
 def test_a_refusal_passes_only_when_its_check_is_in_warn_or_dry_run() -> None:
-    assert enforced(DEFAULT_ENFORCEMENT, True, "", "") == Enforced(True)
-    assert enforced(DEFAULT_ENFORCEMENT, False, *OVER) == Enforced(False)
-    assert enforced(QUOTA_WARN, False, *OVER) == Enforced(True, Relaxed("QuotaExceeded", Mode.WARN, OVER[1]))
-    assert enforced(QUOTA_WARN, False, "ParentQuota", "parent") == Enforced(False)
-    assert enforced(EnforcementConfig(Mode.DRY_RUN, {}), False, "NotReady", "not synced") == Enforced(False)
+    assert relaxed_refusal(DEFAULT_ENFORCEMENT, *OVER) is None
+    assert relaxed_refusal(QUOTA_WARN, *OVER) == Relaxed("QuotaExceeded", Mode.WARN, OVER[1])
+    assert relaxed_refusal(QUOTA_WARN, "ParentQuota", "parent") is None
+    assert relaxed_refusal(EnforcementConfig(Mode.DRY_RUN, {}), "NotReady", "not synced") is None
 
 
 def test_a_workloads_pods_in_turn_all_pass_beyond_the_room_or_none_does() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuquota_core.enforcement import DEFAULT_ENFORCEMENT, EnforcementConfig, InTurn, Mode
 from gpuquota_core.gang import FROM_ANNOTATIONS, Gang
-from gpuquota_core.gang_view import gang_fit, how_many_fit, pods_admitted_in_turn, scratch_ledger, workload_in_turn
+from gpuquota_core.gang_view import gang_fit, how_many_fit, scratch_ledger, workload_in_turn
 from gpuquota_core.ledger import GangReservation, ReservationLedger
 from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_decision import PodQuotaRequest
@@ -49,6 +49,12 @@ def test_workload_replicas_reads_each_kinds_field_and_default() -> None:
     assert workload_replicas(workload("Job", {"parallelism": True})) is None
 
 
+def fit_in_turn(tree: QuotaTree, usage: UsageIndex, ledger: ReservationLedger, pod: PodQuotaRequest,
+                gang: Gang | None, replicas: int, now: float) -> int:
+    """How many of the pods the quota decision itself admits one after another (every check enforced)."""
+    return workload_in_turn(tree, usage, ledger, pod, gang, replicas, now, DEFAULT_ENFORCEMENT).fit
+
+
 def test_how_many_fit() -> None:
     assert [how_many_fit(8, fit) for fit in (8, 9, 3, 0)] == ["all", "all", "some", "none"]
     assert how_many_fit(0, 0) == "all"
@@ -57,11 +63,11 @@ def test_how_many_fit() -> None:
 def test_a_gang_fits_whole_or_not_at_all_and_the_scratch_ledger_leaves_the_base_alone() -> None:
     base = ReservationLedger()
     usage = UsageIndex(tree(10))
-    assert pods_admitted_in_turn(tree(7), UsageIndex(tree(7)), scratch_ledger(base, usage), request(), GANG, 8,
-                                 1000.0) == 0
-    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 8, 1000.0) == 8
+    assert fit_in_turn(tree(7), UsageIndex(tree(7)), scratch_ledger(base, usage), request(), GANG, 8,
+                       1000.0) == 0
+    assert fit_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 8, 1000.0) == 8
     # Beyond the minimum, plain pods in the room the gang leaves: two more of four.
-    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 12, 1000.0) == 10
+    assert fit_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 12, 1000.0) == 10
     assert len(base) == 0 and base.gangs() == []
 
 
@@ -72,10 +78,10 @@ def test_members_draw_from_a_reservation_another_admission_opened() -> None:
                                    8, expires_at=1600.0))
     base.reserve("team-train/w-first", "review-0", ("train",), ONE_CARD, 1000.0, gang=GANG.key)
     usage = UsageIndex(tree(10))
-    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request("plain-"), None, 5,
-                                 1000.0) == 2
+    assert fit_in_turn(tree(10), usage, scratch_ledger(base, usage), request("plain-"), None, 5,
+                       1000.0) == 2
     # The other seven members draw from it, whatever else is there; two plain pods after them.
-    assert pods_admitted_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 9, 1000.0) == 9
+    assert fit_in_turn(tree(10), usage, scratch_ledger(base, usage), request(), GANG, 9, 1000.0) == 9
     fit = gang_fit(tree(10), "train", GANG, ONE_CARD, base, base.used)
     assert (fit.members, fit.fits, fit.rest, fit.held) == (
         1, True, {n: q.scaled(7) for n, q in ONE_CARD.items()}, {n: q.scaled(7) for n, q in ONE_CARD.items()})

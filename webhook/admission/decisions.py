@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuquota_core.conversion import ConversionConfig
-from gpuquota_core.enforcement import BAD_REQUEST, FORBIDDEN, INVALID, Mode, Relaxed, enforced
+from gpuquota_core.enforcement import BAD_REQUEST, FORBIDDEN, INVALID, Mode, Relaxed, relaxed_refusal
 from gpuquota_core.events import pod_event
 from gpuquota_core.gang import GANG_RESULT_DETAIL
 from gpuquota_core.mutation import admission_mutation
@@ -85,7 +85,7 @@ class AdmissionHandlers:
             # hide it (gpuquota_core.validation.REFUSED_WHEN_MUTATING). In warn or dry-run mode the
             # pod passes as written and /validate-pods reports it as it would.
             message = "; ".join(_problem_text(p) for p in mutation.refusal)
-            if not enforced(config.enforcement, False, INVALID, message).admitted:
+            if relaxed_refusal(config.enforcement, INVALID, message) is None:
                 self._report_event(req, req.object, INVALID, Mode.ENFORCE, message)
                 return Outcome(denied(req, message, reason=INVALID),
                                ",".join(sorted({p.rule for p in mutation.refusal})))
@@ -123,13 +123,13 @@ class AdmissionHandlers:
                         for p in problems]
         elif problems:
             message = "; ".join(_problem_text(p) for p in problems)
-            ruling = enforced(enforcement, False, INVALID, message)
-            if ruling.relaxed is None:
+            passes = relaxed_refusal(enforcement, INVALID, message)
+            if passes is None:
                 self._report_event(req, pod, INVALID, Mode.ENFORCE, message)
                 return Outcome(denied(req, message, reason=INVALID),
                                ",".join(sorted({p.rule for p in problems})))
             # Relaxed: the quota check below still runs, and may still deny.
-            relaxed.append(ruling.relaxed)
+            relaxed.append(passes)
         admission = reading.admission
         if isinstance(admission, PodShapeError):
             return self._unreadable(req, admission)
@@ -137,15 +137,15 @@ class AdmissionHandlers:
         # service: a finalizer removal passes during an outage too).
         verdict = self.quota.admit_pod(admission) if needs_quota_service(admission) else ALLOW
         gang_result = str(verdict.details.get(GANG_RESULT_DETAIL, "")) if verdict.details else ""
-        # enforced() keeps every reason that is not a check (NotReady, QuotaServiceDown,
+        # relaxed_refusal() keeps every reason that is not a check (NotReady, QuotaServiceDown,
         # LedgerUnavailable, ...) enforced: an unavailable quota view keeps denying.
         if not verdict.allowed and verdict.reason != INVALID:
-            ruling = enforced(enforcement, False, verdict.reason, verdict.message)
-            if ruling.relaxed is not None:
+            passes = relaxed_refusal(enforcement, verdict.reason, verdict.message)
+            if passes is not None:
                 # The quota service refused, so it reserved nothing: the pod is admitted without
                 # holding room (it is over quota anyway) and counts once the watch shows it.
                 # gpuquota_core.enforcement.in_turn counts a workload's pods on that.
-                relaxed.append(ruling.relaxed)
+                relaxed.append(passes)
                 verdict = Verdict(True, warnings=verdict.warnings)
         warnings += [r.warning for r in relaxed if r.mode is Mode.WARN]
         if not verdict.allowed:

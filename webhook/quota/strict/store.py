@@ -115,8 +115,8 @@ class LedgerStore:
                 # Deleted, and kept by the finalizer with all it holds: held until that has expired,
                 # by every replica that reads it, the ones that never saw it before included. Not
                 # until a gang's reservation ends (a gang's waiting time, ten minutes by default): the
-                # whole tree would refuse every pod that long. A gang whose reservation goes with the
-                # object keeps its stored members and must fit again for the rest (docs/reliability.md).
+                # whole tree would refuse every pod that long. The replica that lets the object go
+                # carries the gang reservations still open into the next one (TreeLedger.released).
                 until = max([held, *(item.reservation.expires_at for item in stored.values() if item.gang is None)])
                 if record.terminating is None:
                     log.warning("strict accounting: ledger ConfigMap %s/%s of tree %s is being deleted; holding the "
