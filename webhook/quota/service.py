@@ -184,7 +184,7 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, pare
     from kubernetes import client
 
     from webhook.quota.strict.accounting import DecideHere, strict_parts
-    from webhook.quota.strict.escrow_journal import journal_path
+    from webhook.quota.strict.escrow import journal_path
 
     core = client.CoreV1Api(api)
     if not options.writer_lease:
@@ -249,7 +249,7 @@ def remove_private_files(socket_path: Path, *, keep_directory: bool = False) -> 
 
     Not ``rmtree``: ``--socket`` may name any directory, and only these files are the service's.
     """
-    from webhook.quota.strict.escrow_journal import journal_path
+    from webhook.quota.strict.escrow import journal_path
 
     for created in (socket_path, *node_view_files(nodes_path(socket_path))):
         created.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""The escrow journal (webhook/quota/strict/escrow_journal.py): a restarted writer takes back what its
+"""The escrow journal (webhook/quota/strict/escrow.py, EscrowJournal): a restarted writer takes back what its
 predecessor lent to its own escrow, within its first settler round instead of a TTL."""
 
 from __future__ import annotations

@@ -42,14 +42,13 @@ from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict, quota_requ
 from webhook.quota import metrics
 from webhook.quota.state import QuotaState
 from webhook.quota.strict.batch_plan import Job
-from webhook.quota.strict.committer import Committer, late_verdict
-from webhook.quota.strict.escrow import DEFAULT_ESCROW_MOST_PODS, ESCROW_WINDOW_SECONDS, escrow_shape
-from webhook.quota.strict.escrow_journal import EscrowJournal
+from webhook.quota.strict.committer import Committer
+from webhook.quota.strict.escrow import DEFAULT_ESCROW_MOST_PODS, ESCROW_WINDOW_SECONDS, EscrowJournal, escrow_shape
 from webhook.quota.strict.judgement import tree_of
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.reconciler import DEFAULT_CREATE_DEADLINE_SECONDS, Reconciler
 from webhook.quota.strict.store import LedgerStore
-from webhook.quota.strict.withdrawals import Withdrawal
+from webhook.quota.strict.withdrawals import Withdrawal, late_verdict
 
 log = logging.getLogger("gpuquota.quota")
 

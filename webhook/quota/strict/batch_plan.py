@@ -29,16 +29,7 @@ from webhook.quota.strict.escrow import (
     take_escrow,
 )
 from webhook.quota.strict.judgement import Judged, Requests, judge_batch_holding, pruned
-from webhook.quota.strict.ledger_edits import (
-    LedgerEdit,
-    OpenGang,
-    Reserve,
-    Stored,
-    TakeBackEscrow,
-    Withdraw,
-    applied,
-    reservation_edits,
-)
+from webhook.quota.strict.ledger_edits import LedgerEdit, Reserve, SettleEscrow, Stored, Withdraw, applied
 from webhook.quota.strict.withdrawals import Withdrawal
 
 
@@ -99,7 +90,7 @@ class BatchPlan:
 
 def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling: Sequence[Escrow],
                withdrawals: Sequence[Withdrawal], replica: str, escrow: EscrowTerms | None,
-               own_escrow_open: bool, takebacks: Sequence[TakeBackEscrow] = ()) -> BatchPlan | None:
+               own_escrow_open: bool, takebacks: Sequence[SettleEscrow] = ()) -> BatchPlan | None:
     """Judge ``jobs`` on ``read`` and plan the write; None when a pod was refused for room this
     replica itself holds in escrow (``own_escrow_open``): the committer closes those escrows and
     plans again, giving their room back in the same write. Before judging, the write settles
@@ -114,11 +105,11 @@ def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling:
         return None
     if refused_for_room:
         results = _lent_refused(view, jobs, results, base, replica, read.now)
-    edits: list[LedgerEdit] = [edit for _, reservation in results if reservation is not None
-                               for edit in reservation_edits(reservation, replica, read.now)]
+    edits: list[LedgerEdit] = [Reserve(shared_ledger.StoredReservation(reservation, replica, read.now))
+                               for _, reservation in results if reservation is not None]
     # The gang reservations the batch's members opened: in the same write as the member that opened
     # each, and withdrawn with it (the same review uid).
-    edits.extend(OpenGang(gang) for gang in shared_ledger.opened_gangs(holding, base, replica, read.now))
+    edits.extend(Reserve(gang) for gang in shared_ledger.opened_gangs(holding, base, replica, read.now))
     taken = None
     if escrow is not None:
         offer = _escrow_offer(view, jobs, results, holding, escrow, read.now)

@@ -23,18 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.enforcement import ANSWER_TOO_LATE, LEDGER_UNAVAILABLE
-from gpuquota_core.pod_admission import PodAdmission, Verdict
+from gpuquota_core.enforcement import LEDGER_UNAVAILABLE
+from gpuquota_core.pod_admission import Verdict
 from webhook.quota import metrics
 from webhook.quota.state import QuotaState
 from webhook.quota.strict.batch_plan import BatchPlan, EscrowTerms, Job, LedgerRead, plan_batch
-from webhook.quota.strict.escrow import Escrow, EscrowBook
-from webhook.quota.strict.escrow_journal import EscrowJournal
+from webhook.quota.strict.escrow import Escrow, EscrowBook, EscrowJournal
 from webhook.quota.strict.judgement import pruned
-from webhook.quota.strict.ledger_edits import TakeBackEscrow
+from webhook.quota.strict.ledger_edits import SettleEscrow
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
-from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal, late_answers
+from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal, late_answers, late_verdict
 
 log = logging.getLogger("gpuquota.quota")
 # Conflicts are rare with one writer but the rule under a hand-over or in the degraded mode: retry
@@ -53,7 +52,7 @@ class TreeQueue:
     escrows: EscrowBook = field(default_factory=EscrowBook)  # guarded by ``condition``
     withdrawals: PendingWithdrawals = field(default_factory=PendingWithdrawals)
     # A previous process's escrows of this tree to take back (escrow_journal); guarded by ``condition``.
-    takebacks: list[TakeBackEscrow] = field(default_factory=list)
+    takebacks: list[SettleEscrow] = field(default_factory=list)
 
 
 @dataclass
@@ -62,7 +61,7 @@ class _Commit:
 
     batch: list[Job]  # the jobs not answered yet
     settling: list[Escrow]  # closed escrows whose pods the write records
-    takebacks: list[TakeBackEscrow]  # a previous process's escrows, replaced by what it journalled
+    takebacks: list[SettleEscrow]  # a previous process's escrows, replaced by what it journalled
     withdrawals: list[Withdrawal]  # taken from the queue; put back unless written
     give_up_at: float  # the oldest job's arrival plus the budget: queueing counts too
     fresh: bool  # read the object from the API server, not the cache
@@ -96,7 +95,7 @@ class Committer:
         # first writes of their trees (the settler makes them within its round).
         for tree_root, entries in journal.take_over().items():
             self.queue(tree_root).takebacks.extend(
-                TakeBackEscrow(key, tuple(admitted)) for key, admitted in entries.items())
+                SettleEscrow(key, tuple(admitted), taken_back=True) for key, admitted in entries.items())
 
     def queue(self, tree_root: str) -> TreeQueue:
         with self._queues_lock:
@@ -161,13 +160,10 @@ class Committer:
             return
         except _BatchRefused as refusal:
             reason = str(refusal)
-        except LedgerUnavailable as error:
+        except Exception as error:  # connection errors of every kind too: refuse rather than admit unrecorded
             metrics.LEDGER_WRITES.labels("error").inc()
-            reason = str(error)
-            self.readiness.failed(reason)
-        except Exception as error:  # connection errors of every kind: refuse rather than admit unrecorded
-            metrics.LEDGER_WRITES.labels("error").inc()
-            reason = f"the shared quota ledger is unreachable: {error}"
+            reason = str(error) if isinstance(error, LedgerUnavailable) else \
+                f"the shared quota ledger is unreachable: {error}"
             self.readiness.failed(reason)
         queue.withdrawals.put_back([*commit.withdrawals, *commit.in_flight])
         if commit.batch:
@@ -231,16 +227,16 @@ class Committer:
         now = self.clock()
         held_until = self.store.recovering_until(tree_root)
         if now < held_until:
-            self.record_hold(tree_root, version, stored, now)
+            self._record_hold(tree_root, version, stored, now)
             raise _BatchRefused(f"the shared quota ledger of tree {tree_root} {self.store.hold_cause(tree_root)}; "
                                 f"reservations only it held may still take room for {held_until - now:.1f}s, "
                                 f"until they expire")
         return LedgerRead(version, stored, now, self.store.pods_counted_through(tree_root))
 
-    def record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
+    def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
                     now: float) -> None:
         """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
-        if self.store.carrying(tree_root) or self.store.rebuilding(tree_root) or not version:
+        if self.store.owes_rewrite(tree_root) or not version:
             with self.state.snapshot() as view:
                 kept, counted_through = pruned(view, stored, now)
             self.store.write(tree_root, version, kept, pods_counted_through=counted_through)
@@ -305,9 +301,3 @@ class Committer:
                 self.settle_due()
             except Exception as error:  # the next round, or the next admission's write, settles them
                 log.warning("strict accounting: settling escrow failed: %s", error)
-
-
-def late_verdict(admission: PodAdmission, when: str) -> Verdict:
-    return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: the quota service "
-                   f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
-                   reason=ANSWER_TOO_LATE)

@@ -12,14 +12,31 @@ and one tree's escrows at this replica (:class:`EscrowBook`).
 
 Escrow lives at the writer only (the writer Lease's holder): a replica deciding here because the
 holder cannot be asked takes none (``webhook.quota.strict.accounting``, the degraded mode).
+
+The journal (:class:`EscrowJournal`): a quota service killed inside its replica (the common crash)
+takes the memory of what its escrows admitted with it, and their entries would hold their room
+until they expire, the window plus a whole TTL. So before an escrow admission is answered the
+writer appends a line to a file in the private directory beside its socket, which the service its
+master starts next reads: it replaces each escrow entry of its predecessor still in a ledger by a
+reservation per pod journalled as admitted from it (``ledger_edits.SettleEscrow``, ``taken_back``).
+That is at least what those pods hold (a journalled admission whose answer never left only adds a
+reservation that expires, or that its worker's report withdraws), so the room the escrow did not use
+is back within seconds of the restart. A write(2) survives the death of the process (the page cache
+is the kernel's), so no fsync is needed: only a replica that vanished whole loses the journal, and
+its entries wait for the TTL, as they must.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
+
+import orjson
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.gang import names_gang
@@ -38,6 +55,11 @@ from webhook.quota.strict.ledger_edits import SettleEscrow
 ESCROW_WINDOW_SECONDS = 0.5
 DEFAULT_ESCROW_MOST_PODS = 32
 ESCROW_SHARE = 4
+
+log = logging.getLogger("gpuquota.quota")
+JOURNAL_NAME = "escrow.journal"
+# Past this size the journal is started afresh at the next moment nothing is owed in it.
+COMPACT_BYTES = 4 * 1024 * 1024
 
 ShapeKey = tuple[tuple[str, ...], tuple[tuple[str, Fraction], ...]]
 
@@ -199,3 +221,71 @@ class EscrowBook:
         self.settling = [escrow for escrow in self.settling if escrow not in settled]
         if taken is not None:
             self.open[taken.shape.key()] = taken
+
+
+def journal_path(socket_path: Path) -> Path:
+    return socket_path.parent / JOURNAL_NAME
+
+
+class EscrowJournal:
+    """Append-only lines: ``{"took": key, "tree": root}`` and ``{"from": key, "tree": root, "data": ...}``."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path  # None: no journal (the tests, or a service without a private directory)
+        self._lock = threading.Lock()
+        self._size = 0
+
+    def took(self, tree_root: str, entry_key: str) -> None:
+        self._append({"took": entry_key, "tree": tree_root})
+
+    def admitted(self, tree_root: str, entry_key: str, reservation: shared_ledger.StoredReservation) -> None:
+        data = shared_ledger.encode([reservation])[shared_ledger.LEDGER_DATA_KEY]
+        self._append({"from": entry_key, "tree": tree_root, "data": data})
+
+    def _append(self, line: dict[str, str]) -> None:
+        if self.path is None:
+            return
+        text = orjson.dumps(line) + b"\n"
+        with self._lock, self.path.open("ab") as journal:
+            journal.write(text)
+            self._size += len(text)
+
+    def compact_if_idle(self, owed: bool) -> None:
+        """Start afresh once the journal is large and no escrow of this process was open or unsettled
+        (``owed`` False). An escrow taken meanwhile loses its "took" line, and a successor then leaves
+        it to expire rather than take back less than it admitted."""
+        if self.path is None or owed or self._size < COMPACT_BYTES:
+            return
+        with self._lock:
+            self.path.write_bytes(b"")
+            self._size = 0
+
+    def take_over(self) -> dict[str, dict[str, list[shared_ledger.StoredReservation]]]:
+        """What a predecessor's journal says, per tree and escrow entry: the reservations of the pods
+        admitted from it; then the journal is this process's, started afresh. A line that does not
+        read (cut short by the kill) is skipped: its answer never left."""
+        if self.path is None or not self.path.exists():
+            return {}
+        entries: dict[str, dict[str, list[shared_ledger.StoredReservation]]] = {}
+        for raw in self.path.read_bytes().splitlines():
+            try:
+                line = orjson.loads(raw)
+                tree = str(line["tree"])
+                if "took" in line:
+                    entries.setdefault(tree, {})[str(line["took"])] = []
+                elif str(line["from"]) in entries.get(tree, {}):
+                    entries[tree][str(line["from"])].extend(
+                        shared_ledger.decode({shared_ledger.LEDGER_DATA_KEY: str(line["data"])}).values())
+                # An admission from an entry whose "took" line is not there: the journal was compacted
+                # after the entry was taken, so what it admitted is not all here, and the entry is left
+                # to expire.
+            except (orjson.JSONDecodeError, KeyError, TypeError, shared_ledger.LedgerFormatError):
+                continue
+        with self._lock:
+            self.path.write_bytes(b"")
+            self._size = 0
+        if entries:
+            log.info("strict accounting: taking back %d escrow entries a previous quota service of this replica "
+                     "took, with the %d pods it admitted from them", sum(map(len, entries.values())),
+                     sum(len(admitted) for tree in entries.values() for admitted in tree.values()))
+        return entries

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuquota_core import shared_ledger
-from gpuquota_core.ledger import Reservation
 from webhook.quota.strict.withdrawals import Withdrawal, withdraw
 
 Stored = dict[str, shared_ledger.StoredReservation]
@@ -22,7 +21,9 @@ Stored = dict[str, shared_ledger.StoredReservation]
 
 @dataclass(frozen=True)
 class Reserve:
-    """Store ``item`` under its key: an admission's reservation, or an escrow entry."""
+    """Store ``item`` under its key: an admission's reservation, an escrow entry, or a gang's
+    reservation (``gpuquota_core.gang``) opened by the member admitted in the same write, which is
+    never edited afterwards: what it holds is read from it and the gang's members."""
 
     item: shared_ledger.StoredReservation
 
@@ -42,43 +43,26 @@ class Withdraw:
 
 @dataclass(frozen=True)
 class SettleEscrow:
-    """Replace a closed escrow's entry by a reservation per pod admitted from it (those not expired)."""
+    """Replace an escrow's entry by a reservation per pod admitted from it (those not expired).
+
+    ``taken_back``: the escrow of a previous process of this replica, with the pods it journalled
+    (``escrow.EscrowJournal``); replaced only while its entry is still there, since that process may
+    have settled it itself, and its pods' reservations may have been confirmed or withdrawn since."""
 
     entry_key: str
     admitted: tuple[shared_ledger.StoredReservation, ...]
+    taken_back: bool = False
 
     def apply(self, keep: Stored, now: float) -> None:
+        if self.taken_back and self.entry_key not in keep:
+            return
         keep.pop(self.entry_key, None)
         for item in self.admitted:
             if item.reservation.expires_at > now:
                 keep[item.reservation.pod_key] = item
 
 
-@dataclass(frozen=True)
-class TakeBackEscrow:
-    """Replace an escrow entry a previous process of this replica took, while it is still there, by a
-    reservation per pod that process journalled as admitted from it (``escrow_journal``)."""
-
-    entry_key: str
-    admitted: tuple[shared_ledger.StoredReservation, ...]
-
-    def apply(self, keep: Stored, now: float) -> None:
-        if self.entry_key in keep:
-            SettleEscrow(self.entry_key, self.admitted).apply(keep, now)
-
-
-@dataclass(frozen=True)
-class OpenGang:
-    """Store a gang's reservation (``gpuquota_core.gang``), opened by the member admitted in the same
-    write; what it holds is read from it and the gang's members, never edited afterwards."""
-
-    item: shared_ledger.StoredReservation
-
-    def apply(self, keep: Stored, now: float) -> None:
-        keep[self.item.reservation.pod_key] = self.item
-
-
-LedgerEdit = Reserve | Withdraw | SettleEscrow | TakeBackEscrow | OpenGang
+LedgerEdit = Reserve | Withdraw | SettleEscrow
 
 
 def applied(base: Mapping[str, shared_ledger.StoredReservation], edits: Iterable[LedgerEdit], now: float) -> Stored:
@@ -87,8 +71,3 @@ def applied(base: Mapping[str, shared_ledger.StoredReservation], edits: Iterable
     for edit in edits:
         edit.apply(keep, now)
     return keep
-
-
-def reservation_edits(reservation: Reservation, replica: str, now: float) -> list[LedgerEdit]:
-    """What admitting one pod writes: its reservation, by ``replica``, admitted at ``now``."""
-    return [Reserve(shared_ledger.StoredReservation(reservation, replica, now))]

@@ -40,6 +40,29 @@ def ledger_body(namespace: str, tree_root: str, stored: Iterable[shared_ledger.S
             "data": shared_ledger.encode(stored, hold, counted_through)}
 
 
+def ledger_contents(body: dict[str, Any]) -> tuple[dict[str, shared_ledger.StoredReservation], float, int]:
+    """What a read object holds: its reservations, the hold it records (0: none) and how far its
+    readers' pod watches must have got; LedgerFormatError when it cannot be read."""
+    data = body.get("data") or {}
+    if shared_ledger.LEDGER_DATA_KEY not in data:  # every write stores it, an empty ledger too
+        raise shared_ledger.LedgerFormatError(f"{shared_ledger.LEDGER_DATA_KEY} is missing")
+    return shared_ledger.decode(data), shared_ledger.recovering_until(data), shared_ledger.pods_counted_through(data)
+
+
+def put_ledger(core: Any, body: dict[str, Any], version: str) -> dict[str, Any]:
+    """Create ``body`` (``version`` ""), or replace it if still at ``version``; the stored metadata.
+    ApiException as the apiserver answered (409: a conflict)."""
+    metadata = body["metadata"]
+    if version:
+        metadata["resourceVersion"] = version
+        response = core.replace_namespaced_config_map(metadata["name"], metadata["namespace"], body,
+                                                      field_manager=FIELD_MANAGER, _preload_content=False)
+    else:
+        response = core.create_namespaced_config_map(metadata["namespace"], body, field_manager=FIELD_MANAGER,
+                                                     _preload_content=False)
+    return dict(orjson.loads(response.data)["metadata"])
+
+
 def created_at(metadata: dict[str, Any]) -> float:
     """An object's creationTimestamp in wall-clock seconds, rounded up (it is kept to the second)."""
     try:

@@ -63,7 +63,7 @@ class Reconciler:
             lost = self.lost(keep, now)
             for pod_key in lost:
                 del keep[pod_key]
-            changed = len(keep) < len(stored) or self.store.carrying(tree_root) or self.store.rebuilding(tree_root)
+            changed = len(keep) < len(stored) or self.store.owes_rewrite(tree_root)
             if not version and not keep:
                 self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
             elif changed and self.store.write(tree_root, version, keep, pods_counted_through=counted_through):

@@ -1,10 +1,15 @@
-"""The ledger store: reads, writes and holds of strict accounting's ledger ConfigMaps.
+"""The ledger store: reads, writes and holds of strict accounting's ledger ConfigMaps, one per quota
+tree in the ledger namespace (``gpuquota_core.shared_ledger`` has the format and counting rules).
 
-One ConfigMap per quota tree in the ledger namespace (``gpuquota_core.shared_ledger`` has its
-stored format and counting rules). Every write carries the resourceVersion it was decided on, so a
-write made on an out-of-date copy is a conflict and is decided again. The store also notices when
-an object was deleted or cannot be read, and holds its tree until everything it may have held has
-expired (:class:`LedgerStore`).
+Every write carries the resourceVersion it was decided on, so a write made on an out-of-date copy is
+a conflict and is decided again. What this replica knows of each tree's object is one ``TreeLedger``
+(its lifecycle is there). A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it,
+and holds its tree until everything in it has expired (``finish_deletion`` then lets it go); one that
+disappears at once is caught by the registry of ledgers (``registry``). What this replica last saw in
+a lost object is carried, returned by every read as if still stored until one of its writes puts it
+back. What only other replicas knew is gone, and expires at the latest one hold after the loss was
+noticed, so the tree is held until then (the hold recorded in the recreated object for every
+replica): its admissions are refused as LedgerUnavailable, never admitted into room that may be taken.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from kubernetes.client.exceptions import ApiException
 from gpuquota_core import shared_ledger
 from gpuquota_core.ledger import DEFAULT_TTL_SECONDS
 from webhook.quota.strict.ledger_object import (
-    FIELD_MANAGER,
     created_at,
     ledger_body,
+    ledger_contents,
     ledger_trees,
     newest_pod_version,
+    put_ledger,
 )
 from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
 from webhook.quota.strict.tree_ledger import Phase, Stored, TreeLedger
@@ -39,18 +45,7 @@ class LedgerUnavailable(Exception):
 
 
 class LedgerStore:
-    """Reads and writes the ledger ConfigMaps of one namespace; what it knows of each tree is one
-    ``TreeLedger`` (its lifecycle is there).
-
-    A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it, and holds its tree
-    until everything in it has expired (``finish_deletion`` then lets it go). One that disappears at
-    once is caught by the registry of ledgers (``registry``). What this replica last saw in a lost
-    object is carried: returned by every read as if still stored, until one of its writes has put
-    it back. What only other replicas knew is gone with the object, and each of those reservations
-    expires at the latest one hold after the loss was noticed, so the tree is held until then (the
-    hold recorded in the recreated object for every replica) and its admissions refused as
-    LedgerUnavailable, never admitted into room that may be taken.
-    """
+    """Reads and writes the ledger ConfigMaps of one namespace (the module docstring)."""
 
     def __init__(self, core: Any, namespace: str, *, hold_seconds: float = DEFAULT_TTL_SECONDS,
                  clock: Callable[[], float] = time.time) -> None:
@@ -92,12 +87,7 @@ class LedgerStore:
         body = orjson.loads(response.data)
         metadata = body["metadata"]
         try:
-            data = body.get("data") or {}
-            if shared_ledger.LEDGER_DATA_KEY not in data:  # every write stores it, an empty ledger too
-                raise shared_ledger.LedgerFormatError(f"{shared_ledger.LEDGER_DATA_KEY} is missing")
-            stored = shared_ledger.decode(data)
-            held = shared_ledger.recovering_until(data)
-            counted_through = shared_ledger.pods_counted_through(data)
+            stored, held, counted_through = ledger_contents(body)
         except shared_ledger.LedgerFormatError as error:
             return self._unreadable(tree_root, metadata, str(error))
         uid = str(metadata.get("uid", ""))
@@ -143,8 +133,10 @@ class LedgerStore:
             self._log_carried(tree_root, record.lost(now, now + self.hold_seconds))
             record.listed = False  # whoever creates it next lists it again
             judged = record.missing_judged
-        if not judged and not listed_before and self._registry_lists(tree_root):
-            return self.read(tree_root, fresh=True, listed_before=True)
+        if not judged and not listed_before:
+            with _registry_errors():
+                if self.registry.lists(tree_root):
+                    return self.read(tree_root, fresh=True, listed_before=True)
         with self._lock:
             record = self._tree(tree_root)
             if not judged and listed_before and record.lost_while_listed(self.clock(), self.hold_seconds):
@@ -161,10 +153,6 @@ class LedgerStore:
                         "reservations this replica knew into its next write", self.namespace,
                         shared_ledger.ledger_object_name(tree_root), tree_root, carried)
 
-    def _registry_lists(self, tree_root: str) -> bool:
-        with _registry_errors():
-            return self.registry.lists(tree_root)
-
     def _register(self, tree_root: str) -> None:
         """List the tree in the registry (once per replica until its object is found missing)."""
         with _registry_errors():
@@ -173,15 +161,12 @@ class LedgerStore:
             self._tree(tree_root).listed = True
 
     def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[str, Stored]:
-        """The object exists but cannot be read (hand-edited, written by an incompatible version):
-        handled as a loss of what it held, and rebuilt over it by the next write (``rebuilding``).
-
-        Every reservation it may have held was written before this read, so all of them have expired
-        one hold (the TTL, and an escrow's window) later: the tree is held until then, from the first
-        read that found it unreadable, and the hold goes into the rebuilt object for every replica.
-        The podsCountedThrough it may have held is replaced by the newest resourceVersion of the
-        pods that exist (``write``). A deleted object stays kept by its finalizer until the hold
-        ends, then goes as any deleted ledger does (``finish_deletion``)."""
+        """The object exists but cannot be read (hand-edited, written by an incompatible version): a
+        loss of what it held, rebuilt over by the next write. All it may have held was written
+        before this read, so it has expired one hold later: the tree is held until then (recorded
+        in the rebuilt object for every replica), and its podsCountedThrough is replaced by the
+        newest resourceVersion of the pods that exist (``_put``). A deleted one goes once the hold
+        ends, as any deleted ledger does (``finish_deletion``)."""
         with self._lock:
             record = self._tree(tree_root)
             deleted_at = metadata.get("deletionTimestamp")
@@ -192,16 +177,6 @@ class LedgerStore:
                             self.hold_seconds)
             return str(metadata["resourceVersion"]), dict(record.carried)
 
-    def hold_cause(self, tree_root: str) -> str:
-        """What the tree's hold follows from, for refusals (a hold read from the object does not say)."""
-        with self._lock:
-            return self._tree(tree_root).hold_cause or "was deleted or could not be read"
-
-    def rebuilding(self, tree_root: str) -> bool:
-        """Whether the object was found unreadable and this replica has not written it over yet."""
-        with self._lock:
-            return self._tree(tree_root).rebuilding_until is not None
-
     def list_trees(self) -> list[str]:
         return ledger_trees(self.core, self.namespace)
 
@@ -210,14 +185,21 @@ class LedgerStore:
         with self._lock:
             return self._tree(tree_root).held_until
 
+    def hold_cause(self, tree_root: str) -> str:
+        """What the tree's hold follows from, for refusals (a hold read from the object does not say)."""
+        with self._lock:
+            return self._tree(tree_root).hold_cause or "was deleted or could not be read"
+
     def drop_carried(self, tree_root: str) -> None:
         with self._lock:
             self._tree(tree_root).carried = {}
 
-    def carrying(self, tree_root: str) -> bool:
-        """Whether reservations of a deleted object still wait to be written back."""
+    def owes_rewrite(self, tree_root: str) -> bool:
+        """Whether this replica must write the object even with nothing new: reservations of a lost
+        object wait to be put back, or it was found unreadable and not yet written over."""
         with self._lock:
-            return bool(self._tree(tree_root).carried)
+            record = self._tree(tree_root)
+            return bool(record.carried) or record.rebuilding_until is not None
 
     def known_trees(self) -> set[str]:
         """The trees this replica has read or written, whether or not their object still exists."""
@@ -271,17 +253,14 @@ class LedgerStore:
 
     def _put(self, tree_root: str, version: str, stored: Stored, release: bool = False,
              pods_counted_through: int = 0) -> bool:
-        """One create or replace of the object (``write``); False on a conflict.
-
-        ``pods_counted_through``: the pod resourceVersion of what ``stored`` dropped because this
-        replica's watch counts it (``judgement.pruned``); the object keeps the highest ever recorded.
-
-        A replace that finds the object deleted is a conflict too: the caller reads again, finds
-        it missing, and creates it with what this replica carried over. ``release``: the write
-        drops the finalizer of a deleted object, which the apiserver then removes.
-        """
+        """One create or replace of the object (``write``); False on a conflict, a replace that finds
+        the object deleted included (the caller reads again, finds it missing, and creates it with
+        what this replica carried). ``pods_counted_through``: as ``judgement.pruned`` gives it; the
+        object keeps the highest ever recorded. ``release`` drops a deleted object's finalizer."""
         name = shared_ledger.ledger_object_name(tree_root)
-        if self.rebuilding(tree_root) and not release:
+        with self._lock:
+            rebuilding = self._tree(tree_root).rebuilding_until is not None
+        if rebuilding and not release:
             pods_counted_through = max(pods_counted_through, newest_pod_version(self.core))
         with self._lock:
             record = self._tree(tree_root)
@@ -290,14 +269,7 @@ class LedgerStore:
         body = ledger_body(self.namespace, tree_root, stored.values(), hold, counted_through, release=release,
                            deleted_at=terminating[1] if terminating is not None else None)
         try:
-            if version:
-                body["metadata"]["resourceVersion"] = version
-                response = self.core.replace_namespaced_config_map(name, self.namespace, body,
-                                                                   field_manager=FIELD_MANAGER,
-                                                                   _preload_content=False)
-            else:
-                response = self.core.create_namespaced_config_map(self.namespace, body, field_manager=FIELD_MANAGER,
-                                                                  _preload_content=False)
+            written = put_ledger(self.core, body, version)
         except ApiException as error:
             with self._lock:
                 record = self._tree(tree_root)
@@ -314,7 +286,6 @@ class LedgerStore:
             with self._lock:
                 self._tree(tree_root).copy = None
             raise
-        written = orjson.loads(response.data)["metadata"]
         with self._lock:
             record = self._tree(tree_root)
             if release:  # gone now; a read finds it missing, and ``lost`` knows nothing was lost

@@ -29,8 +29,9 @@ from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from gpuquota_core import shared_ledger
+from gpuquota_core.enforcement import ANSWER_TOO_LATE
 from gpuquota_core.ledger import Reservation
-from gpuquota_core.pod_admission import Verdict
+from gpuquota_core.pod_admission import PodAdmission, Verdict
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ def late_answers(answer_by: Sequence[float], results: Sequence[tuple[Verdict, Re
     answered = {r.pod_key for index, (_, r) in enumerate(results) if r is not None and index not in late}
     return late, [Withdrawal(r.pod_key, r.admission_uid) for index in sorted(late)
                   if (r := results[index][1]) is not None and r.pod_key not in held_before | answered]
+
+
+def late_verdict(admission: PodAdmission, when: str) -> Verdict:
+    """The refusal of an admission decided, or reached, after its worker stopped waiting."""
+    return Verdict(False, f"pod {admission.namespace}/{admission.name} not admitted: the quota service "
+                   f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
+                   reason=ANSWER_TOO_LATE)
 
 
 class PendingWithdrawals:
