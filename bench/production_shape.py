@@ -166,6 +166,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The quota service's counters the table reads (webhook/quota/metrics.py), as their samples are named.
 WATCH_EVENTS_TOTAL = "gpuquota_watch_events_total"
 LEDGER_WRITES_TOTAL = "gpuquota_ledger_writes_total"
+USAGE_RECHARGED_TOTAL = "gpuquota_usage_recharged_pods_total"
 # The issue's sizes: 16 repetitions, 20 bursts with room for all per mode.
 ISSUE_REPETITIONS, ISSUE_BURSTS = 16, 20
 DEFAULT_ROUNDS = 10  # repetitions, and bursts with room for all per mode, unless told otherwise
@@ -717,23 +718,31 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
 
 def counted_table(ours: str, bursts: dict[str, list[BurstResult]]) -> str:
     """Per admitted pod in each mode's bursts (room for all; medians): the watch events each server of
-    ``ours`` applied, by kind and type (the mean of its servers), and the ledger writes of its servers
-    together, by result."""
+    ``ours`` applied, by kind and type, and the pods each charged again after a change of the quota tree
+    (both the mean of its servers), and the ledger writes of its servers together, by result. A column
+    whose every cell is zero is left out (bookmarks, mostly)."""
     def summed(result: BurstResult) -> Counter[CounterKey]:
         return sum(result.counted[ours], Counter())
 
     seen = sorted({key for results in bursts.values() for result in results for key in summed(result)})
-    events = [(f"{key[1]} {key[2]}", key, True) for key in seen if key[0] == WATCH_EVENTS_TOTAL]
-    writes = [(f"ledger writes, {key[1]}", key, False) for key in seen if key[0] == LEDGER_WRITES_TOTAL]
-    columns = events + writes
+    columns = [(f"{key[1]} {key[2]}", key, True) for key in seen if key[0] == WATCH_EVENTS_TOTAL]
+    columns += [("pods charged again", key, True) for key in seen if key[0] == USAGE_RECHARGED_TOTAL]
+    columns += [(f"ledger writes, {key[1]}", key, False) for key in seen if key[0] == LEDGER_WRITES_TOTAL]
+
+    def per_pod(results: list[BurstResult], key: CounterKey, each: bool) -> str:
+        """``each``: per server of ``ours`` (its mean), else all its servers together."""
+        counts = [summed(result)[key] / (len(result.counted[ours]) if each else 1) / result.stored
+                  for result in results]
+        return f"{statistics.median(counts):.2f}"
+
+    cells = {mode: [per_pod(results, key, each) for _, key, each in columns] for mode, results in bursts.items()}
+    kept = [index for index in range(len(columns)) if any(row[index] != "0.00" for row in cells.values())]
     lines = [f"What the quota services of {process_groups(ours)[0]} counted per admitted pod (bursts with room for "
              "all; medians), from just before a burst until each one's watch showed the burst's pods: the watch "
-             "events each applied, by kind and type, and the ledger writes of them all, by result.", "",
-             "| bursts of | " + " | ".join(name for name, _, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for mode, results in bursts.items():
-        cells = [statistics.median(summed(result)[key] / (len(result.counted[ours]) if each else 1) / result.stored
-                                   for result in results) for _, key, each in columns]
-        lines.append(f"| {title(mode)} | " + " | ".join(f"{cell:.2f}" for cell in cells) + " |")
+             "events each applied, by kind and type, and the pods each charged again after a change of the quota "
+             "tree; the ledger writes of them all, by result.", "",
+             "| bursts of | " + " | ".join(columns[index][0] for index in kept) + " |", "|---" * (len(kept) + 1) + "|"]
+    lines += [f"| {title(mode)} | " + " | ".join(row[index] for index in kept) + " |" for mode, row in cells.items()]
     return "\n".join(lines)
 
 
