@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
@@ -162,6 +163,10 @@ LEDGER_NAMESPACE = "gpuquota-ledger"
 WARMUP_CYCLES = 20
 READY_DEADLINE = 60.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The quota service's counters the table reads (webhook/quota/metrics.py), as their samples are named.
+WATCH_EVENTS_TOTAL = "gpuquota_watch_events_total"
+LEDGER_WRITES_TOTAL = "gpuquota_ledger_writes_total"
+USAGE_RECHARGED_TOTAL = "gpuquota_usage_recharged_pods_total"
 # The issue's sizes: 16 repetitions, 20 bursts with room for all per mode.
 ISSUE_REPETITIONS, ISSUE_BURSTS = 16, 20
 DEFAULT_ROUNDS = 10  # repetitions, and bursts with room for all per mode, unless told otherwise
@@ -296,6 +301,35 @@ def tree_ticks(table: dict[int, tuple[int, int]], roots: Iterable[int]) -> dict[
 def cpu_ms_between(before: dict[int, int], after: dict[int, int]) -> float:
     """Milliseconds of CPU spent between two readings (a process started between them counts from zero)."""
     return sum(ticks - before.get(pid, 0) for pid, ticks in after.items()) * 1000 / CLOCK_TICKS
+
+
+# -- what our quota services counted ------------------------------------------------------------------
+
+# A counter's sample: its name, then its labels' values in the order of their names
+# ((WATCH_EVENTS_TOTAL, kind, type); (LEDGER_WRITES_TOTAL, result)).
+CounterKey = tuple[str, ...]
+
+
+def counters(exposition: str) -> Counter[CounterKey]:
+    """Every counter sample (``*_total``) of one scrape of a server's /metrics."""
+    return Counter({(sample.name, *(sample.labels[label] for label in sorted(sample.labels))): sample.value
+                    for family in text_string_to_metric_families(exposition) for sample in family.samples
+                    if family.type == "counter" and sample.name.endswith("_total")})
+
+
+def scraped_counters(server: WebhookProcess) -> Counter[CounterKey]:
+    """The counters of the server's quota service (its workers' /metrics show them)."""
+    status, body = server.get("/metrics")
+    if status != 200:
+        raise RuntimeError(f"server {server.port}: /metrics answered {status}: {body[:200]!r}")
+    return counters(body.decode())
+
+
+def counted_between(before: Counter[CounterKey], after: Counter[CounterKey]) -> Counter[CounterKey]:
+    after = after.copy()
+    after.subtract(before)
+    return +after
+
 
 
 # -- the rig ----------------------------------------------------------------------------------------
@@ -514,6 +548,9 @@ class BurstResult:
     cpu_ms_by_group: dict[str, float]
     at_ancestor: int
     per_leaf: list[int]
+    # Per mode of ours, per server of it: what its quota service counted from just before the burst
+    # until its watch had shown the burst's pods.
+    counted: dict[str, list[Counter[CounterKey]]] = field(default_factory=dict)
 
     @property
     def cpu_ms(self) -> float:
@@ -535,6 +572,8 @@ def create_one(core: k8s.CoreV1Api, namespace: str, body: dict[str, Any]) -> str
 
 def run_burst(rig: Rig, mode: str, kind: str, target: Target, size: int, clients: int) -> BurstResult:
     bodies = [whole_card_pod(f"p{index}", target.leaves[index % len(target.leaves)]) for index in range(size)]
+    # Scraped outside the CPU window: a scrape is work of our servers that no admission causes.
+    counted_before = {ours: [scraped_counters(server) for server in servers] for ours, servers in rig.servers.items()}
     with ThreadPoolExecutor(max_workers=clients) as pool:
         groups = rig.measured_groups()
         cpu_before = cpu_ticks(groups)
@@ -548,8 +587,22 @@ def run_burst(rig: Rig, mode: str, kind: str, target: Target, size: int, clients
     if stored != len(pods):
         raise SystemExit(f"{target.namespace}: {stored} creates answered stored, {len(pods)} pods listed")
     cpu_ms = {group: cpu_ms_between(cpu_before[group], cpu_after[group]) for group in groups}
+    counted = {ours: [watched_through(server, before, stored)
+                      for server, before in zip(rig.servers[ours], befores, strict=True)]
+               for ours, befores in counted_before.items()}
     return BurstResult(mode, kind, seconds, stored, outcomes, cpu_ms,
-                       len(pods), [by_quota[leaf] for leaf in target.leaves])
+                       len(pods), [by_quota[leaf] for leaf in target.leaves], counted)
+
+
+def watched_through(server: WebhookProcess, before: Counter[CounterKey], stored: int) -> Counter[CounterKey]:
+    """What the server counted since ``before``, once it has had a Pod ADDED event per stored pod (a
+    watch shows a pod a little after its create is answered), or when the deadline ends the wait."""
+    deadline = time.monotonic() + READY_DEADLINE
+    while True:
+        counted = counted_between(before, scraped_counters(server))
+        if counted[(WATCH_EVENTS_TOTAL, "Pod", "ADDED")] >= stored or time.monotonic() >= deadline:
+            return counted
+        time.sleep(0.05)  # polling a condition with a deadline
 
 
 @dataclass
@@ -658,6 +711,38 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
     for mode in modes:
         per_pod = {group: [r.cpu_ms_by_group[group] / r.stored for r in bursts(mode, "all")] for group in groups}
         lines.append(f"| {title(mode)} | " + " | ".join(f"{statistics.median(per_pod[g]):.2f}" for g in groups) + " |")
+    for ours in samples.bursts[0].counted:
+        lines += ["", counted_table(ours, {mode: bursts(mode, "all") for mode in modes})]
+    return "\n".join(lines)
+
+
+def counted_table(ours: str, bursts: dict[str, list[BurstResult]]) -> str:
+    """Per admitted pod in each mode's bursts (room for all; medians): the watch events each server of
+    ``ours`` applied, by kind and type, and the pods each charged again after a change of the quota tree
+    (both the mean of its servers), and the ledger writes of its servers together, by result. A column
+    whose every cell is zero is left out (bookmarks, mostly)."""
+    def summed(result: BurstResult) -> Counter[CounterKey]:
+        return sum(result.counted[ours], Counter())
+
+    seen = sorted({key for results in bursts.values() for result in results for key in summed(result)})
+    columns = [(f"{key[1]} {key[2]}", key, True) for key in seen if key[0] == WATCH_EVENTS_TOTAL]
+    columns += [("pods charged again", key, True) for key in seen if key[0] == USAGE_RECHARGED_TOTAL]
+    columns += [(f"ledger writes, {key[1]}", key, False) for key in seen if key[0] == LEDGER_WRITES_TOTAL]
+
+    def per_pod(results: list[BurstResult], key: CounterKey, each: bool) -> str:
+        """``each``: per server of ``ours`` (its mean), else all its servers together."""
+        counts = [summed(result)[key] / (len(result.counted[ours]) if each else 1) / result.stored
+                  for result in results]
+        return f"{statistics.median(counts):.2f}"
+
+    cells = {mode: [per_pod(results, key, each) for _, key, each in columns] for mode, results in bursts.items()}
+    kept = [index for index in range(len(columns)) if any(row[index] != "0.00" for row in cells.values())]
+    lines = [f"What the quota services of {process_groups(ours)[0]} counted per admitted pod (bursts with room for "
+             "all; medians), from just before a burst until each one's watch showed the burst's pods: the watch "
+             "events each applied, by kind and type, and the pods each charged again after a change of the quota "
+             "tree; the ledger writes of them all, by result.", "",
+             "| bursts of | " + " | ".join(columns[index][0] for index in kept) + " |", "|---" * (len(kept) + 1) + "|"]
+    lines += [f"| {title(mode)} | " + " | ".join(row[index] for index in kept) + " |" for mode, row in cells.items()]
     return "\n".join(lines)
 
 
@@ -795,7 +880,10 @@ def main(argv: list[str]) -> None:
     samples_path.write_text(json.dumps({
         "args": {**vars(args), "variants": {mode: str(checkout) for mode, checkout in args.variants.items()}},
         "paired_ms": samples.paired_ms,
-        "bursts": [{**vars(result), "refused": dict(result.refused)} for result in samples.bursts]}), encoding="utf-8")
+        "bursts": [{**vars(result), "refused": dict(result.refused),
+                    "counted": {ours: [{" ".join(key): value for key, value in server.items()} for server in counted]
+                                for ours, counted in result.counted.items()}}
+                   for result in samples.bursts]}), encoding="utf-8")
     print(f"\nsamples: {samples_path}")
 
 

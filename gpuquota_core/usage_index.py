@@ -41,6 +41,12 @@ class UsageIndex:
         self._used: dict[str, ResourceList] = {}
         # Per gang (namespace/name), its stored members: how many, and what they ask in total.
         self._gang_members: dict[str, tuple[int, ResourceList]] = {}
+        # Which quotas a pod is charged to depends only on its place (namespace, quota label) and the
+        # tree: after a change of the tree, each place is resolved once and only the pods of places
+        # whose chain changed are charged again (retree). Kept per place, not per pod: a set of keys
+        # per place would cost memory per pod, which the cache's memory target has no room for.
+        self._place_chains: dict[tuple[str, str], tuple[str, ...]] = {}  # place -> its pods' quotas
+        self._place_pods: dict[tuple[str, str], int] = {}  # place -> how many pods are there
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -86,6 +92,8 @@ class UsageIndex:
         record = self._pods.pop(key, None)
         for quota in self._charged.pop(key, ()):
             self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests if record else {})
+        if record is not None:
+            self._leave_place(record)
         if record is not None and record.gang:
             count, asked = self._gang_members.pop(record.gang, (1, {}))
             if count > 1:
@@ -99,11 +107,29 @@ class UsageIndex:
 
     def _charge(self, record: PodRecord) -> None:
         quotas = self._chain_of(record)
+        self._join_place(record, quotas)
+        self._add_to(record, quotas)
+
+    def _add_to(self, record: PodRecord, quotas: tuple[str, ...]) -> None:
         self._charged[record.key] = quotas
         for quota in quotas:
             used = self._used.setdefault(quota, {})
             for name, quantity in record.requests.items():
                 used[name] = used[name] + quantity if name in used else ZERO + quantity
+
+    def _join_place(self, record: PodRecord, quotas: tuple[str, ...]) -> None:
+        place = (record.namespace, record.quota_label)
+        self._place_pods[place] = self._place_pods.get(place, 0) + 1
+        self._place_chains[place] = quotas
+
+    def _leave_place(self, record: PodRecord) -> None:
+        place = (record.namespace, record.quota_label)
+        left = self._place_pods.get(place, 0) - 1
+        if left > 0:
+            self._place_pods[place] = left
+        else:
+            self._place_pods.pop(place, None)
+            self._place_chains.pop(place, None)
 
     def load(self, records: Iterable[PodRecord]) -> None:
         """Upsert every record, in order: the same pods, charges and totals (values, formats, the
@@ -140,6 +166,7 @@ class UsageIndex:
             if quotas is None:
                 quotas = chains[place] = self._chain_of(record)
             self._charged[key] = quotas
+            self._join_place(record, quotas)
             if not quotas:
                 continue
             requests = record.requests
@@ -169,21 +196,43 @@ class UsageIndex:
                 used[name] = used[name] + total if name in used else ZERO + total
 
     def _chain_of(self, record: PodRecord) -> tuple[str, ...]:
-        resolution = self.tree.resolve(record.namespace, record.quota_label)
+        return self._resolved_chain(record.namespace, record.quota_label)
+
+    def _resolved_chain(self, namespace: str, quota_label: str) -> tuple[str, ...]:
+        resolution = self.tree.resolve(namespace, quota_label)
         if resolution.quota is None or resolution.rule == "label-not-found":
             return ()
         return tuple(q.name for q in self.tree.chain(resolution.quota))
 
-    def rebuild(self) -> None:
-        """Re-resolve every pod after the quota tree changed (labels, parents, namespaces).
+    def retree(self) -> int:
+        """Charge again the pods whose quotas changed with the tree (a quota added, removed, moved to
+        another parent or namespace, or binding other namespaces); how many pods that was.
 
-        Through :meth:`load`, which sums alike pods once: the same totals, formats and order as
-        charging pod by pod, at a fraction of the cost. It runs under the quota service's lock on
-        every ElasticQuota event that moves a quota, so its cost is a pause of every decision.
+        It runs under the quota service's lock on every ElasticQuota event that moves a quota, so
+        its cost is a pause of every decision: each place is resolved once, and the pods are gone
+        through only when some place's chain changed. A quota that no pod resolves to, or under,
+        costs a resolution per place however many pods the cluster holds.
         """
-        records = list(self._pods.values())
-        self._pods.clear()
-        self._used.clear()
-        self._charged.clear()
-        self._gang_members.clear()
-        self.load(records)
+        moved: dict[tuple[str, str], tuple[str, ...]] = {}
+        for place, quotas in self._place_chains.items():
+            now = self._resolved_chain(*place)
+            if now != quotas:
+                moved[place] = now
+        if not moved:
+            return 0
+        left = {quota for place in moved for quota in self._place_chains[place]}
+        self._place_chains.update(moved)
+        recharged = 0
+        for key, record in self._pods.items():
+            chain = moved.get((record.namespace, record.quota_label))
+            if chain is None:
+                continue
+            for quota in self._charged[key]:
+                self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests)
+            self._add_to(record, chain)
+            recharged += 1
+        # A removed quota's totals go with it, as a full count would not have them.
+        for quota in left - self.tree.quotas.keys():
+            if all(total.is_zero() for total in self._used.get(quota, {}).values()):
+                self._used.pop(quota, None)
+        return recharged

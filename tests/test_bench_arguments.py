@@ -149,3 +149,60 @@ def test_the_table_weighs_every_sequential_overhead_against_the_two_webhook_limi
     assert room[1] == "n/a (no quota: it admits every pod)" and room[2].startswith("3 of 3 at the ancestor")
     rate = next(cells for title, cells in rows.items() if title.startswith("burst of 10 creates"))
     assert rate == ["10.0", "10.0 (**1.00x** native)", "10.0 (**1.00x** native)"]
+
+
+COUNTED = """
+import sys
+from collections import Counter
+sys.path.insert(0, "bench")
+import production_shape as shape
+from prometheus_client import CollectorRegistry, Counter as Metric, Gauge, generate_latest
+
+# One replica's scrape, as prometheus_client writes it: the two counters the table reads, and a gauge it skips.
+registry = CollectorRegistry()
+events = Metric("gpuquota_watch_events", "", ["kind", "type"], registry=registry)
+writes = Metric("gpuquota_ledger_writes", "", ["result"], registry=registry)
+Gauge("gpuquota_reservations", "", registry=registry).set(7)
+events.labels("Pod", "ADDED").inc(10)
+events.labels("ElasticQuota", "MODIFIED").inc(4)
+writes.labels("ok").inc(3)
+scraped = shape.counters(generate_latest(registry).decode())
+print(sorted((" ".join(key), value) for key, value in scraped.items()))
+
+args = shape.parse(["--modes", "native,strict", "--room", "3", "--burst-size", "10", "--clients", "4"])
+samples = shape.Samples(args.modes)
+samples.paired_ms = {"native": [[2.0]], "strict": [[5.0]]}
+groups = {"apiserver + etcd": 1.0, "strict replicas": 2.0, "HAProxy": 0.1}
+pod_added = ("gpuquota_watch_events_total", "Pod", "ADDED")
+writes_ok = ("gpuquota_ledger_writes_total", "ok")
+quota_modified = ("gpuquota_watch_events_total", "ElasticQuota", "MODIFIED")
+recharged = ("gpuquota_usage_recharged_pods_total",)
+# Three replicas each see every pod; in strict's bursts the writer alone writes the ledger.
+watched = {"native": [Counter({pod_added: 10, recharged: 30}) for _ in range(3)],
+           "strict": [Counter({pod_added: 10, writes_ok: 4, quota_modified: 2}), Counter({pod_added: 10}),
+                      Counter({pod_added: 10, quota_modified: 1})]}
+for mode in ("native", "strict"):
+    samples.bursts.append(shape.BurstResult(mode, "all", 1.0, 10, Counter(), groups, 10, [10],
+                                            {"strict": watched[mode]}))
+    samples.bursts.append(shape.BurstResult(mode, "room", 1.0, 3, Counter(), groups, 3, [3],
+                                            {"strict": [Counter({pod_added: 3})] * 3}))
+print(shape.table(samples, args).split("counted per admitted pod")[1])
+"""
+
+
+def test_the_quota_services_counters_are_read_per_admitted_pod_and_per_replica() -> None:
+    result = subprocess.run([sys.executable, "-c", COUNTED], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    scraped, *table = result.stdout.splitlines()
+    # Every counter sample under its name and label values; the gauge is no counter.
+    assert scraped == str([("gpuquota_ledger_writes_total ok", 3.0),
+                           ("gpuquota_watch_events_total ElasticQuota MODIFIED", 4.0),
+                           ("gpuquota_watch_events_total Pod ADDED", 10.0)])
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table
+            if line.startswith("| ") and "---" not in line]
+    assert rows[0] == ["bursts of", "ElasticQuota MODIFIED", "Pod ADDED", "pods charged again", "ledger writes, ok"]
+    # Watch events and pods charged again: each replica's mean per admitted pod; ledger writes: all
+    # replicas' per admitted pod.
+    assert rows[1] == ["native ResourceQuota (`requests.nvidia.com/gpu`)", "0.00", "1.00", "3.00", "0.00"]
+    assert rows[2] == ["ours, strict, 3 replicas + HAProxy", "0.10", "1.00", "0.00", "0.40"]

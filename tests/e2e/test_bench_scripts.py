@@ -116,10 +116,24 @@ def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
                          "--burst-size", "10", "--clients", "4", "--room", "3"])
     assert "1 repetitions; sequential: 3 cycles per repetition" in output
     figures, by_group = output.split("CPU per admitted pod by process group")
+    by_group, counted_local, counted_strict = by_group.split("What the quota services of ")
     rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
     assert len(rows) == 5, output
     group_rows = [line for line in by_group.splitlines() if line.startswith("| ") and not line.startswith("| |")]
     assert len(group_rows) == 3 and all(line.count("|") == 6 for line in group_rows), by_group
+    # What our quota services counted, per mode of ours: each server's watch showed every stored pod
+    # of every mode's burst once, and strict's writes to its ledger are counted in its own bursts.
+    assert counted_local.startswith("local server counted") and counted_strict.startswith("strict replicas counted")
+    titles = ("native ResourceQuota (`requests.nvidia.com/gpu`)", "ours, local, 1 server",
+              "ours, strict, 3 replicas + HAProxy")
+    for counted in (counted_local, counted_strict):
+        [header] = table_rows(counted, "bursts of")
+        for title in titles:
+            [row] = table_rows(counted, title)
+            assert row[header.index("Pod ADDED")] == "1.00", counted
+    [header] = table_rows(counted_strict, "bursts of")
+    [strict_row] = table_rows(counted_strict, titles[2])
+    assert float(strict_row[header.index("ledger writes, ok")]) > 0, counted_strict
     cells = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
     overhead, rate, refused, room, cpu = cells
     assert all(len(row) == 4 for row in cells), output  # the row's title and the three modes
@@ -174,6 +188,7 @@ def test_production_shape_measures_a_baseline_checkout_beside_strict(tmp_path: P
                          "--modes", "none,native,strict,strict-baseline"])
     assert f"baseline checkout: ours, strict, 3 replicas + HAProxy: the code of {baseline.resolve()}" in output
     figures, by_group = output.split("CPU per admitted pod by process group")
+    by_group = by_group.split("What the quota services of ")[0]
     [header] = table_rows(figures, "")
     # No local server: only the chosen modes, the baseline last.
     assert header[1:] == ["native ResourceQuota (`requests.nvidia.com/gpu`)", "ours, strict, 3 replicas + HAProxy",

@@ -52,6 +52,11 @@ WATCH_EVENTS = Counter(
     "Watch events applied to the cache, by kind and event type.",
     ["kind", "type"],
 )
+USAGE_RECHARGED = Counter(
+    "gpuquota_usage_recharged_pods",
+    "Pods charged again because an ElasticQuota event changed the quotas they are charged to (a quota added, "
+    "removed or moved in the tree).",
+)
 RELISTS = Counter(
     "gpuquota_relists",
     "Full re-lists of a kind, by reason (initial, gone = 410 from the watch, error).",

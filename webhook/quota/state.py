@@ -340,7 +340,7 @@ class QuotaState:
                 elif after is not before:
                     moved = self.tree.upsert(after)
                 if moved:
-                    self.usage.rebuild()
+                    metrics.USAGE_RECHARGED.inc(self.usage.retree())
             self._publish()
 
     def _pod_group_event(self, event_type: str, obj: Mapping[str, Any]) -> None:

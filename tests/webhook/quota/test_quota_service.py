@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from racing import race
 
 from gpuquota_core import shared_ledger
@@ -139,6 +140,43 @@ def test_limit_only_quota_update_does_not_reindex() -> None:
     assert state.tree.upsert(quota_from_object(raised)) is False
     moved = {**QUOTA, "metadata": {**QUOTA["metadata"], "labels": {"quota.scheduling.koordinator.sh/parent": "x"}}}
     assert state.tree.upsert(quota_from_object(moved)) is True
+
+
+def recharged() -> float:
+    return REGISTRY.get_sample_value("gpuquota_usage_recharged_pods_total") or 0.0
+
+
+def test_a_new_quota_charges_again_only_the_pods_it_concerns() -> None:
+    # Many pods of team-a, and two that name a quota not created yet (counted nowhere until it is).
+    state = QuotaState()
+    state.load([QUOTA, *(pod_object(f"p{i}", f"u{i}", "10") for i in range(500)),
+                pod_object("early-0", "e0", "100", quota="team-b"), pod_object("early-1", "e1", "100", quota="team-b")])
+    assert state.usage.used("team-b") == {}
+    before = recharged()
+    # A quota elsewhere in the cluster, as every burst namespace or team brings: no pod resolves to it.
+    state.apply_event("ElasticQuota", "ADDED", {"kind": "ElasticQuota", "metadata": {"name": "elsewhere",
+                      "namespace": "other"}, "spec": {"max": {RATIO: "100"}}})
+    assert recharged() == before
+    assert state.usage.used("team-a") == {RATIO: Quantity.parse("5000")}
+    # The quota the two early pods name: they count in it now, and they are all that was charged again.
+    state.apply_event("ElasticQuota", "ADDED", {"kind": "ElasticQuota", "metadata": {"name": "team-b",
+                      "namespace": "team"}, "spec": {"max": {RATIO: "1000"}}})
+    assert recharged() == before + 2
+    assert state.usage.used("team-b") == {RATIO: Quantity.parse("200")}
+    # team-a moves under a new parent: its 500 pods now count there too.
+    state.apply_event("ElasticQuota", "ADDED", {"kind": "ElasticQuota", "metadata": {"name": "org",
+                      "namespace": "team", "labels": {"quota.scheduling.koordinator.sh/is-parent": "true"}},
+                      "spec": {"max": {RATIO: "10000"}}})
+    state.apply_event("ElasticQuota", "MODIFIED", {**QUOTA, "metadata": {
+        **QUOTA["metadata"], "labels": {"quota.scheduling.koordinator.sh/parent": "org"}}})
+    assert recharged() == before + 2 + 500
+    assert state.usage.used("org") == {RATIO: Quantity.parse("5000")}
+    # And team-b goes: its pods count nowhere again, team-a's stay where they are.
+    state.apply_event("ElasticQuota", "DELETED", {"kind": "ElasticQuota", "metadata": {"name": "team-b",
+                      "namespace": "team"}, "spec": {"max": {RATIO: "1000"}}})
+    assert recharged() == before + 2 + 500 + 2
+    assert state.usage.used("team-b") == {}
+    assert state.usage.used("team-a") == {RATIO: Quantity.parse("5000")}
 
 
 def test_one_caller_cannot_hold_more_than_its_bound_of_unconfirmed_reservations() -> None:
