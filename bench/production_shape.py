@@ -141,7 +141,8 @@ KOORDINATOR = ("koord", "koord3")  # Koordinator's own quota admission, only whe
 GO_BOTH = "go-both"
 OPT_IN = (GO_BOTH, *KOORDINATOR)
 # How the table names a reference when it gives a mode's ratio to it.
-REFERENCE_NAMES = {"native": "native", "strict": "strict", GO_BOTH: "the two-webhook limit"}
+REFERENCE_NAMES = {"native": "native", "strict": "strict", GO_BOTH: "the two-webhook limit",
+                   "koord3": "koord-manager ×3"}
 VENDOR_GPU = "nvidia.com/gpu"
 IS_PARENT_LABEL = "quota.scheduling.koordinator.sh/is-parent"
 # Named in the table's title; EnableQuotaAdmission is what makes koord-manager admit by quota.
@@ -158,6 +159,7 @@ GROUPS = {"local": ("local server", ""), "strict": ("strict replicas", "HAProxy"
           "koord": ("koord-manager", ""), "koord3": ("koord-manager replicas", "koord-manager's HAProxy"),
           GO_BOTH: ("Go reference", "")}
 MODE_LABEL = "gpuquota-bench-mode"
+PLANE_GROUP = "apiserver + etcd"
 NATIVE_RESOURCE = "requests.nvidia.com/gpu"
 LEDGER_NAMESPACE = "gpuquota-ledger"
 WARMUP_CYCLES = 20
@@ -206,6 +208,11 @@ def process_groups(mode: str) -> tuple[str, str]:
     if is_variant(mode):
         return f"{variant_name(mode)} strict replicas", f"{variant_name(mode)}'s HAProxy"
     return GROUPS[mode]
+
+
+def own_groups(mode: str) -> set[str]:
+    """The process groups a mode would run alone: the apiserver and etcd, and its servers and balancer."""
+    return {PLANE_GROUP, *(process_groups(mode) if mode in GROUPS or is_variant(mode) else ())} - {""}
 
 
 def ledger_namespace(mode: str) -> str:
@@ -350,7 +357,7 @@ class Rig:
     def measured_groups(self) -> dict[str, list[int]]:
         # koord-manager runs as a component of the plane (its processes are among the plane's).
         koord = {manager.pid for managers in self.koord_managers.values() for manager in managers}
-        groups = {"apiserver + etcd": [pid for pid in self.plane.pids if pid not in koord]}
+        groups = {PLANE_GROUP: [pid for pid in self.plane.pids if pid not in koord]}
         groups |= {process_groups(mode)[0]: [server.pid for server in servers]
                    for mode, servers in self.servers.items()}
         groups |= {process_groups(mode)[0]: [manager.pid for manager in managers]
@@ -662,9 +669,10 @@ def spread(values: list[float], digits: int) -> str:
 
 
 def compared(mode: str, values: dict[str, list[float]], *, against_limit: bool = False) -> str:
-    """How ``mode``'s median compares with native's (every other mode), with strict's (every variant) and,
-    when ``against_limit``, with go-both's (every other mode), for those of them measured in this run."""
-    applies = {"native": True, "strict": is_variant(mode), GO_BOTH: against_limit}
+    """How ``mode``'s median compares with native's (every other mode), with strict's (every variant), with
+    koord-manager ×3's (every mode of ours: the peer a platform team weighs it against) and, when
+    ``against_limit``, with go-both's (every other mode), for those of them measured in this run."""
+    applies = {"native": True, "strict": is_variant(mode), "koord3": is_ours(mode), GO_BOTH: against_limit}
     references = [reference for reference, wanted in applies.items() if wanted and reference in values
                   and reference != mode]
     ratios = []
@@ -685,6 +693,8 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
     per_repetition = {mode: [statistics.median(cycle) for cycle in samples.paired_ms[mode]] for mode in modes}
     rate = {mode: [r.stored / r.seconds for r in bursts(mode, "all")] for mode in modes}
     cpu = {mode: [r.cpu_ms / r.stored for r in bursts(mode, "all")] for mode in modes}
+    own_cpu = {mode: [sum(ms for group, ms in r.cpu_ms_by_group.items() if group in own_groups(mode)) / r.stored
+                      for r in bursts(mode, "all")] for mode in modes}
     rows = {
         "added to a sequential create, p50 ms (paired against a namespace no admission applies to, same cycle;"
         " range: the repetitions' p50s)":
@@ -701,6 +711,9 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
              else "n/a (no quota: it admits every pod)" for mode in modes},
         "CPU per admitted pod, all processes (apiserver, etcd, the webhook servers, HAProxy), ms":
             {mode: spread(cpu[mode], 2) + compared(mode, cpu) for mode in modes},
+        "CPU per admitted pod, the apiserver, etcd and the mode's own servers and HAProxy (as if it ran alone: "
+        "the other modes' servers, which watch these pods too, left out), ms":
+            {mode: spread(own_cpu[mode], 2) + compared(mode, own_cpu) for mode in modes},
     }
     lines = ["| | " + " | ".join(title(mode) for mode in modes) + " |", "|---" * (len(modes) + 1) + "|"]
     lines += [f"| {title} | " + " | ".join(cells[mode] for mode in modes) + " |" for title, cells in rows.items()]

@@ -42,9 +42,8 @@ class UsageIndex:
         # Per gang (namespace/name), its stored members: how many, and what they ask in total.
         self._gang_members: dict[str, tuple[int, ResourceList]] = {}
         # Which quotas a pod is charged to depends only on its place (namespace, quota label) and the
-        # tree: after a change of the tree, each place is resolved once and only the pods of places
-        # whose chain changed are charged again (retree). Kept per place, not per pod: a set of keys
-        # per place would cost memory per pod, which the cache's memory target has no room for.
+        # tree: after a change of the tree, each place is resolved once to learn whether any pod's
+        # quotas changed (retree). Kept per place, not per pod, for the cache's memory target.
         self._place_chains: dict[tuple[str, str], tuple[str, ...]] = {}  # place -> its pods' quotas
         self._place_pods: dict[tuple[str, str], int] = {}  # place -> how many pods are there
 
@@ -108,9 +107,6 @@ class UsageIndex:
     def _charge(self, record: PodRecord) -> None:
         quotas = self._chain_of(record)
         self._join_place(record, quotas)
-        self._add_to(record, quotas)
-
-    def _add_to(self, record: PodRecord, quotas: tuple[str, ...]) -> None:
         self._charged[record.key] = quotas
         for quota in quotas:
             used = self._used.setdefault(quota, {})
@@ -205,34 +201,22 @@ class UsageIndex:
         return tuple(q.name for q in self.tree.chain(resolution.quota))
 
     def retree(self) -> int:
-        """Charge again the pods whose quotas changed with the tree (a quota added, removed, moved to
-        another parent or namespace, or binding other namespaces); how many pods that was.
+        """Charge every pod again if the tree's change (a quota added, removed, moved to another
+        parent or namespace, or binding other namespaces) changed the quotas any pod is charged to;
+        how many pods were charged again.
 
         It runs under the quota service's lock on every ElasticQuota event that moves a quota, so
-        its cost is a pause of every decision: each place is resolved once, and the pods are gone
-        through only when some place's chain changed. A quota that no pod resolves to, or under,
-        costs a resolution per place however many pods the cluster holds.
+        its cost is a pause of every decision. Most such events are a new quota that no pod resolves
+        to yet (quotas come before their pods): each place is resolved once to find that out, and
+        nothing more is done. Otherwise every pod is charged again through :meth:`load`, which sums
+        alike pods once, so the totals are those a fresh count gives (charging only the moved pods
+        one by one was slower than that whenever most pods moved).
         """
-        moved: dict[tuple[str, str], tuple[str, ...]] = {}
-        for place, quotas in self._place_chains.items():
-            now = self._resolved_chain(*place)
-            if now != quotas:
-                moved[place] = now
-        if not moved:
+        if all(self._resolved_chain(*place) == quotas for place, quotas in self._place_chains.items()):
             return 0
-        left = {quota for place in moved for quota in self._place_chains[place]}
-        self._place_chains.update(moved)
-        recharged = 0
-        for key, record in self._pods.items():
-            chain = moved.get((record.namespace, record.quota_label))
-            if chain is None:
-                continue
-            for quota in self._charged[key]:
-                self._used[quota] = subtract_lists(self._used.get(quota, {}), record.requests)
-            self._add_to(record, chain)
-            recharged += 1
-        # A removed quota's totals go with it, as a full count would not have them.
-        for quota in left - self.tree.quotas.keys():
-            if all(total.is_zero() for total in self._used.get(quota, {}).values()):
-                self._used.pop(quota, None)
-        return recharged
+        records = list(self._pods.values())
+        for index in (self._pods, self._used, self._charged, self._gang_members, self._place_chains,
+                      self._place_pods):
+            index.clear()
+        self.load(records)
+        return len(records)

@@ -149,6 +149,12 @@ def test_the_table_weighs_every_sequential_overhead_against_the_two_webhook_limi
     assert room[1] == "n/a (no quota: it admits every pod)" and room[2].startswith("3 of 3 at the ancestor")
     rate = next(cells for title, cells in rows.items() if title.startswith("burst of 10 creates"))
     assert rate == ["10.0", "10.0 (**1.00x** native)", "10.0 (**1.00x** native)"]
+    # Every process counts in the first CPU row; as if it ran alone, each mode's own: native the plane's
+    # 1.0 ms a pod over 10 pods, the Go pair that and its server's, strict that, its replicas' and HAProxy's.
+    every = next(cells for title, cells in rows.items() if title.startswith("CPU per admitted pod, all"))
+    assert every == ["0.36", "0.36 (**1.00x** native)", "0.36 (**1.00x** native)"]
+    alone = next(cells for title, cells in rows.items() if title.startswith("CPU per admitted pod, the apiserver"))
+    assert alone == ["0.10", "0.15 (**1.50x** native)", "0.31 (**3.10x** native)"]
 
 
 COUNTED = """

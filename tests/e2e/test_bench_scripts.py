@@ -118,7 +118,7 @@ def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
     figures, by_group = output.split("CPU per admitted pod by process group")
     by_group, counted_local, counted_strict = by_group.split("What the quota services of ")
     rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
-    assert len(rows) == 5, output
+    assert len(rows) == 6, output
     group_rows = [line for line in by_group.splitlines() if line.startswith("| ") and not line.startswith("| |")]
     assert len(group_rows) == 3 and all(line.count("|") == 6 for line in group_rows), by_group
     # What our quota services counted, per mode of ours: each server's watch showed every stored pod
@@ -135,13 +135,15 @@ def test_production_shape_fills_the_table_and_stores_exactly_the_room() -> None:
     [strict_row] = table_rows(counted_strict, titles[2])
     assert float(strict_row[header.index("ledger writes, ok")]) > 0, counted_strict
     cells = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
-    overhead, rate, refused, room, cpu = cells
+    overhead, rate, refused, room, cpu, alone = cells
     assert all(len(row) == 4 for row in cells), output  # the row's title and the three modes
     for cell in overhead[1:]:
         assert re.match(r"[+-]\d+\.\d\d", cell), overhead
     assert all(float(cell.split()[0]) > 0 for cell in rate[1:]), rate
     # CPU time is counted in clock ticks: ten pods may cost less than one.
     assert all(float(cell.split()[0]) >= 0 for cell in cpu[1:]), cpu
+    assert all(float(own.split()[0]) <= float(every.split()[0]) for own, every in zip(alone[1:], cpu[1:],
+                                                                                  strict=True)), (alone, cpu)
     # Our two modes say how they compare with native.
     assert all(re.search(r"\(\*\*\d+\.\d\dx\*\* native\)", cell) for cell in rate[2:]), rate
     assert refused[1:] == ["0, 0; 0 of 1 bursts"] * 3, refused  # room for all: nothing refused
@@ -161,7 +163,11 @@ def test_production_shape_measures_koordinators_own_quota_admission() -> None:
                           "Koordinator (koord-manager, EnableQuotaAdmission), 1 replica",
                           "Koordinator (koord-manager, EnableQuotaAdmission), 3 replicas + HAProxy"], header
     rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
-    overhead, rate, refused, room, cpu = ([cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows)
+    overhead, rate, refused, room, cpu, alone = ([cell.strip() for cell in row.strip().strip("|").split("|")]
+                                                for row in rows)
+    # As if each mode ran alone: the other modes' servers left out, so never more than all processes.
+    assert all(float(own.split()[0]) <= float(every.split()[0]) for own, every in zip(alone[1:], cpu[1:],
+                                                                                  strict=True)), (alone, cpu)
     assert all(re.fullmatch(r"[+-]\d+\.\d\d \(.*native\)", cell) for cell in overhead[2:]), overhead
     assert all(float(cell.split()[0]) > 0 for cell in rate[1:]), rate
     assert refused[1:] == ["0, 0; 0 of 1 bursts"] * 3, refused
@@ -194,7 +200,11 @@ def test_production_shape_measures_a_baseline_checkout_beside_strict(tmp_path: P
     assert header[1:] == ["native ResourceQuota (`requests.nvidia.com/gpu`)", "ours, strict, 3 replicas + HAProxy",
                           "baseline checkout: ours, strict, 3 replicas + HAProxy"], header
     rows = [line for line in figures.splitlines() if line.startswith("| ") and not line.startswith("| |")]
-    overhead, rate, refused, room, cpu = ([cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows)
+    overhead, rate, refused, room, cpu, alone = ([cell.strip() for cell in row.strip().strip("|").split("|")]
+                                                for row in rows)
+    # As if each mode ran alone: the other modes' servers left out, so never more than all processes.
+    assert all(float(own.split()[0]) <= float(every.split()[0]) for own, every in zip(alone[1:], cpu[1:],
+                                                                                  strict=True)), (alone, cpu)
     # The baseline against native and against strict (three cycles: an overhead may come out at or below zero).
     assert re.fullmatch(r"[+-]\d+\.\d\d \(.*native.*, .*strict.*\)", overhead[3]), overhead
     assert re.fullmatch(r"\d+\.\d \(\*\*\d+\.\d\dx\*\* native, \*\*\d+\.\d\dx\*\* strict\)", rate[3]), rate

@@ -146,7 +146,7 @@ def recharged() -> float:
     return REGISTRY.get_sample_value("gpuquota_usage_recharged_pods_total") or 0.0
 
 
-def test_a_new_quota_charges_again_only_the_pods_it_concerns() -> None:
+def test_a_new_quota_no_pod_resolves_to_charges_no_pod_again() -> None:
     # Many pods of team-a, and two that name a quota not created yet (counted nowhere until it is).
     state = QuotaState()
     state.load([QUOTA, *(pod_object(f"p{i}", f"u{i}", "10") for i in range(500)),
@@ -158,10 +158,10 @@ def test_a_new_quota_charges_again_only_the_pods_it_concerns() -> None:
                       "namespace": "other"}, "spec": {"max": {RATIO: "100"}}})
     assert recharged() == before
     assert state.usage.used("team-a") == {RATIO: Quantity.parse("5000")}
-    # The quota the two early pods name: they count in it now, and they are all that was charged again.
+    # The quota the two early pods name: they count in it now; every pod is charged again (a fresh count).
     state.apply_event("ElasticQuota", "ADDED", {"kind": "ElasticQuota", "metadata": {"name": "team-b",
                       "namespace": "team"}, "spec": {"max": {RATIO: "1000"}}})
-    assert recharged() == before + 2
+    assert recharged() == before + 502
     assert state.usage.used("team-b") == {RATIO: Quantity.parse("200")}
     # team-a moves under a new parent: its 500 pods now count there too.
     state.apply_event("ElasticQuota", "ADDED", {"kind": "ElasticQuota", "metadata": {"name": "org",
@@ -169,12 +169,12 @@ def test_a_new_quota_charges_again_only_the_pods_it_concerns() -> None:
                       "spec": {"max": {RATIO: "10000"}}})
     state.apply_event("ElasticQuota", "MODIFIED", {**QUOTA, "metadata": {
         **QUOTA["metadata"], "labels": {"quota.scheduling.koordinator.sh/parent": "org"}}})
-    assert recharged() == before + 2 + 500
+    assert recharged() == before + 2 * 502
     assert state.usage.used("org") == {RATIO: Quantity.parse("5000")}
     # And team-b goes: its pods count nowhere again, team-a's stay where they are.
     state.apply_event("ElasticQuota", "DELETED", {"kind": "ElasticQuota", "metadata": {"name": "team-b",
                       "namespace": "team"}, "spec": {"max": {RATIO: "1000"}}})
-    assert recharged() == before + 2 + 500 + 2
+    assert recharged() == before + 3 * 502
     assert state.usage.used("team-b") == {}
     assert state.usage.used("team-a") == {RATIO: Quantity.parse("5000")}
 
