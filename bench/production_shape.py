@@ -338,7 +338,6 @@ def counted_between(before: Counter[CounterKey], after: Counter[CounterKey]) -> 
     return +after
 
 
-
 # -- the rig ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -693,7 +692,8 @@ def table(samples: Samples, args: argparse.Namespace) -> str:
     per_repetition = {mode: [statistics.median(cycle) for cycle in samples.paired_ms[mode]] for mode in modes}
     rate = {mode: [r.stored / r.seconds for r in bursts(mode, "all")] for mode in modes}
     cpu = {mode: [r.cpu_ms / r.stored for r in bursts(mode, "all")] for mode in modes}
-    own_cpu = {mode: [sum(ms for group, ms in r.cpu_ms_by_group.items() if group in own_groups(mode)) / r.stored
+    alone = {mode: own_groups(mode) for mode in modes}
+    own_cpu = {mode: [sum(ms for group, ms in r.cpu_ms_by_group.items() if group in alone[mode]) / r.stored
                       for r in bursts(mode, "all")] for mode in modes}
     rows = {
         "added to a sequential create, p50 ms (paired against a namespace no admission applies to, same cycle;"

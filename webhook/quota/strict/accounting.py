@@ -16,7 +16,7 @@ everything they would have written (``forwarding``). Each admission is decided i
   lent to another replica's escrow with a retryable 503 at once.
 
 The pieces: ``committer`` (the group commit and its CAS loop), ``batch_plan`` (one attempt's
-verdicts and the ledger edits they make, ``ledger_edits``), ``escrow`` and ``escrow_journal``,
+verdicts and the ledger edits they make, ``ledger_edits``), ``escrow`` (with its journal),
 ``withdrawals`` (room of admissions whose "allowed" never left), ``reconciler``, ``readiness``,
 ``store`` with ``tree_ledger``, ``ledger_object`` and ``registry`` (the objects), ``writer_lease``, ``forwarding`` and
 ``peer``. Why a hand-over of the writer is safe by compare-and-swap and the watch gate alone:
@@ -89,7 +89,7 @@ class StrictAccounting:
                 escrow = queue.escrows.admit(shape, reservation, now)
                 if escrow is not None:
                     # In the journal before the answer leaves: a successor of this process takes the
-                    # escrow back with it (escrow_journal).
+                    # escrow back with it (escrow.EscrowJournal).
                     self.committer.journal.admitted(tree_root, escrow.entry_key, shared_ledger.StoredReservation(
                         reservation, self.committer.replica, now))
                     metrics.ESCROW_ADMISSIONS.inc()

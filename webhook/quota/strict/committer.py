@@ -51,7 +51,7 @@ class TreeQueue:
     committing: bool = False
     escrows: EscrowBook = field(default_factory=EscrowBook)  # guarded by ``condition``
     withdrawals: PendingWithdrawals = field(default_factory=PendingWithdrawals)
-    # A previous process's escrows of this tree to take back (escrow_journal); guarded by ``condition``.
+    # A previous process's escrows of this tree to take back (escrow.EscrowJournal); guarded by ``condition``.
     takebacks: list[SettleEscrow] = field(default_factory=list)
 
 

@@ -1,5 +1,6 @@
-"""The ledger ConfigMap as the apiserver holds it: the body of a write, its creation time, and the
-two listings the store needs (the trees that have a ledger, the newest pod version).
+"""The ledger ConfigMap as the apiserver holds it: the body of a write and what a read holds, the
+create-or-replace (the registry's too), its creation time, and the two listings the store needs (the
+trees that have a ledger, the newest pod version).
 
 One ConfigMap per quota tree, ``gpuquota-ledger-<tree>`` (``gpuquota_core.shared_ledger`` has the
 data's format), labelled with its tree so a listing finds every replica's, and kept by a finalizer.
@@ -49,9 +50,10 @@ def ledger_contents(body: dict[str, Any]) -> tuple[dict[str, shared_ledger.Store
     return shared_ledger.decode(data), shared_ledger.recovering_until(data), shared_ledger.pods_counted_through(data)
 
 
-def put_ledger(core: Any, body: dict[str, Any], version: str) -> dict[str, Any]:
-    """Create ``body`` (``version`` ""), or replace it if still at ``version``; the stored metadata.
-    ApiException as the apiserver answered (409: a conflict)."""
+def put_config_map(core: Any, body: dict[str, Any], version: str) -> dict[str, Any]:
+    """Create the ConfigMap ``body`` (``version`` ""), or replace it if still at ``version``; the stored
+    metadata. ApiException as the apiserver answered (409: a conflict). The ledgers' writes and the
+    registry's (``registry``) both go through it."""
     metadata = body["metadata"]
     if version:
         metadata["resourceVersion"] = version

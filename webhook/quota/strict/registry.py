@@ -24,9 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.shared_ledger import MANAGED_BY, MANAGED_BY_LABEL
+from webhook.quota.strict.ledger_object import put_config_map
 
 log = logging.getLogger("gpuquota.quota")
-FIELD_MANAGER = "gpuquota-webhook"
 # Conflicts only come from replicas listing or unlisting other trees at the same moment.
 MAX_ATTEMPTS = 8
 
@@ -92,13 +92,7 @@ class LedgerRegistry:
                 "data": shared_ledger.encode_registry(wanted),
             }
             try:
-                if version:
-                    body["metadata"]["resourceVersion"] = version
-                    self.core.replace_namespaced_config_map(shared_ledger.REGISTRY_OBJECT_NAME, self.namespace,
-                                                            body, field_manager=FIELD_MANAGER, _preload_content=False)
-                else:
-                    self.core.create_namespaced_config_map(self.namespace, body, field_manager=FIELD_MANAGER,
-                                                           _preload_content=False)
+                put_config_map(self.core, body, version)
                 return
             except ApiException as error:
                 if error.status in (404, 409):

@@ -32,7 +32,7 @@ from webhook.quota.strict.ledger_object import (
     ledger_contents,
     ledger_trees,
     newest_pod_version,
-    put_ledger,
+    put_config_map,
 )
 from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
 from webhook.quota.strict.tree_ledger import Phase, Stored, TreeLedger
@@ -269,7 +269,7 @@ class LedgerStore:
         body = ledger_body(self.namespace, tree_root, stored.values(), hold, counted_through, release=release,
                            deleted_at=terminating[1] if terminating is not None else None)
         try:
-            written = put_ledger(self.core, body, version)
+            written = put_config_map(self.core, body, version)
         except ApiException as error:
             with self._lock:
                 record = self._tree(tree_root)
