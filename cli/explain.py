@@ -181,7 +181,7 @@ class _SnapshotDecider:
 
     def admit_pod(self, admission: PodAdmission) -> Verdict:
         if self.reservations:
-            from webhook.quota.strict.judgement import judge_batch
+            from webhook.quota.strict.batch_plan import judge_batch
 
             return judge_batch(self.state, [admission], self.reservations, time.time())[0][0]
         return self.state.admit_pod(admission)

@@ -25,13 +25,13 @@ from kubeaccess.kube import connect
 from webhook.admission.status import status_of
 from webhook.quota.cluster_state import start_live_sync
 from webhook.quota.state import QuotaState
-from webhook.quota.strict.accounting import DecideHere, strict_parts
+from webhook.quota.strict.accounting import StrictAccounting, strict_parts
 
 
 @dataclass
 class Replica:
     state: QuotaState
-    accounting: DecideHere  # no writer Lease here: each replica decides its own admissions
+    accounting: StrictAccounting  # no writer Lease here: each replica decides its own admissions, degraded
     stop: threading.Event
 
 
@@ -57,8 +57,8 @@ def world(api: Api, namespace: str, kubeconfig_path: Path, elasticquota_crd: obj
         client = connect(str(kubeconfig_path), None)
         state = QuotaState()
         stop = start_live_sync(state, client)
-        accounting = DecideHere(strict_parts(state, CoreV1Api(client), namespace, replica=f"replica-{index}",
-                                             clock=lambda: clock[0]).accounting)
+        accounting = strict_parts(state, CoreV1Api(client), namespace, replica=f"replica-{index}",
+                                  clock=lambda: clock[0]).accounting
         replicas.append(Replica(state, accounting, stop))
     for replica in replicas:
         eventually(lambda r=replica: r.state.ready()[0] and all(q in r.state.tree.quotas for q in (org, *leaves)),

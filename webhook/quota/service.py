@@ -183,7 +183,7 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, pare
     the service the master starts after this one finds it."""
     from kubernetes import client
 
-    from webhook.quota.strict.accounting import DecideHere, strict_parts
+    from webhook.quota.strict.accounting import strict_parts
     from webhook.quota.strict.escrow import journal_path
 
     core = client.CoreV1Api(api)
@@ -191,7 +191,7 @@ def start_strict(api: Any, state: QuotaState, options: QuotaServiceOptions, pare
         strict = strict_parts(state, core, options.ledger_namespace)
         log.info("strict accounting without a writer Lease: every replica decides here, in the degraded mode "
                  "(fresh reads, no escrow)")
-        return DecideHere(strict.accounting), strict
+        return strict.accounting, strict
     from webhook.quota.strict.forwarding import SingleWriter
     from webhook.quota.strict.peer import PeerClient, PeerListener, ServingKey, bind_peer_socket, join_address
     from webhook.quota.strict.writer_lease import WriterLease

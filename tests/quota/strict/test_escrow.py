@@ -134,7 +134,7 @@ def test_pods_of_two_leaves_each_keep_their_escrow_when_they_alternate(core: Fak
     def admit(pod: str, leaf: str) -> bool:
         return replica.accounting.admit_pod(PodAdmission(
             uid="adm-" + pod, operation="CREATE", namespace="team", name=pod, pod_uid="uid-" + pod,
-            labels={QUOTA_LABEL: leaf}, canonical_requests={RATIO: "100"})).allowed
+            labels={QUOTA_LABEL: leaf}, canonical_requests={RATIO: "100"}), mode=Mode.WRITER).allowed
 
     assert admit("a1", "team-a") and admit("b1", "team-b")
     assert len(escrow_entries(core)) == 2  # one per leaf; b1's write left a1's escrow open

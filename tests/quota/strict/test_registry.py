@@ -33,7 +33,7 @@ def test_a_new_tree_made_by_another_replica_between_a_missing_read_and_the_regis
     core.before_registry_read = lambda: first.admit("p1")
     assert second.admit("p2").allowed
     assert core.stored() == {"team/p1", "team/p2"}
-    assert second.store.recovering_until(TREE) == 0.0
+    assert second.store.record(TREE).held_until == 0.0
 
 
 def test_a_registry_that_cannot_be_read_is_rebuilt_from_the_ledgers_that_exist(core: FakeCore,

@@ -80,7 +80,7 @@ def test_the_hold_after_a_deletion_is_not_extended_while_the_object_stays_missin
     for _ in range(4):
         assert replica.reconcile() == 0 and LEDGER not in core.config_maps
         clock[0] += TTL / 4
-    assert replica.store.recovering_until(TREE) == start + TTL
+    assert replica.store.record(TREE).held_until == start + TTL
     assert clock[0] >= start + TTL and replica.admit("p2", "300").allowed
 
 

@@ -29,10 +29,10 @@ def test_an_unreadable_object_is_rebuilding_until_this_replica_writes_it_over(co
                                                                               clock: list[float]) -> None:
     replica = Replica(core, "r1", clock)
     assert replica.admit("p1").allowed
-    assert replica.store.phase("org") is Phase.LIVE
+    assert replica.store.record("org").phase(clock[0]) is Phase.LIVE
     core.overwrite(LEDGER, {"reservations.json": "{not json"})
     assert not replica.admit("p2").allowed
     # Written over at once (with the hold in it), so the record is held, no longer rebuilding.
-    assert replica.store.phase("org") is Phase.HELD
+    assert replica.store.record("org").phase(clock[0]) is Phase.HELD
     clock[0] += TTL
-    assert replica.store.phase("org") is Phase.LIVE
+    assert replica.store.record("org").phase(clock[0]) is Phase.LIVE

@@ -20,7 +20,7 @@ from webhook.quota.client import QuotaClient
 from webhook.quota.loop import ServiceLoop
 from webhook.quota.service import serve
 from webhook.quota.state import QuotaState
-from webhook.quota.strict.judgement import judge_batch
+from webhook.quota.strict.batch_plan import judge_batch
 from webhook.quota.wire import FrameReader, send_frame
 
 RATIO = "koordinator.sh/gpu-memory-ratio"

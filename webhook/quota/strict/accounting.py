@@ -1,26 +1,12 @@
-"""Strict accounting: record each admission in a shared ledger object before answering.
+"""Strict accounting's entry: pod admissions and reports of unanswered ones, decided in one of two
+modes, and the wiring of its parts (:func:`strict_parts`).
 
-Several replicas each hold their own view of pods and quotas, so room is only ever handed out
-through a write to the API server that carries the resourceVersion the decision was made on
-(``gpuquota_core.shared_ledger`` explains the object and the counting rules; docs/design.md the
-invariant). One replica writes, the holder of the writer Lease, and the others forward it
-everything they would have written (``forwarding``). Each admission is decided in one of two modes:
-
-- ``Mode.WRITER``: this replica is the writer (it holds the Lease, or was asked by a forwarder). It
-  decides on its cached copy of the ledger, which only its own writes change while it is the one
-  writer, and may take room in escrow for pods of one shape (``escrow``).
-- ``Mode.DEGRADED``, "decide here": the writer cannot be asked (no holder known, its port closed,
-  no answer in time), or no writer Lease is configured. Correct whoever else writes, because the
-  compare-and-swap on the ledger is the only fence: it reads the ledger fresh for every commit,
-  group-commits under the read's resourceVersion, takes no escrow, and answers a pod whose room is
-  lent to another replica's escrow with a retryable 503 at once.
-
-The pieces: ``committer`` (the group commit and its CAS loop), ``batch_plan`` (one attempt's
-verdicts and the ledger edits they make, ``ledger_edits``), ``escrow`` (with its journal),
-``withdrawals`` (room of admissions whose "allowed" never left), ``reconciler``, ``readiness``,
-``store`` with ``tree_ledger``, ``ledger_object`` and ``registry`` (the objects), ``writer_lease``, ``forwarding`` and
-``peer``. Why a hand-over of the writer is safe by compare-and-swap and the watch gate alone:
-docs/design.md.
+- ``Mode.WRITER``: this replica writes the ledgers (it holds the writer Lease, or a forwarder asked
+  it). It decides on its cached copy of each ledger, which only its own writes change, and may take
+  room in escrow (``escrow``).
+- ``Mode.DEGRADED``, "decide here": the writer cannot be asked, or no writer Lease is configured.
+  Fresh reads, group-commit CAS, no escrow, and a retryable 503 at once for room lent to an escrow;
+  correct whoever else writes, since the ledger's compare-and-swap is the only fence (docs/design.md).
 """
 
 from __future__ import annotations
@@ -41,10 +27,9 @@ from gpuquota_core.ledger import Reservation
 from gpuquota_core.pod_admission import ALLOW, PodAdmission, Verdict, quota_requests
 from webhook.quota import metrics
 from webhook.quota.state import QuotaState
-from webhook.quota.strict.batch_plan import Job
+from webhook.quota.strict.batch_plan import Job, tree_of
 from webhook.quota.strict.committer import Committer
 from webhook.quota.strict.escrow import DEFAULT_ESCROW_MOST_PODS, ESCROW_WINDOW_SECONDS, EscrowJournal, escrow_shape
-from webhook.quota.strict.judgement import tree_of
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.reconciler import DEFAULT_CREATE_DEADLINE_SECONDS, Reconciler
 from webhook.quota.strict.store import LedgerStore
@@ -66,9 +51,11 @@ class StrictAccounting:
         self.state, self.committer = state, committer
         self.clock, self.monotonic = clock, monotonic
 
-    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf, mode: Mode = Mode.WRITER) -> Verdict:
+    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf, mode: Mode = Mode.DEGRADED) -> Verdict:
         """Decide and record ``admission``; ``answer_by``: the monotonic time after which the worker no
-        longer waits for the answer, so nothing is admitted after it."""
+        longer waits for the answer, so nothing is admitted after it. ``mode``: the degraded mode unless
+        the caller knows this replica is the writer (``forwarding.SingleWriter``); without a writer
+        Lease every replica decides its own admissions so."""
         if self.monotonic() >= answer_by:  # queued in the socket while this process was stopped or busy
             return late_verdict(admission, "arrived")
         requests = quota_requests(admission)
@@ -155,16 +142,3 @@ def strict_parts(state: QuotaState, core: Any, namespace: str, *, replica: str |
                        Reconciler(state, store, clock=clock, create_deadline_seconds=create_deadline_seconds,
                                   forwarding=forwarding))
 
-
-class DecideHere:
-    """Without a writer Lease every replica decides its own admissions, in the degraded mode: fresh
-    reads, no escrow (escrow lives at a writer only)."""
-
-    def __init__(self, accounting: StrictAccounting) -> None:
-        self.accounting = accounting
-
-    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf) -> Verdict:
-        return self.accounting.admit_pod(admission, answer_by, Mode.DEGRADED)
-
-    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool:
-        return self.accounting.withdraw_unanswered(admissions)

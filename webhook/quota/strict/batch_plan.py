@@ -1,36 +1,44 @@
-"""One commit attempt's decision: a batch judged on the ledger copy it read, and the edits its write
-makes to that copy (``ledger_edits``).
+"""One commit attempt's decision: the batch judged on the ledger copy it read, and what its write
+stores.
 
 Pure but for the view it reads under the quota state's lock and the escrow ids it draws: the
-committer (``committer``) reads, calls :func:`plan_batch`, writes the plan's ``keep`` under the
-read's resourceVersion, and on a conflict reads again and plans again from scratch.
+committer reads, calls :func:`plan_batch`, writes the plan's ``keep`` under the read's
+resourceVersion, and on a conflict reads again and plans again from scratch: nothing decided on the
+old copy is reused. Judging is local accounting's decision (``QuotaView.judge``) with the stored
+reservations that still hold room from this replica's point of view in place of its own ledger
+(``gpuquota_core.shared_ledger`` has the counting rules).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuquota_core import shared_ledger
 from gpuquota_core.enforcement import ESCROW_NOT_BACK, QUOTA_EXCEEDED
-from gpuquota_core.ledger import ReservationLedger
+from gpuquota_core.ledger import Reservation, ReservationLedger
 from gpuquota_core.pod_admission import PodAdmission, Verdict
-from webhook.quota.state import QuotaView
+from gpuquota_core.quota_decision import PodQuotaRequest
+from gpuquota_core.quota_objects import POD_QUOTA_LABEL
+from webhook.quota.state import QuotaState, QuotaView
 from webhook.quota.strict.escrow import (
     ESCROW_SHARE,
     Escrow,
     EscrowShape,
+    SettleEscrow,
     ShapeKey,
     escrow_room,
     lent_out,
     settle_edit,
     take_escrow,
 )
-from webhook.quota.strict.judgement import Judged, Requests, judge_batch_holding, pruned
-from webhook.quota.strict.ledger_edits import LedgerEdit, Reserve, SettleEscrow, Stored, Withdraw, applied
-from webhook.quota.strict.withdrawals import Withdrawal
+from webhook.quota.strict.withdrawals import Withdrawal, withdraw
+
+Stored = dict[str, shared_ledger.StoredReservation]
+Judged = tuple[Verdict, Reservation | None]
+Requests = tuple[PodQuotaRequest, PodQuotaRequest | None]
 
 
 @dataclass
@@ -96,8 +104,10 @@ def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling:
     plans again, giving their room back in the same write. Before judging, the write settles
     ``settling``, takes back a previous process's escrows (``takebacks``) and withdraws."""
     kept, pods_counted_through = pruned(view, read.stored, read.now)
-    base = applied(kept, [*(settle_edit(each, replica, view.ttl_seconds) for each in settling), *takebacks,
-                          *(Withdraw(withdrawal) for withdrawal in withdrawals)], read.now)
+    base = dict(kept)  # ``read.stored`` stays as read
+    for settle in [*(settle_edit(each, replica, view.ttl_seconds) for each in settling), *takebacks]:
+        settle.apply(base, read.now)
+    withdraw(base, withdrawals)
     results, holding = judge_batch_holding(view, [job.admission for job in jobs], base, read.now,
                                            [job.requests for job in jobs])
     refused_for_room = any(verdict.reason == QUOTA_EXCEEDED for verdict, _ in results)
@@ -105,19 +115,19 @@ def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling:
         return None
     if refused_for_room:
         results = _lent_refused(view, jobs, results, base, replica, read.now)
-    edits: list[LedgerEdit] = [Reserve(shared_ledger.StoredReservation(reservation, replica, read.now))
-                               for _, reservation in results if reservation is not None]
+    new = [shared_ledger.StoredReservation(reservation, replica, read.now)
+           for _, reservation in results if reservation is not None]
     # The gang reservations the batch's members opened: in the same write as the member that opened
     # each, and withdrawn with it (the same review uid).
-    edits.extend(Reserve(gang) for gang in shared_ledger.opened_gangs(holding, base, replica, read.now))
+    new.extend(shared_ledger.opened_gangs(holding, base, replica, read.now))
     taken = None
     if escrow is not None:
         offer = _escrow_offer(view, jobs, results, holding, escrow, read.now)
         if offer is not None:
             taken = offer[0]
-            edits.append(Reserve(offer[1]))
-    keep = applied(base, edits, read.now)
-    changes = bool(edits) or base.keys() != kept.keys()
+            new.append(offer[1])
+    keep = {**base, **{item.reservation.pod_key: item for item in new}}
+    changes = bool(new) or base.keys() != kept.keys()
     return BatchPlan(results, keep, set(base), pods_counted_through, taken, changes)
 
 
@@ -160,3 +170,44 @@ def _escrow_offer(view: QuotaView, jobs: Sequence[Job], results: list[Judged], h
         return None
     room = escrow_room(view, new, shape, holding, terms.most_pods * ESCROW_SHARE)
     return take_escrow(shape, room, terms.replica, terms.ids, now, terms.window, view.ttl_seconds)
+
+
+def judge_batch_holding(view: QuotaView, admissions: Sequence[PodAdmission],
+                        stored: Mapping[str, shared_ledger.StoredReservation], now: float,
+                        requests: Sequence[Requests] | None = None) -> tuple[list[Judged], ReservationLedger]:
+    """Decide a batch against the shared ledger as stored (``now`` is wall time), and what holds room
+    once the batch's reservations are added: ``stored`` as this replica counts it plus those.
+
+    Each admission sees the ones before it in the batch, so one write can carry them all. Returns,
+    per admission, the verdict and the reservation to store (None: nothing to write).
+    ``requests``: each admission's ``quota_requests``, when the caller has read them already.
+    """
+    ledger = shared_ledger.holding_room(stored, view.usage, now, view.ttl_seconds)
+    known: Sequence[Requests | None] = requests if requests is not None else [None] * len(admissions)
+    return [view.judge(admission, ledger, now, read)
+            for admission, read in zip(admissions, known, strict=True)], ledger
+
+
+def judge_batch(state: QuotaState, admissions: Sequence[PodAdmission],
+                stored: Mapping[str, shared_ledger.StoredReservation], now: float) -> list[Judged]:
+    """:func:`judge_batch_holding`'s verdicts on a snapshot of ``state`` of its own (one-off callers:
+    ``gpuquota explain``; strict accounting judges inside the snapshot of its whole commit attempt)."""
+    with state.snapshot() as view:
+        return judge_batch_holding(view, admissions, stored, now)[0]
+
+
+def pruned(view: QuotaView, stored: Mapping[str, shared_ledger.StoredReservation],
+           now: float) -> tuple[dict[str, shared_ledger.StoredReservation], int]:
+    """The reservations worth keeping, and the pod resourceVersion a replica's watch must have
+    reached to count every pod whose dropped reservation this replica's watch counts (0: none)."""
+    kept = shared_ledger.pruned(stored, view.usage, now)
+    counted = (key for key, item in stored.items() if key not in kept and shared_ledger.confirmed(item, view.usage))
+    return kept, max(map(view.pod_versions.shown_at_most, counted), default=0)
+
+
+def tree_of(view: QuotaView, admission: PodAdmission) -> str | None:
+    """The quota tree whose shared ledger a pod's admission writes to; None: the pod has no quota."""
+    resolution = view.tree.resolve(admission.namespace, admission.labels.get(POD_QUOTA_LABEL, ""))
+    if resolution.quota is None or resolution.quota not in view.tree.quotas:
+        return None
+    return shared_ledger.tree_of(view.tree, resolution.quota)

@@ -22,15 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuquota_core import shared_ledger
 from gpuquota_core.enforcement import LEDGER_UNAVAILABLE
 from gpuquota_core.pod_admission import Verdict
 from webhook.quota import metrics
 from webhook.quota.state import QuotaState
-from webhook.quota.strict.batch_plan import BatchPlan, EscrowTerms, Job, LedgerRead, plan_batch
-from webhook.quota.strict.escrow import Escrow, EscrowBook, EscrowJournal
-from webhook.quota.strict.judgement import pruned
-from webhook.quota.strict.ledger_edits import SettleEscrow
+from webhook.quota.strict.batch_plan import BatchPlan, EscrowTerms, Job, LedgerRead, plan_batch, pruned
+from webhook.quota.strict.escrow import Escrow, EscrowBook, EscrowJournal, SettleEscrow
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
 from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal, late_answers, late_verdict
@@ -224,22 +221,16 @@ class Committer:
         if self.store.finish_deletion(tree_root, version):
             commit.fresh = True
             return None
-        now = self.clock()
-        held_until = self.store.recovering_until(tree_root)
-        if now < held_until:
-            self._record_hold(tree_root, version, stored, now)
-            raise _BatchRefused(f"the shared quota ledger of tree {tree_root} {self.store.hold_cause(tree_root)}; "
-                                f"reservations only it held may still take room for {held_until - now:.1f}s, "
-                                f"until they expire")
-        return LedgerRead(version, stored, now, self.store.pods_counted_through(tree_root))
-
-    def _record_hold(self, tree_root: str, version: str, stored: dict[str, shared_ledger.StoredReservation],
-                    now: float) -> None:
-        """Put what this replica carried, and the hold, into the object (recreating it if missing)."""
-        if self.store.owes_rewrite(tree_root) or not version:
-            with self.state.snapshot() as view:
-                kept, counted_through = pruned(view, stored, now)
-            self.store.write(tree_root, version, kept, pods_counted_through=counted_through)
+        now, record = self.clock(), self.store.record(tree_root)
+        if now < record.held_until:
+            if record.owes_rewrite() or not version:  # what it carried, and the hold, go into the object
+                with self.state.snapshot() as view:
+                    kept, counted_through = pruned(view, stored, now)
+                self.store.write(tree_root, version, kept, pods_counted_through=counted_through)
+            cause = record.hold_cause or "was deleted or could not be read"  # a hold read from the object does not say
+            raise _BatchRefused(f"the shared quota ledger of tree {tree_root} {cause}; reservations only it held "
+                                f"may still take room for {record.held_until - now:.1f}s, until they expire")
+        return LedgerRead(version, stored, now, record.pods_counted_through)
 
     def _write(self, tree_root: str, queue: TreeQueue, commit: _Commit, read: LedgerRead, plan: BatchPlan) -> bool:
         """Store the plan if the object is still at the version read (nothing to store: done); False

@@ -1,29 +1,20 @@
-"""Escrow: room one replica takes in the ledger for pods it has not admitted yet.
+"""Escrow: room the writer takes in the ledger for pods it has not admitted yet (docs/design.md,
+"Escrow", has the invariant and the sizes).
 
-A ledger write that admits a pod may also take room for up to ``escrow_most_pods`` more pods of
-the same shape (quota chain and request). For ``ESCROW_WINDOW_SECONDS`` after that write, the
-replica admits pods of that shape from the escrow without writing; every replica counts the whole
-entry until it expires. Once the escrow is spent (used up, its window over, the tree changed), the
-replica's next write to the tree closes it and replaces the entry by a reservation for each pod
-admitted from it (docs/design.md has the invariant). This module holds the rules: which pods an
-escrow may admit (:func:`escrow_shape`), how much room one may take (:func:`escrow_room`,
-:func:`take_escrow`), when it is spent, what a closed one leaves in the ledger (:func:`settle_edit`),
-and one tree's escrows at this replica (:class:`EscrowBook`).
+A ledger write that admits a pod may also take room for up to ``escrow_most_pods`` more pods of its
+shape (quota chain and request). For ``ESCROW_WINDOW_SECONDS`` the writer admits pods of that shape
+from it without writing; once it is spent, its next write replaces the entry by a reservation per
+pod admitted from it. Here: which pods an escrow may admit (:func:`escrow_shape`), how much room one
+takes (:func:`escrow_room`, :func:`take_escrow`), what a closed one leaves in the ledger
+(:class:`SettleEscrow`), one tree's escrows at this replica (:class:`EscrowBook`), and the journal.
 
-Escrow lives at the writer only (the writer Lease's holder): a replica deciding here because the
-holder cannot be asked takes none (``webhook.quota.strict.accounting``, the degraded mode).
-
-The journal (:class:`EscrowJournal`): a quota service killed inside its replica (the common crash)
-takes the memory of what its escrows admitted with it, and their entries would hold their room
-until they expire, the window plus a whole TTL. So before an escrow admission is answered the
-writer appends a line to a file in the private directory beside its socket, which the service its
-master starts next reads: it replaces each escrow entry of its predecessor still in a ledger by a
-reservation per pod journalled as admitted from it (``ledger_edits.SettleEscrow``, ``taken_back``).
-That is at least what those pods hold (a journalled admission whose answer never left only adds a
-reservation that expires, or that its worker's report withdraws), so the room the escrow did not use
-is back within seconds of the restart. A write(2) survives the death of the process (the page cache
-is the kernel's), so no fsync is needed: only a replica that vanished whole loses the journal, and
-its entries wait for the TTL, as they must.
+The journal (:class:`EscrowJournal`): a quota service killed inside its replica, the common crash,
+takes the memory of what its escrows admitted with it, and their entries would hold their room for
+the window and a whole TTL. So before an escrow admission is answered the writer appends it to a
+file beside its socket; the service its master starts next reads it and takes its predecessor's
+entries back, each replaced by the pods journalled from it. A write(2) outlives the process (the
+page cache is the kernel's), so no fsync is needed: only a replica that vanished whole loses the
+journal, and its entries wait for their TTL, as they must.
 """
 
 from __future__ import annotations
@@ -46,7 +37,6 @@ from gpuquota_core.quantity import Quantity
 from gpuquota_core.quota_decision import PodQuotaRequest, decide
 from gpuquota_core.resources import ResourceList
 from webhook.quota.state import QuotaView
-from webhook.quota.strict.ledger_edits import SettleEscrow
 
 # How long a replica admits from room it took, the most pods one escrow holds room for, and the
 # share of what is free for a shape one escrow may take. The share keeps most of the free room for
@@ -164,9 +154,26 @@ def take_escrow(shape: EscrowShape, room: int, replica: str, ids: Iterator[int],
     return Escrow(entry_key, shape, count, now + window), shared_ledger.StoredReservation(entry, replica, now)
 
 
+@dataclass(frozen=True)
+class SettleEscrow:
+    """The ledger edit that replaces an escrow's entry by a reservation per pod admitted from it (those
+    not expired). ``taken_back``: the escrow of a previous process of this replica, with the pods it
+    journalled (:class:`EscrowJournal`); replaced only while its entry is still there, since that
+    process may have settled it itself, and its pods' reservations been confirmed or withdrawn since."""
+
+    entry_key: str
+    admitted: tuple[shared_ledger.StoredReservation, ...]
+    taken_back: bool = False
+
+    def apply(self, keep: dict[str, shared_ledger.StoredReservation], now: float) -> None:
+        if self.taken_back and self.entry_key not in keep:
+            return
+        keep.pop(self.entry_key, None)
+        keep.update({item.reservation.pod_key: item for item in self.admitted if item.reservation.expires_at > now})
+
 
 def settle_edit(escrow: Escrow, replica: str, ttl_seconds: float) -> SettleEscrow:
-    """The edit that replaces a closed escrow's entry by a reservation per pod admitted from it."""
+    """The edit that settles a closed escrow of this process."""
     return SettleEscrow(escrow.entry_key, tuple(
         shared_ledger.StoredReservation(reservation, replica, reservation.expires_at - ttl_seconds)
         for reservation in escrow.admitted))

@@ -1,22 +1,13 @@
-"""Everything a replica would write, sent to the replica that writes the ledgers (``--writer-lease``).
+"""Who decides under a writer Lease (``--writer-lease``): the holder as the writer; every other
+replica sends it each admission its workers ask about and each report of admissions they refused
+without an answer, and answers with the holder's verdict; a replica that cannot ask it (none known,
+not reachable, not this replica's certificate, no answer in time) decides here, degraded, and says
+so in its log and in ``gpuquota_ledger_writer_role``. docs/design.md, "One writer while it can be
+asked", has the why; the wire is ``peer``.
 
-A replica that does not hold the writer Lease (``webhook.quota.strict.writer_lease``) sends the
-holder's quota service, over TLS, each pod admission its workers ask it to decide, and each report
-of admissions its workers refused without an answer (their withdrawals), and answers with the
-holder's verdict: one writer, so its cached copy of each ledger is the ledger, and no conflicts.
-Only the quota decision travels; the HTTP work of a review stays on the replica the API server called.
-
-Forwarding is never needed for a correct answer, only for a cheap one. Whenever the holder cannot
-be asked (none known, not reachable, its certificate or key not this replica's, its answer not back
-in time) this replica enters the degraded mode and decides here (``accounting.Mode.DEGRADED``):
-the ledger's compare-and-swap keeps that correct, whoever else writes. It says so in its log when
-it enters and leaves the mode, and in ``gpuquota_ledger_writer_role{role="degraded"}``. An
-admission the holder received but did not answer in time is decided here too; if the holder
-admitted it meanwhile its reservation is counted twice until the watch confirms the pod or the TTL
-ends, which can refuse a pod, never admit one too many, and the holder withdraws an admission it
-decides after the deadline it was given.
-
-The wire between the replicas (TLS, who may ask, the listener) is ``webhook.quota.strict.peer``.
+An admission the holder received but did not answer in time is decided here too. Should the holder
+have admitted it meanwhile, its reservation counts twice until the watch confirms the pod or the
+holder withdraws it as late: a refusal at worst, never one admission too many.
 """
 
 from __future__ import annotations
@@ -26,11 +17,10 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from webhook.quota import metrics
-from webhook.quota.strict.accounting import Mode
+from webhook.quota.strict.accounting import Mode, StrictAccounting
 from webhook.quota.strict.peer import LONGEST_FORWARD_SECONDS, PeerClient, PeerUnavailable
 from webhook.quota.strict.writer_lease import WriterLease
 
@@ -44,19 +34,11 @@ FORWARD_SHARE = 0.5
 AVOID_SECONDS = 1.0
 
 
-class Decider(Protocol):
-    """Strict accounting as this module uses it (``accounting.StrictAccounting``)."""
-
-    def admit_pod(self, admission: PodAdmission, answer_by: float = math.inf, mode: Mode = Mode.WRITER) -> Verdict: ...
-
-    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
-
-
 class SingleWriter:
     """The quota service's decider with a writer Lease: the writer decides as the writer, a
     forwarder forwards, and a replica that cannot ask the writer decides here, degraded."""
 
-    def __init__(self, local: Decider, lease: WriterLease, peers: PeerClient,
+    def __init__(self, local: StrictAccounting, lease: WriterLease, peers: PeerClient,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.local = local
         self.lease = lease

@@ -21,10 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gpuquota_core.pod_admission import PodAdmission, Verdict
 from webhook.quota.wire import FrameReader, send_frame, verdict_from_wire
+
+if TYPE_CHECKING:  # forwarding imports this module: the listener answers with its SingleWriter
+    from webhook.quota.strict.forwarding import SingleWriter
 
 log = logging.getLogger("gpuquota.quota")
 # A holder on the pod network answers a connect within milliseconds; one that does not is down or
@@ -43,14 +46,6 @@ MAX_PEER_FRAME = 256 * 1024
 MAX_PEER_CONNECTIONS = 512
 # A new connection must complete its handshake and send its first request within this.
 FIRST_REQUEST_SECONDS = 2.0
-
-
-class ForwardedAnswers(Protocol):
-    """What the holder's listener answers with (``SingleWriter``)."""
-
-    def admit_forwarded(self, admission: PodAdmission, answer_by: float) -> Verdict: ...
-
-    def withdraw_unanswered(self, admissions: list[PodAdmission]) -> bool: ...
 
 
 class PeerUnavailable(Exception):
@@ -189,11 +184,11 @@ def bind_peer_socket(host: str, port: int) -> socket.socket:
 
 
 class PeerListener:
-    """The writer's side: answers forwarded admissions and reports (``ForwardedAnswers``), whether or
+    """The writer's side: answers forwarded admissions and reports (``SingleWriter``), whether or
     not it holds the Lease now (a forwarder that read the Lease a moment ago is still answered
     correctly). A thread per connection: the forwarders keep one per thread, so there are few."""
 
-    def __init__(self, listener: socket.socket, key: ServingKey, answers: ForwardedAnswers,
+    def __init__(self, listener: socket.socket, key: ServingKey, answers: SingleWriter,
                  monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
         self.key = key
         self.answers = answers

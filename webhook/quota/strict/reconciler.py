@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuquota_core import shared_ledger
 from webhook.quota import metrics
 from webhook.quota.state import QuotaState
-from webhook.quota.strict.judgement import pruned
+from webhook.quota.strict.batch_plan import pruned
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
 
 log = logging.getLogger("gpuquota.quota")
@@ -63,7 +63,7 @@ class Reconciler:
             lost = self.lost(keep, now)
             for pod_key in lost:
                 del keep[pod_key]
-            changed = len(keep) < len(stored) or self.store.owes_rewrite(tree_root)
+            changed = len(keep) < len(stored) or self.store.record(tree_root).owes_rewrite()
             if not version and not keep:
                 self.store.drop_carried(tree_root)  # nothing left worth recreating the object for
             elif changed and self.store.write(tree_root, version, keep, pods_counted_through=counted_through):

@@ -1,20 +1,19 @@
-"""The ledger store: reads, writes and holds of strict accounting's ledger ConfigMaps, one per quota
-tree in the ledger namespace (``gpuquota_core.shared_ledger`` has the format and counting rules).
+"""The ledger store: reads, writes and holds of the ledger ConfigMaps, one per quota tree in the
+ledger namespace (``gpuquota_core.shared_ledger`` has the format and the counting rules;
+docs/design.md, "The store", the cases below).
 
-Every write carries the resourceVersion it was decided on, so a write made on an out-of-date copy is
-a conflict and is decided again. What this replica knows of each tree's object is one ``TreeLedger``
-(its lifecycle is there). A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it,
-and holds its tree until everything in it has expired (``finish_deletion`` then lets it go); one that
-disappears at once is caught by the registry of ledgers (``registry``). What this replica last saw in
-a lost object is carried, returned by every read as if still stored until one of its writes puts it
-back. What only other replicas knew is gone, and expires at the latest one hold after the loss was
-noticed, so the tree is held until then (the hold recorded in the recreated object for every
-replica): its admissions are refused as LedgerUnavailable, never admitted into room that may be taken.
+Every write carries the resourceVersion it was decided on, so one made on an out-of-date copy is a
+conflict and is decided again. What this replica knows of each tree's object is a ``TreeLedger``,
+with its lifecycle. A deleted object stays, terminating, while ``LEDGER_FINALIZER`` is on it; one
+that disappears at once is caught by the registry (``registry``); what this replica last saw in a
+lost object is carried into its next write. What only other replicas knew is gone, so the tree is
+held until that has expired: its admissions are refused as LedgerUnavailable meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -35,7 +34,7 @@ from webhook.quota.strict.ledger_object import (
     put_config_map,
 )
 from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
-from webhook.quota.strict.tree_ledger import Phase, Stored, TreeLedger
+from webhook.quota.strict.tree_ledger import Stored, TreeLedger
 
 log = logging.getLogger("gpuquota.quota")
 
@@ -64,9 +63,10 @@ class LedgerStore:
         """The tree's record (lock held)."""
         return self._trees.setdefault(tree_root, TreeLedger())
 
-    def phase(self, tree_root: str) -> Phase:
+    def record(self, tree_root: str) -> TreeLedger:
+        """A copy of what this replica knows of the tree's object now (its hold, its phase, what it owes)."""
         with self._lock:
-            return self._tree(tree_root).phase(self.clock())
+            return dataclasses.replace(self._tree(tree_root))
 
     def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[str, Stored]:
         """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``.
@@ -180,26 +180,9 @@ class LedgerStore:
     def list_trees(self) -> list[str]:
         return ledger_trees(self.core, self.namespace)
 
-    def recovering_until(self, tree_root: str) -> float:
-        """Until when (wall clock) the tree is held after its object was found deleted; 0: not held."""
-        with self._lock:
-            return self._tree(tree_root).held_until
-
-    def hold_cause(self, tree_root: str) -> str:
-        """What the tree's hold follows from, for refusals (a hold read from the object does not say)."""
-        with self._lock:
-            return self._tree(tree_root).hold_cause or "was deleted or could not be read"
-
     def drop_carried(self, tree_root: str) -> None:
         with self._lock:
             self._tree(tree_root).carried = {}
-
-    def owes_rewrite(self, tree_root: str) -> bool:
-        """Whether this replica must write the object even with nothing new: reservations of a lost
-        object wait to be put back, or it was found unreadable and not yet written over."""
-        with self._lock:
-            record = self._tree(tree_root)
-            return bool(record.carried) or record.rebuilding_until is not None
 
     def known_trees(self) -> set[str]:
         """The trees this replica has read or written, whether or not their object still exists."""
@@ -221,11 +204,6 @@ class LedgerStore:
             self._tree(tree_root).listed = False
         self.write(tree_root, version, {}, release=True)
         return True
-
-    def pods_counted_through(self, tree_root: str) -> int:
-        """How far a replica's pod watch must have got to decide on the copy of ``tree_root`` last read."""
-        with self._lock:
-            return self._tree(tree_root).pods_counted_through
 
     def write(self, tree_root: str, version: str, stored: Stored, release: bool = False,
               pods_counted_through: int = 0) -> bool:

@@ -59,6 +59,11 @@ class TreeLedger:
             return Phase.LIVE
         return Phase.LISTED if self.listed else Phase.MISSING
 
+    def owes_rewrite(self) -> bool:
+        """Whether this replica must write the object even with nothing new: reservations of a lost
+        object wait to be put back, or it was found unreadable and not yet written over."""
+        return bool(self.carried) or self.rebuilding_until is not None
+
     def hold(self, until: float, cause: str | None = None) -> None:
         self.held_until = max(self.held_until, until)
         if cause is not None:

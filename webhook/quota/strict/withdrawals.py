@@ -1,25 +1,15 @@
 """Withdrawals: taking out of a ledger the room reserved for admissions whose "allowed" never left.
+Late answers (decided, or written, after the worker's deadline) and unanswered admissions (the worker
+got no answer from its quota service and refused the pod 503 ``QuotaServiceDown``, then reports it:
+``webhook.quota.client``) take one path, the tree's next write (docs/design.md, "Withdrawals").
 
-Two paths lead here, and both end in one rule. A late answer: the writer decided an admission, but
-its write ended after the worker's deadline, or failed without saying whether it landed, so the
-worker never got "allowed". An unanswered admission: the worker got no answer at all from its
-quota service (it died or hung with the admission) and refused the pod 503 ``QuotaServiceDown``;
-it reports the admission until a service takes the report (``webhook.quota.client``), and a
-forwarder passes the report on to the writer (``webhook.quota.strict.forwarding``).
-
-Removing a reservation is safe only when no "allowed" ever reached the apiserver for it, so its
-pod cannot be stored on its strength. The rule (:meth:`Withdrawal.matches`): a withdrawal names a
-pod key and the uid of the AdmissionReview that was refused, and it removes the entry under that
-key only while that entry was written for exactly that review, whichever replica wrote it.
-
-That rests on one fact of the apiserver: it never sends a review uid again once it has an answer
-for it. A client that retries a refused create makes a new request, hence a new review with a new
-uid, and the entry written for that one is never taken by the earlier review's withdrawal
-(``tests/quota/strict/test_withdrawals.py`` holds it). A review the apiserver re-sends after a
-broken connection keeps its uid, but then the apiserver never got the earlier answer either.
-
-The committer takes what is queued when it starts a write and puts it back if the write does not
-land, so a withdrawal reported while a write is in flight waits for the next one.
+The one rule (:meth:`Withdrawal.matches`): a withdrawal names a pod key and the uid of the
+AdmissionReview that was refused, and removes the entry under that key only while it was written
+for exactly that review, whichever replica wrote it. It rests on one fact of the apiserver: it never
+sends a review uid again once it has an answer for it. A client that retries a refused create makes a
+new request, hence a new review with a new uid, whose entry the earlier review's withdrawal never
+takes (``tests/quota/strict/test_withdrawals.py`` holds it). A review re-sent after a broken
+connection keeps its uid, but then the apiserver never got the earlier answer either.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Which replica writes the ledgers: the holder of one Lease (``--writer-lease``).
-
-Every replica can decide any admission correctly: a ledger write carries the resourceVersion it
-was decided on, so two replicas writing one tree's ledger at once cannot both take the same room.
-But they conflict, and each conflict costs a failed write and a fresh read of the whole object in
-the API server and in the replica. With one writer there are none: the replica holding this Lease
-decides every admission, and the others forward theirs to it (``webhook.quota.strict.forwarding``)
-at the address it writes into the Lease.
+"""Which replica writes the ledgers: the holder of one Lease (``--writer-lease``). With one writer
+the ledger writes do not conflict; the others forward to it (``forwarding``) at the address it
+writes into the Lease.
 
 The Lease picks the writer; it guards nothing. Two replicas that both believe they hold it (a
 partition, a paused holder that wakes up) are still correct, because the ledger's preconditions
 decide; they only conflict again. So expiry is judged the way client-go's leader election judges it,
 by how long this replica has seen the record unchanged on its own monotonic clock, never by the
-timestamps another host wrote. A replica that cannot ask the holder decides its own admissions in
-the degraded mode (``accounting.Mode.DEGRADED``), safe by the compare-and-swap alone.
+timestamps another host wrote.
 """
 
 from __future__ import annotations
