@@ -101,8 +101,9 @@ class StrictAccounting:
             trees = [None if admission.dry_run else tree_of(view, admission) for admission in admissions]
         for admission, tree_root in zip(admissions, trees, strict=True):
             if tree_root is not None:
-                self.committer.queue(tree_root).withdrawals.add(
-                    [Withdrawal(f"{admission.namespace}/{admission.name}", admission.uid)])
+                queue = self.committer.queue(tree_root)
+                with queue.condition:
+                    queue.withdrawals.append(Withdrawal(f"{admission.namespace}/{admission.name}", admission.uid))
         log.info("strict accounting: withdrawing what was reserved for %d admissions refused after an attempt got no "
                  "answer: %s", len(admissions), ", ".join(f"{a.namespace}/{a.name}" for a in admissions[:10]))
         return True

@@ -30,7 +30,7 @@ from webhook.quota.strict.batch_plan import BatchPlan, EscrowTerms, Job, LedgerR
 from webhook.quota.strict.escrow import Escrow, EscrowBook, EscrowJournal, SettleEscrow
 from webhook.quota.strict.readiness import LedgerReadiness
 from webhook.quota.strict.store import LedgerStore, LedgerUnavailable
-from webhook.quota.strict.withdrawals import PendingWithdrawals, Withdrawal, late_answers, late_verdict
+from webhook.quota.strict.withdrawals import Withdrawal, late_answers, late_verdict
 
 log = logging.getLogger("gpuquota.quota")
 # Conflicts are rare with one writer but the rule under a hand-over or in the degraded mode: retry
@@ -47,7 +47,9 @@ class TreeQueue:
     pending: list[Job] = field(default_factory=list)
     committing: bool = False
     escrows: EscrowBook = field(default_factory=EscrowBook)  # guarded by ``condition``
-    withdrawals: PendingWithdrawals = field(default_factory=PendingWithdrawals)
+    # What the tree's next write withdraws (any thread adds; the committer takes them all, and puts back
+    # what a failed write did not store); guarded by ``condition``.
+    withdrawals: list[Withdrawal] = field(default_factory=list)
     # A previous process's escrows of this tree to take back (escrow.EscrowJournal); guarded by ``condition``.
     takebacks: list[SettleEscrow] = field(default_factory=list)
 
@@ -146,7 +148,7 @@ class Committer:
             # stay open (pods of two leaves of one tree alternate, and would close each other's).
             queue.escrows.close(self.clock(), self.state.tree_version, only_spent=True)
             settling, takebacks = list(queue.escrows.settling), list(queue.takebacks)
-        withdrawals = queue.withdrawals.take()
+            withdrawals, queue.withdrawals = queue.withdrawals, []
         degraded = any(job.degraded for job in batch)
         commit = _Commit(batch, settling, takebacks, withdrawals,
                          give_up_at=min((job.submitted for job in batch), default=time.monotonic())
@@ -162,7 +164,8 @@ class Committer:
             reason = str(error) if isinstance(error, LedgerUnavailable) else \
                 f"the shared quota ledger is unreachable: {error}"
             self.readiness.failed(reason)
-        queue.withdrawals.put_back([*commit.withdrawals, *commit.in_flight])
+        with queue.condition:
+            queue.withdrawals.extend([*commit.withdrawals, *commit.in_flight])
         if commit.batch:
             log.warning("strict accounting: refusing %d admissions: %s", len(commit.batch), reason)
         for job in commit.batch:
@@ -270,7 +273,8 @@ class Committer:
         next write (``withdrawals.late_answers``)."""
         late, withdrawals = late_answers([job.answer_by for job in commit.batch], plan.results, plan.held_before,
                                          self.monotonic())
-        queue.withdrawals.add(withdrawals)
+        with queue.condition:
+            queue.withdrawals.extend(withdrawals)
         if late:
             log.warning("strict accounting: %d admissions were decided after their workers stopped waiting; "
                         "refused, and their reservations withdrawn in the next write", len(late))

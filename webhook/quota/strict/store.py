@@ -233,7 +233,7 @@ class LedgerStore:
              pods_counted_through: int = 0) -> bool:
         """One create or replace of the object (``write``); False on a conflict, a replace that finds
         the object deleted included (the caller reads again, finds it missing, and creates it with
-        what this replica carried). ``pods_counted_through``: as ``judgement.pruned`` gives it; the
+        what this replica carried). ``pods_counted_through``: as ``batch_plan.pruned`` gives it; the
         object keeps the highest ever recorded. ``release`` drops a deleted object's finalizer."""
         name = shared_ledger.ledger_object_name(tree_root)
         with self._lock:

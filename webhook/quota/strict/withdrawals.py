@@ -14,7 +14,6 @@ connection keeps its uid, but then the apiserver never got the earlier answer ei
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 
@@ -78,28 +77,3 @@ def late_verdict(admission: PodAdmission, when: str) -> Verdict:
                    f"{when} after the webhook worker stopped waiting for its answer; retry shortly",
                    reason=ANSWER_TOO_LATE)
 
-
-class PendingWithdrawals:
-    """The withdrawals of one tree waiting for its next write (any thread may add; the tree's
-    committer takes them, and puts back what a failed write did not store)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: list[Withdrawal] = []
-
-    def add(self, withdrawals: Iterable[Withdrawal]) -> None:
-        with self._lock:
-            self._pending.extend(withdrawals)
-
-    def take(self) -> list[Withdrawal]:
-        """Everything queued now, removed from the queue in the same step."""
-        with self._lock:
-            taken, self._pending = self._pending, []
-            return taken
-
-    def put_back(self, withdrawals: Iterable[Withdrawal]) -> None:
-        self.add(withdrawals)
-
-    def __bool__(self) -> bool:
-        with self._lock:
-            return bool(self._pending)
