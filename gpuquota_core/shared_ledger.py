@@ -91,6 +91,9 @@ class StoredReservation:
     gang: GangReservation | None = None
 
 
+Stored = dict[str, StoredReservation]  # a ledger object's entries, by key
+
+
 def gang_key(gang: str) -> str:
     return f"{GANG_KEY_PREFIX}{gang}"
 

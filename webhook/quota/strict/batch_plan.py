@@ -36,7 +36,6 @@ from webhook.quota.strict.escrow import (
 )
 from webhook.quota.strict.withdrawals import Withdrawal, withdraw
 
-Stored = dict[str, shared_ledger.StoredReservation]
 Judged = tuple[Verdict, Reservation | None]
 Requests = tuple[PodQuotaRequest, PodQuotaRequest | None]
 
@@ -62,7 +61,7 @@ class LedgerRead:
     """The tree's ledger object as one attempt read it, and when (wall clock)."""
 
     version: str
-    stored: dict[str, shared_ledger.StoredReservation]
+    stored: shared_ledger.Stored
     now: float
     pods_counted_through: int  # how far this replica's pod watch must have got to decide on it
 
@@ -81,7 +80,7 @@ class EscrowTerms:
 @dataclass(frozen=True)
 class BatchPlan:
     results: list[Judged]
-    keep: Stored  # the object's entries after the write
+    keep: shared_ledger.Stored  # the object's entries after the write
     held_before: set[str]  # the entries there before this batch's reservations were added
     pods_counted_through: int
     taken: Escrow | None  # a new escrow, opened once the write lands
@@ -131,7 +130,7 @@ def plan_batch(view: QuotaView, read: LedgerRead, jobs: Sequence[Job], settling:
     return BatchPlan(results, keep, set(base), pods_counted_through, taken, changes)
 
 
-def _lent_refused(view: QuotaView, jobs: Sequence[Job], results: list[Judged], base: Stored, replica: str,
+def _lent_refused(view: QuotaView, jobs: Sequence[Job], results: list[Judged], base: shared_ledger.Stored, replica: str,
                   now: float) -> list[Judged]:
     """The results with each pod refused for room that only another writer's escrow holds answered
     503 ``EscrowNotBackInTime`` at once (the room exists, lent out; the worker asks once more), not
@@ -197,7 +196,7 @@ def judge_batch(state: QuotaState, admissions: Sequence[PodAdmission],
 
 
 def pruned(view: QuotaView, stored: Mapping[str, shared_ledger.StoredReservation],
-           now: float) -> tuple[dict[str, shared_ledger.StoredReservation], int]:
+           now: float) -> tuple[shared_ledger.Stored, int]:
     """The reservations worth keeping, and the pod resourceVersion a replica's watch must have
     reached to count every pod whose dropped reservation this replica's watch counts (0: none)."""
     kept = shared_ledger.pruned(stored, view.usage, now)

@@ -165,7 +165,7 @@ class SettleEscrow:
     admitted: tuple[shared_ledger.StoredReservation, ...]
     taken_back: bool = False
 
-    def apply(self, keep: dict[str, shared_ledger.StoredReservation], now: float) -> None:
+    def apply(self, keep: shared_ledger.Stored, now: float) -> None:
         if self.taken_back and self.entry_key not in keep:
             return
         keep.pop(self.entry_key, None)

@@ -41,7 +41,7 @@ def ledger_body(namespace: str, tree_root: str, stored: Iterable[shared_ledger.S
             "data": shared_ledger.encode(stored, hold, counted_through)}
 
 
-def ledger_contents(body: dict[str, Any]) -> tuple[dict[str, shared_ledger.StoredReservation], float, int]:
+def ledger_contents(body: dict[str, Any]) -> tuple[shared_ledger.Stored, float, int]:
     """What a read object holds: its reservations, the hold it records (0: none) and how far its
     readers' pod watches must have got; LedgerFormatError when it cannot be read."""
     data = body.get("data") or {}

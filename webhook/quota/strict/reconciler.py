@@ -73,7 +73,7 @@ class Reconciler:
                              "(tree %s): %s", len(lost), tree_root, ", ".join(sorted(lost)))
         return dropped
 
-    def lost(self, stored: dict[str, shared_ledger.StoredReservation], now: float) -> set[str]:
+    def lost(self, stored: shared_ledger.Stored, now: float) -> set[str]:
         """Reservations whose pod provably never landed and never can (the module docstring)."""
         lost: set[str] = set()
         for pod_key, item in stored.items():

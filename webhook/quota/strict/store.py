@@ -34,7 +34,7 @@ from webhook.quota.strict.ledger_object import (
     put_config_map,
 )
 from webhook.quota.strict.registry import LedgerRegistry, RegistryUnavailable
-from webhook.quota.strict.tree_ledger import Stored, TreeLedger
+from webhook.quota.strict.tree_ledger import TreeLedger
 
 log = logging.getLogger("gpuquota.quota")
 
@@ -68,7 +68,7 @@ class LedgerStore:
         with self._lock:
             return dataclasses.replace(self._tree(tree_root))
 
-    def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[str, Stored]:
+    def read(self, tree_root: str, fresh: bool, listed_before: bool = False) -> tuple[str, shared_ledger.Stored]:
         """(resourceVersion or "" when absent, reservations); from the cache unless ``fresh``.
 
         ``listed_before``: the registry listed the tree before this read (see ``_missing``)."""
@@ -120,7 +120,7 @@ class LedgerStore:
             self._register(tree_root)
         return result
 
-    def _missing(self, tree_root: str, listed_before: bool) -> tuple[str, Stored]:
+    def _missing(self, tree_root: str, listed_before: bool) -> tuple[str, shared_ledger.Stored]:
         """The object is not there: a new tree, or a ledger lost. A replica that knew the object
         holds the tree (``TreeLedger.lost``); one that did not asks the registry whether there was one.
 
@@ -160,7 +160,7 @@ class LedgerStore:
         with self._lock:
             self._tree(tree_root).listed = True
 
-    def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[str, Stored]:
+    def _unreadable(self, tree_root: str, metadata: dict[str, Any], problem: str) -> tuple[str, shared_ledger.Stored]:
         """The object exists but cannot be read (hand-edited, written by an incompatible version): a
         loss of what it held, rebuilt over by the next write. All it may have held was written
         before this read, so it has expired one hold later: the tree is held until then (recorded
@@ -205,7 +205,7 @@ class LedgerStore:
         self.write(tree_root, version, {}, release=True)
         return True
 
-    def write(self, tree_root: str, version: str, stored: Stored, release: bool = False,
+    def write(self, tree_root: str, version: str, stored: shared_ledger.Stored, release: bool = False,
               pods_counted_through: int = 0) -> bool:
         """Store ``stored`` if the object is still at ``version`` (absent: ""); False on a conflict.
 
@@ -229,7 +229,7 @@ class LedgerStore:
                 version = copy[0]
         return self._put(tree_root, version, stored, release, pods_counted_through)
 
-    def _put(self, tree_root: str, version: str, stored: Stored, release: bool = False,
+    def _put(self, tree_root: str, version: str, stored: shared_ledger.Stored, release: bool = False,
              pods_counted_through: int = 0) -> bool:
         """One create or replace of the object (``write``); False on a conflict, a replace that finds
         the object deleted included (the caller reads again, finds it missing, and creates it with

@@ -19,9 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from gpuquota_core import shared_ledger
-
-Stored = dict[str, shared_ledger.StoredReservation]
+from gpuquota_core.shared_ledger import Stored
 
 
 class Phase(enum.Enum):
