@@ -56,6 +56,7 @@ records = st.builds(
     uid=st.just(""),
     quota_label=st.sampled_from(["", "", "team-1", "team-2", "ns-3", "org-b", "missing"]),
     requests=st.dictionaries(st.sampled_from(NAMES), quantities, max_size=4),
+    gang=st.sampled_from(["", "", "ns-1/gang-a", "ns-2/gang-b"]),
 )
 
 
@@ -221,4 +222,13 @@ def test_retree_after_the_tree_changed_equals_charging_each_pod_again(records_: 
         assert state(usage) == state(again)
     assert list(usage._pods.items()) == list(again._pods.items()) and usage._charged == again._charged
     assert nonzero_totals(usage) == nonzero_totals(again)
+    # A gang's members are counted whatever quotas they are charged to: the same after the tree's change.
+    gangs = {record.gang for record in usage.pods() if record.gang}
+    assert {gang: members(usage, gang) for gang in gangs} == {gang: members(again, gang) for gang in gangs}
     assert usage.retree() == 0  # the tree as it is now: nothing moves
+
+
+def members(usage: UsageIndex, gang: str) -> tuple[int, dict[str, Fraction]]:
+    """How many members of ``gang`` the index counts, and what they ask (amounts; zeros left out)."""
+    count, asked = usage.gang_members(gang)
+    return count, {name: quantity.amount for name, quantity in asked.items() if not quantity.is_zero()}
