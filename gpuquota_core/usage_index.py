@@ -105,7 +105,7 @@ class UsageIndex:
     # Safe because ``used`` hands out copies: nothing outside holds these maps.
 
     def _charge(self, record: PodRecord) -> None:
-        quotas = self._chain_of(record)
+        quotas = self._chain_at(record.namespace, record.quota_label)
         self._join_place(record, quotas)
         self._charged[record.key] = quotas
         for quota in quotas:
@@ -160,7 +160,7 @@ class UsageIndex:
             place = (record.namespace, record.quota_label)
             quotas = chains.get(place)
             if quotas is None:
-                quotas = chains[place] = self._chain_of(record)
+                quotas = chains[place] = self._chain_at(*place)
             self._charged[key] = quotas
             self._join_place(record, quotas)
             if not quotas:
@@ -191,10 +191,8 @@ class UsageIndex:
                 total = Quantity(Fraction(amount))
                 used[name] = used[name] + total if name in used else ZERO + total
 
-    def _chain_of(self, record: PodRecord) -> tuple[str, ...]:
-        return self._resolved_chain(record.namespace, record.quota_label)
-
-    def _resolved_chain(self, namespace: str, quota_label: str) -> tuple[str, ...]:
+    def _chain_at(self, namespace: str, quota_label: str) -> tuple[str, ...]:
+        """The quotas a pod of that namespace and quota label is charged to, leaf first (none: no quota)."""
         resolution = self.tree.resolve(namespace, quota_label)
         if resolution.quota is None or resolution.rule == "label-not-found":
             return ()
@@ -212,7 +210,7 @@ class UsageIndex:
         alike pods once, so the totals are those a fresh count gives (charging only the moved pods
         one by one was slower than that whenever most pods moved).
         """
-        if all(self._resolved_chain(*place) == quotas for place, quotas in self._place_chains.items()):
+        if all(self._chain_at(*place) == quotas for place, quotas in self._place_chains.items()):
             return 0
         records = list(self._pods.values())
         for index in (self._pods, self._used, self._charged, self._gang_members, self._place_chains,
